@@ -1,0 +1,15 @@
+"""mxlarge: large-minibatch SGD (Goyal et al. 2017) for MXNet Gluon on dist_sync, tracked in MLflow.
+
+Importing the package does not import MXNet: a process started as a ps-lite scheduler or server
+runs its role inside ``import mxnet`` and must not have imported anything else first.
+"""
+__version__ = "0.1.0"
+
+__all__ = ["Trainer", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Trainer":
+        from mxlarge.trainer import Trainer
+        return Trainer
+    raise AttributeError(name)

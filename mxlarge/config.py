@@ -1,0 +1,442 @@
+"""Experiment configuration: frozen dataclasses, a strict YAML loader and world-size scaling.
+
+Every experiment is one YAML file whose keys mirror the dataclasses below. The loader rejects
+unknown keys (suggesting the nearest valid one), wrong types and out-of-range values with one
+message naming the file, the key path, the value and what was expected. ``key=value`` overrides
+from the command line go through the same checks.
+
+The numbers that depend on the world size (global batch, peak LR, steps) are computed by one
+pure function, :func:`derive`, in the spirit of detectron2's ``auto_scale_workers``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+DATASETS = ("digits", "synthetic", "imagenet", "cifar10")
+KVSTORES = ("local", "device", "dist_sync", "dist_device_sync")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the CLI prints it and exits with status 2."""
+
+    exit_code = 2
+
+
+def _f(default: Any, doc: str, **rules: Any) -> Any:
+    """A dataclass field with a docstring and validation rules (choices, ge, gt, le, lt)."""
+    if isinstance(default, (list, dict)):
+        raise TypeError("mutable default")
+    return field(default=default, metadata={"doc": doc, **rules})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = _f("digits", "which dataset", choices=DATASETS)
+    batch_size: int = _f(32, "images per worker (per device) and step: Goyal's n", ge=1)
+    root: Optional[str] = _f(None, "cifar10: directory of the binary batches")
+    train_rec: Optional[str] = _f(None, "imagenet: training .rec (its .idx beside it)")
+    val_rec: Optional[str] = _f(None, "imagenet: validation .rec (its .idx beside it)")
+    image_size: int = _f(224, "imagenet/synthetic: side of the square network input", ge=1)
+    resize: int = _f(256, "imagenet validation: shorter side before the centre crop", ge=1)
+    scale: tuple[float, float] = _f((0.08, 1.0), "random-resized-crop area range", gt=0, le=1)
+    ratio: tuple[float, float] = _f((0.75, 4 / 3), "random-resized-crop aspect range", gt=0)
+    flip: bool = _f(True, "random horizontal flip when training")
+    augment: bool = _f(True, "digits/cifar10: random shift (pad and crop) and, for cifar10, flip")
+    mean: tuple[float, float, float] = _f((123.68, 116.779, 103.939), "per-channel mean (0-255)")
+    std: tuple[float, float, float] = _f((58.393, 57.12, 57.375), "per-channel std (0-255)", gt=0)
+    synthetic_train: int = _f(2048, "synthetic: number of training images", ge=1)
+    synthetic_val: int = _f(256, "synthetic: number of validation images", ge=1)
+    num_classes: int = _f(10, "number of classes in the data", ge=2)
+    threads: int = _f(2, "imagenet: decoding threads per worker", ge=1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f("small_resnet", "small_resnet or a GluonCV model-zoo name")
+    width: int = _f(16, "small_resnet: channels of the first stage", ge=1)
+    he_init: bool = _f(True, "He/MSRA normal init of convolutions (Goyal et al.)")
+    fc_init_std: float = _f(0.01, "std of the final Dense init; 0 keeps the builder's init", ge=0)
+    zero_gamma: bool = _f(True, "gamma = 0 for the last BatchNorm of every residual block")
+    hybridize: bool = _f(True, "hybridize the network (static graph)")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    base_lr: float = _f(0.1, "reference LR, valid at reference_batch", gt=0)
+    reference_batch: int = _f(256, "global batch at which base_lr is right", ge=1)
+    scaling: str = _f("linear", "LR scaling rule from reference_batch to the global batch",
+                      choices=("linear", "sqrt", "none"))
+    momentum: float = _f(0.9, "momentum m", ge=0, lt=1)
+    nesterov: bool = _f(False, "Nesterov momentum")
+    momentum_correction: bool = _f(True, "rescale the velocity by lr_t/lr_(t-1) (Goyal eq. 9)")
+    weight_decay: float = _f(1e-4, "L2 weight decay lambda", ge=0)
+    decay_bn_bias: bool = _f(False, "also decay BatchNorm gamma/beta and biases")
+    warmup: str = _f("linear", "gradual (linear), constant, or no warmup",
+                     choices=("linear", "constant", "none"))
+    warmup_epochs: float = _f(5.0, "length of the warmup", ge=0)
+    warmup_lr: Optional[float] = _f(None, "LR at step 0 of the warmup (default: base_lr)", gt=0)
+    decay: str = _f("step", "schedule after warmup", choices=("step", "cosine", "poly", "none"))
+    decay_epochs: tuple[float, ...] = _f((30.0, 60.0, 80.0), "step decay: epochs of each drop", ge=0)
+    decay_factor: float = _f(0.1, "step decay: multiplier at each drop", gt=0, le=1)
+    poly_power: float = _f(2.0, "poly decay: power", gt=0)
+    lars: bool = _f(False, "layer-wise adaptive rate scaling (You et al. 2017)")
+    lars_eta: float = _f(0.001, "LARS trust coefficient", gt=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _f(90, "training epochs", ge=1)
+    seed: int = _f(0, "seed of init and data order", ge=0)
+    eval_every: int = _f(1, "evaluate every this many epochs", ge=1)
+    log_every: int = _f(10, "log training metrics every this many steps", ge=1)
+    progress: bool = _f(True, "tqdm progress bar per epoch")
+    max_steps: Optional[int] = _f(None, "stop after this many steps (smoke runs)", ge=1)
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    kvstore: str = _f("local", "KVStore type", choices=KVSTORES)
+    workers: int = _f(1, "worker processes the experiment is written for", ge=1)
+    servers: int = _f(1, "parameter servers the experiment is written for", ge=1)
+    bn_stats: str = _f("reduce", "BN statistics for evaluation/checkpoints",
+                       choices=("local", "broadcast", "reduce"))
+    check_every: int = _f(50, "compare a weight checksum across ranks every N steps (0: never)",
+                          ge=0)
+    compression: str = _f("none", "gradient compression on push", choices=("none", "2bit"))
+    compression_threshold: float = _f(0.5, "2bit compression threshold", gt=0)
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    enabled: bool = _f(True, "track the run in MLflow")
+    uri: Optional[str] = _f(None, "tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                  "sqlite:///mlruns.db in the working directory)")
+    experiment: str = _f("mxlarge", "MLflow experiment name")
+    output_dir: str = _f("mxlarge-runs", "local folder for artifacts before upload")
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = _f("unnamed", "experiment name")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# strict loading
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return f"{_describe(inner[0])} or null"
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_describe(args[0])}s"
+        return f"a list of {len(args)} {_describe(args[0])}s"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
+
+
+def _rules_text(meta: dict) -> str:
+    parts = []
+    for key, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if key in meta:
+            parts.append(f"{sym} {meta[key]}")
+    return " and ".join(parts)
+
+
+class _Loader:
+    def __init__(self, source: str):
+        self.source = source
+
+    def error(self, path: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {path} = {value!r}: expected {expected}")
+
+    def scalar(self, tp: Any, value: Any, path: str, meta: dict) -> Any:
+        origin = typing.get_origin(tp)
+        args = typing.get_args(tp)
+        if origin in (typing.Union, types.UnionType):
+            if value is None:
+                return None
+            inner = [a for a in args if a is not type(None)][0]
+            return self.scalar(inner, value, path, meta)
+        if origin is tuple:
+            if not isinstance(value, (list, tuple)):
+                raise self.error(path, value, _describe(tp))
+            item_tp = args[0]
+            if not (len(args) == 2 and args[1] is Ellipsis) and len(value) != len(args):
+                raise self.error(path, value, _describe(tp))
+            return tuple(self.scalar(item_tp, v, f"{path}[{i}]", meta) for i, v in enumerate(value))
+        if tp is bool:
+            if not isinstance(value, bool):
+                raise self.error(path, value, "true or false")
+            return value
+        if tp is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self.error(path, value, "an integer" + self._range(meta))
+            out: Any = value
+        elif tp is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise self.error(path, value, "a number" + self._range(meta))
+            out = float(value)
+            if not math.isfinite(out):
+                raise self.error(path, value, "a finite number")
+        elif tp is str:
+            if not isinstance(value, str):
+                raise self.error(path, value, "a string")
+            out = value
+        else:  # pragma: no cover - guarded by the schema
+            raise TypeError(tp)
+        self.check_rules(out, path, meta)
+        return out
+
+    @staticmethod
+    def _range(meta: dict) -> str:
+        text = _rules_text(meta)
+        return f" {text}" if text else ""
+
+    def check_rules(self, value: Any, path: str, meta: dict) -> None:
+        choices = meta.get("choices")
+        if choices is not None and value not in choices:
+            raise self.error(path, value, "one of " + ", ".join(map(str, choices)))
+        for key, ok in (("ge", lambda v, b: v >= b), ("gt", lambda v, b: v > b),
+                        ("le", lambda v, b: v <= b), ("lt", lambda v, b: v < b)):
+            if key in meta and not ok(value, meta[key]):
+                raise self.error(path, value, f"{_describe(type(value))} {_rules_text(meta)}")
+
+    def section(self, cls: type, data: Any, path: str) -> Any:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise self.error(path or "<top level>", data, "a mapping of keys to values")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in data.items():
+            full = f"{path}.{key}" if path else str(key)
+            if key not in fields:
+                raise ConfigError(f"{self.source}: unknown key '{full}'" + self._suggest(
+                    str(key), list(fields), path))
+            tp = hints[key]
+            if dataclasses.is_dataclass(tp):
+                kwargs[key] = self.section(tp, value, full)
+            else:
+                kwargs[key] = self.scalar(tp, value, full, dict(fields[key].metadata))
+        return cls(**kwargs)
+
+    @staticmethod
+    def _suggest(key: str, names: list[str], path: str) -> str:
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+        if not close:
+            where = f"'{path}'" if path else "the top level"
+            return f" (valid keys in {where}: {', '.join(names)})"
+        full = f"{path}.{close[0]}" if path else close[0]
+        return f" (did you mean '{full}'?)"
+
+
+def _set_path(tree: dict, dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: typing.Sequence[str]) -> list[tuple[str, Any]]:
+    """Parses ``key.path=value`` strings; values are YAML scalars or flow lists."""
+    out = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected KEY.PATH=VALUE, e.g. optim.base_lr=0.2")
+        try:
+            value = yaml.safe_load(text) if text != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        out.append((key, value))
+    return out
+
+
+def config_from_dict(tree: dict, source: str = "<dict>") -> Config:
+    """Builds and validates a :class:`Config` from a nested dict."""
+    cfg = _Loader(source).section(Config, tree, "")
+    validate(cfg, source)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
+    """Loads an experiment YAML strictly, applies ``key=value`` overrides, validates.
+
+    Raises:
+        ConfigError: naming the file, key path, value and what was expected.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level, "
+                          f"got {type(tree).__name__}")
+    source = str(path)
+    parsed = parse_overrides(overrides)
+    for key, value in parsed:
+        _set_path(tree, key, value, f"{path} (override {key}={value!r})")
+    if parsed:
+        source += " with overrides " + " ".join(overrides)
+    return config_from_dict(tree, source)
+
+
+def validate(cfg: Config, source: str = "<config>") -> None:
+    """Cross-field checks that a single field's rules cannot express."""
+    o, d = cfg.optim, cfg.data
+    if list(o.decay_epochs) != sorted(o.decay_epochs):
+        raise ConfigError(f"{source}: optim.decay_epochs = {list(o.decay_epochs)}: "
+                          "expected epochs in increasing order")
+    if o.decay == "step" and o.decay_epochs and o.decay_epochs[-1] >= cfg.train.epochs:
+        raise ConfigError(f"{source}: optim.decay_epochs = {list(o.decay_epochs)}: expected every "
+                          f"drop before the last epoch (train.epochs = {cfg.train.epochs})")
+    if o.warmup != "none" and o.warmup_epochs >= cfg.train.epochs:
+        raise ConfigError(f"{source}: optim.warmup_epochs = {o.warmup_epochs}: expected fewer "
+                          f"than train.epochs = {cfg.train.epochs}")
+    if d.scale[0] > d.scale[1] or d.ratio[0] > d.ratio[1]:
+        raise ConfigError(f"{source}: data.scale/data.ratio = {list(d.scale)}/{list(d.ratio)}: "
+                          "expected [low, high] with low <= high")
+    if d.dataset == "imagenet" and not d.train_rec:
+        raise ConfigError(f"{source}: data.train_rec = None: expected the path of a .rec file "
+                          "when data.dataset is imagenet")
+    if d.dataset == "cifar10" and not d.root:
+        raise ConfigError(f"{source}: data.root = None: expected the directory of the CIFAR-10 "
+                          "binary batches when data.dataset is cifar10")
+    if cfg.dist.compression != "none" and not cfg.dist.kvstore.startswith("dist"):
+        raise ConfigError(f"{source}: dist.compression = {cfg.dist.compression!r}: expected "
+                          f"'none' with dist.kvstore = {cfg.dist.kvstore!r} (compression needs "
+                          "a dist store)")
+
+
+def to_dict(cfg: Any) -> dict:
+    """The config as plain YAML-able data (tuples become lists)."""
+    def conv(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+    return conv(dataclasses.asdict(cfg))
+
+
+def flatten(cfg: Config) -> dict[str, Any]:
+    """``{'optim.base_lr': 0.1, ...}``: the resolved config as dotted keys (MLflow params)."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+    walk(to_dict(cfg), "")
+    return out
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# world-size scaling
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Numbers that follow from the config and the world size."""
+
+    workers: int
+    global_batch: int
+    train_samples: int
+    steps_per_epoch: int
+    total_steps: int
+    peak_lr: float
+    warmup_lr: float
+    warmup_steps: int
+    decay_steps: tuple[int, ...]
+
+
+def scaled_lr(base_lr: float, reference_batch: int, global_batch: int, rule: str) -> float:
+    """LR scaling rule: linear η = η_ref·B/B_ref, sqrt η = η_ref·sqrt(B/B_ref), or none."""
+    ratio = global_batch / reference_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    if rule == "none":
+        return base_lr
+    raise ValueError(f"unknown scaling rule {rule!r}")
+
+
+def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
+    """The single place where epochs become steps: round(epochs · steps_per_epoch)."""
+    return int(round(epochs * steps_per_epoch))
+
+
+def derive(cfg: Config, workers: int, train_samples: int, source: str = "<config>") -> Derived:
+    """World-size scaling as one pure function.
+
+    global batch B = workers · n; steps per epoch = floor(N / B) (the last partial global batch
+    is dropped so that every rank takes the same number of steps); peak LR by the scaling rule
+    from (base_lr, reference_batch); warmup and decay epochs turned into steps.
+
+    Raises:
+        ConfigError: if a single global batch does not fit the training data.
+    """
+    if workers < 1:
+        raise ConfigError(f"{source}: workers = {workers}: expected an integer >= 1")
+    n = cfg.data.batch_size
+    global_batch = workers * n
+    steps = train_samples // global_batch
+    if steps < 1:
+        raise ConfigError(
+            f"{source}: data.batch_size = {n}: with {workers} worker(s) the global batch "
+            f"{global_batch} is larger than the {train_samples} training images of "
+            f"'{cfg.data.dataset}'; expected batch_size <= {train_samples // workers}")
+    o = cfg.optim
+    peak = scaled_lr(o.base_lr, o.reference_batch, global_batch, o.scaling)
+    warmup_steps = epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0
+    decay = tuple(epochs_to_steps(e, steps) for e in o.decay_epochs) if o.decay == "step" else ()
+    return Derived(
+        workers=workers,
+        global_batch=global_batch,
+        train_samples=train_samples,
+        steps_per_epoch=steps,
+        total_steps=steps * cfg.train.epochs,
+        peak_lr=peak,
+        warmup_lr=o.warmup_lr if o.warmup_lr is not None else o.base_lr,
+        warmup_steps=warmup_steps,
+        decay_steps=decay,
+    )

@@ -1,0 +1,176 @@
+"""The large-minibatch update of Goyal et al. (2017), run through MXNet's own kernels.
+
+MXNet's momentum SGD kernels (``sgd_mom_update``/``multi_sgd_mom_update``) implement eq. (10) of
+the paper, with the learning rate inside the velocity::
+
+    v ← m·v − η_t·(r·g + λ·w);   w ← w + v                                     (eq. 10)
+
+whereas the update the paper analyses (and whose LR scaling rule holds) is eq. (9)::
+
+    u ← m·u + (r·g + λ·w);       w ← w − η_t·u                                 (eq. 9)
+
+With v = −η_t·u the two agree iff the velocity is rescaled by η_t/η_{t−1} whenever the LR
+changes ("momentum correction"). Scaling v by that ratio before the kernel is the same as passing
+the kernel the momentum m·η_t/η_{t−1}, so the correction costs nothing and needs no stored LR:
+the ratio follows from the schedule and the step. ``r`` is 1/(k·n), the global batch, so that
+the summed gradient of k workers becomes the mean over all k·n images.
+
+MXNet's Nesterov kernel (``nag_mom_update``) is the eq. (10) form too (measured: v ← m·v − η·d;
+w ← w + m·v − η·d with d = r·g + λw, whatever the ``NAG`` docstring says), so it gets the same
+correction. Called in place (``out=weight``) it reads the *updated* weight for the decay term of
+the velocity (measured), so the updater writes to a temporary and copies.
+
+LARS (You et al. 2017) rescales the LR of each decayed tensor by
+η_l = η_t · eta · ‖w‖ / (‖r·g‖ + λ‖w‖) (left at η_t when a norm is zero), using MXNet's
+``multi_sum_sq`` and ``multi_lars`` kernels. MXNet's own ``LARS`` optimizer is not reused
+directly: it picks the excluded tensors by name suffix, and its momentum correction keeps the
+previous LR in the object and so resets to 1 after the first aggregated group of a step.
+
+Every attribute is a plain Python value so the object survives MXNet's protocol-0 pickle.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from mxnet import ndarray as nd
+from mxnet import optimizer as mxopt
+
+_CHUNK = 16  # tensors per multi-tensor kernel call (MXNet's aggregation is bounded)
+
+
+@mxopt.register
+class LargeBatchSGD(mxopt.Optimizer):
+    """SGD with momentum, momentum correction, per-role weight decay and optional LARS.
+
+    Args:
+        schedule: ``schedule(step) -> lr``, a pure picklable function of the step.
+        momentum: m.
+        nesterov: use MXNet's NAG kernel.
+        momentum_correction: rescale the velocity by η_t/η_{t−1} (eq. 9 instead of eq. 10).
+        wd: λ for decayed tensors.
+        no_decay: parameter indices that get no weight decay (BN γ/β, biases).
+        lars: layer-wise trust ratio for decayed tensors.
+        lars_eta: LARS trust coefficient.
+        lars_eps: added to the LARS denominator.
+    """
+
+    def __init__(self, schedule: Any, momentum: float = 0.9, nesterov: bool = False,
+                 momentum_correction: bool = True, wd: float = 0.0,
+                 no_decay: Sequence[int] = (), lars: bool = False, lars_eta: float = 0.001,
+                 lars_eps: float = 0.0, **kwargs: Any):
+        if lars and nesterov:
+            raise ValueError("LARS with Nesterov momentum is not supported")
+        super().__init__(learning_rate=float(schedule(0)), wd=float(wd), **kwargs)
+        self.schedule = schedule
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+        self.momentum_correction = bool(momentum_correction)
+        self.no_decay = tuple(sorted(int(i) for i in no_decay))
+        self.lars = bool(lars)
+        self.lars_eta = float(lars_eta)
+        self.lars_eps = float(lars_eps)
+
+    # -- pure functions of the step ------------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        return float(self.schedule(step))
+
+    def momentum_at(self, step: int) -> float:
+        """m · η_t/η_{t−1} (the corrected momentum), or m without correction and at step 0."""
+        if not self.momentum_correction or step == 0:
+            return self.momentum
+        prev = self.lr_at(step - 1)
+        return self.momentum * self.lr_at(step) / prev if prev > 0 else self.momentum
+
+    def wd_for(self, index: int) -> float:
+        return 0.0 if index in self.no_decay else float(self.wd)
+
+    # -- MXNet optimizer protocol --------------------------------------------------------------
+    def create_state(self, index: int, weight: nd.NDArray) -> nd.NDArray | None:
+        if self.momentum == 0.0:
+            return None
+        return nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
+
+    def update(self, index, weight, grad, state):  # noqa: D401 - MXNet's signature
+        """MXNet's per-call entry (e.g. when run by ``gluon.Trainer`` or on a server).
+
+        MXNet counts updates itself and its first count is 1, so the step is count − 1.
+        """
+        indices = index if isinstance(index, (list, tuple)) else [index]
+        self._update_count(indices)
+        step = self._index_update_count[indices[0]] - 1
+        if not isinstance(index, (list, tuple)):
+            weight, grad, state = [weight], [grad], [state]
+        self.apply(step, indices, weight, grad, state, self.rescale_grad)
+
+    # -- the update ----------------------------------------------------------------------------
+    def apply(self, step: int, indices: Sequence[int], weights: Sequence[nd.NDArray],
+              grads: Sequence[nd.NDArray], states: Sequence[nd.NDArray | None],
+              rescale_grad: float) -> None:
+        """Applies update number ``step`` (0-based) to ``weights`` in place.
+
+        Args:
+            step: updates already applied; the LR is ``schedule(step)``.
+            indices: parameter indices (for weight-decay roles).
+            weights, grads, states: aligned lists; ``grads`` are the summed gradients.
+            rescale_grad: r, normally 1 / global batch.
+        """
+        lr = self.lr_at(step)
+        momentum = self.momentum_at(step)
+        wds = [self.wd_for(i) for i in indices]
+        rescale_grad = float(rescale_grad)
+        if self.nesterov:
+            # The NAG kernel also uses m for the look-ahead term, so the correction is applied
+            # to the velocity itself rather than folded into m.
+            ratio = momentum / self.momentum if self.momentum > 0 else 1.0
+            for w, g, s, wd in zip(weights, grads, states, wds):
+                if s is None:
+                    nd.sgd_update(w, g, out=w, lr=lr, wd=wd, rescale_grad=rescale_grad)
+                else:
+                    if ratio != 1.0:
+                        s *= ratio
+                    fresh = nd.nag_mom_update(w, g, s, lr=lr, wd=wd, momentum=self.momentum,
+                                              rescale_grad=rescale_grad)
+                    fresh.copyto(w)
+            return
+        if self.lars:
+            self._apply_lars(indices, weights, grads, states, lr, momentum, wds, rescale_grad)
+            return
+        for lo in range(0, len(weights), _CHUNK):
+            w = list(weights[lo:lo + _CHUNK])
+            g = list(grads[lo:lo + _CHUNK])
+            kw = dict(out=w, num_weights=len(w), lrs=tuple([lr] * len(w)),
+                      wds=tuple(wds[lo:lo + _CHUNK]), rescale_grad=rescale_grad)
+            if self.momentum > 0:
+                s = list(states[lo:lo + _CHUNK])
+                nd.multi_sgd_mom_update(*_interleave(w, g, s), momentum=momentum, **kw)
+            else:
+                nd.multi_sgd_update(*_interleave(w, g), **kw)
+
+    def _apply_lars(self, indices, weights, grads, states, lr, momentum, wds, rescale_grad):
+        ctx = weights[0].context
+        lars_pos = [j for j, i in enumerate(indices) if i not in self.no_decay]
+        lrs = nd.array([lr] * len(weights), ctx=ctx, dtype="float32")
+        wd_arr = nd.array(wds, ctx=ctx, dtype="float32")
+        if lars_pos:
+            sel_lrs = nd.array([lr] * len(lars_pos), ctx=ctx, dtype="float32")
+            w_sq = nd.multi_sum_sq(*[weights[j] for j in lars_pos], num_arrays=len(lars_pos))
+            g_sq = nd.multi_sum_sq(*[grads[j] for j in lars_pos], num_arrays=len(lars_pos))
+            nd.multi_lars(sel_lrs, w_sq, g_sq, nd.array([wds[j] for j in lars_pos], ctx=ctx),
+                          eta=self.lars_eta, eps=self.lars_eps, rescale_grad=rescale_grad,
+                          out=sel_lrs)
+            lrs[nd.array(lars_pos, ctx=ctx)] = sel_lrs
+        for lo in range(0, len(weights), _CHUNK):
+            hi = min(lo + _CHUNK, len(weights))
+            w = list(weights[lo:hi])
+            g = list(grads[lo:hi])
+            kw = dict(out=w, num_weights=len(w), rescale_grad=rescale_grad)
+            if self.momentum > 0:
+                s = list(states[lo:hi])
+                nd.preloaded_multi_sgd_mom_update(*_interleave(w, g, s), lrs[lo:hi],
+                                                  wd_arr[lo:hi], momentum=momentum, **kw)
+            else:
+                nd.preloaded_multi_sgd_update(*_interleave(w, g), lrs[lo:hi], wd_arr[lo:hi], **kw)
+
+
+def _interleave(*lists: Sequence[Any]) -> list[Any]:
+    return [x for group in zip(*lists) for x in group]

@@ -1,0 +1,175 @@
+"""Learning-rate schedules as pure functions of the integer step.
+
+Every schedule is a small frozen dataclass with ``__call__(step) -> float``: no hidden counter, no
+mutation, picklable with protocol 0 (MXNet pickles optimizers and everything they hold). Warmup
+is not a flag on each schedule: it is composition with :class:`Join`, where each part counts from
+its own start (as optax's ``join_schedules``).
+
+Step convention: ``step`` is the number of updates already applied, so the first update uses
+``schedule(0)``. (MXNet's own optimizers call their ``lr_scheduler`` with 1 on the first update;
+see ``tests/test_schedulers.py``.)
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from mxlarge.config import Config, Derived, epochs_to_steps
+
+__all__ = [
+    "Schedule", "Constant", "Linear", "MultiStep", "Cosine", "Polynomial", "Join",
+    "goyal", "from_config",
+]
+
+
+class Schedule(Protocol):
+    def __call__(self, step: int) -> float: ...
+
+
+def _check_step(step: int) -> int:
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return int(step)
+
+
+@dataclass(frozen=True)
+class Constant:
+    """η(t) = value."""
+
+    value: float
+
+    def __call__(self, step: int) -> float:
+        _check_step(step)
+        return float(self.value)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """η(t) = start + (end − start) · min(t, steps) / steps; ``end`` from t = steps on."""
+
+    start: float
+    end: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"Linear needs steps >= 1, got {self.steps}")
+
+    def __call__(self, step: int) -> float:
+        t = min(_check_step(step), self.steps)
+        return float(self.start + (self.end - self.start) * t / self.steps)
+
+
+@dataclass(frozen=True)
+class MultiStep:
+    """η(t) = value · factor^j, j = number of boundaries b with b <= t."""
+
+    value: float
+    boundaries: tuple[int, ...]
+    factor: float = 0.1
+
+    def __post_init__(self) -> None:
+        if list(self.boundaries) != sorted(self.boundaries):
+            raise ValueError(f"MultiStep boundaries must increase, got {self.boundaries}")
+
+    def __call__(self, step: int) -> float:
+        j = bisect.bisect_right(self.boundaries, _check_step(step))
+        return float(self.value * self.factor ** j)
+
+
+@dataclass(frozen=True)
+class Cosine:
+    """η(t) = end + (start − end) · (1 + cos(π · min(t, steps) / steps)) / 2."""
+
+    start: float
+    steps: int
+    end: float = 0.0
+
+    def __call__(self, step: int) -> float:
+        t = min(_check_step(step), self.steps)
+        return float(self.end + (self.start - self.end) * (1 + math.cos(math.pi * t / self.steps)) / 2)
+
+
+@dataclass(frozen=True)
+class Polynomial:
+    """η(t) = end + (start − end) · (1 − min(t, steps) / steps)^power."""
+
+    start: float
+    steps: int
+    end: float = 0.0
+    power: float = 2.0
+
+    def __call__(self, step: int) -> float:
+        t = min(_check_step(step), self.steps)
+        return float(self.end + (self.start - self.end) * (1 - t / self.steps) ** self.power)
+
+
+@dataclass(frozen=True)
+class Join:
+    """Runs ``schedules[i]`` from ``boundaries[i-1]`` on, each counting from its own start.
+
+    η(t) = schedules[i](t − b_{i−1}) with i = number of boundaries b <= t and b_{−1} = 0.
+    """
+
+    schedules: tuple
+    boundaries: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.schedules) != len(self.boundaries) + 1:
+            raise ValueError("Join needs exactly one more schedule than boundaries")
+        if list(self.boundaries) != sorted(self.boundaries):
+            raise ValueError(f"Join boundaries must increase, got {self.boundaries}")
+
+    def __call__(self, step: int) -> float:
+        step = _check_step(step)
+        i = bisect.bisect_right(self.boundaries, step)
+        start = self.boundaries[i - 1] if i else 0
+        return self.schedules[i](step - start)
+
+
+def goyal(peak_lr: float, warmup_lr: float, warmup_steps: int, decay_steps: tuple[int, ...],
+          factor: float = 0.1, warmup: str = "linear") -> Schedule:
+    """Goyal et al.'s schedule: warmup per iteration, then step decay.
+
+    η(t) = warmup_lr + (peak − warmup_lr) · t / W for t < W (``linear``; ``constant`` keeps
+    warmup_lr), then peak · factor^j with j = number of decay steps <= t. Decay steps are absolute
+    step numbers; the decay part of the :class:`Join` counts from W, hence the shift.
+    """
+    if warmup == "none" or warmup_steps == 0:
+        return MultiStep(peak_lr, tuple(int(d) for d in decay_steps), factor)
+    if any(d < warmup_steps for d in decay_steps):
+        raise ValueError(f"decay steps {decay_steps} fall inside the warmup ({warmup_steps} steps)")
+    main = MultiStep(peak_lr, tuple(int(d) - warmup_steps for d in decay_steps), factor)
+    first = Linear(warmup_lr, peak_lr, warmup_steps) if warmup == "linear" else Constant(warmup_lr)
+    return Join((first, main), (warmup_steps,))
+
+
+def from_config(cfg: Config, derived: Derived) -> Schedule:
+    """The schedule an experiment asks for, in steps of the derived world size."""
+    o = cfg.optim
+    w = derived.warmup_steps
+    total = derived.total_steps
+    if o.decay == "step":
+        return goyal(derived.peak_lr, derived.warmup_lr, w, derived.decay_steps, o.decay_factor,
+                     o.warmup)
+    if o.decay == "cosine":
+        main: Schedule = Cosine(derived.peak_lr, max(total - w, 1))
+    elif o.decay == "poly":
+        main = Polynomial(derived.peak_lr, max(total - w, 1), power=o.poly_power)
+    else:
+        main = Constant(derived.peak_lr)
+    if w == 0:
+        return main
+    first = (Linear(derived.warmup_lr, derived.peak_lr, w) if o.warmup == "linear"
+             else Constant(derived.warmup_lr))
+    return Join((first, main), (w,))
+
+
+def lr_at(schedule: Schedule, steps: list[int]) -> list[float]:
+    return [schedule(s) for s in steps]
+
+
+def steps_from_epochs(epochs: list[float], steps_per_epoch: int) -> list[int]:
+    return [epochs_to_steps(e, steps_per_epoch) for e in epochs]

@@ -56,6 +56,8 @@ class DataConfig:
     synthetic_train: int = _f(2048, "synthetic: number of training images", ge=1)
     synthetic_val: int = _f(256, "synthetic: number of validation images", ge=1)
     num_classes: int = _f(10, "number of classes in the data", ge=2)
+    train_samples: Optional[int] = _f(None, "training images, for `show` without the data at "
+                                            "hand (ImageNet-1k: 1281167)", ge=1)
     threads: int = _f(2, "imagenet: decoding threads per worker", ge=1)
 
 

@@ -1,0 +1,167 @@
+"""``mxlarge``: a few verbs, each a thin layer over the library.
+
+    mxlarge train  CONFIG [key=value ...]          train in this process (or as one launched rank)
+    mxlarge show   CONFIG [key=value ...] [--json] [--lr-at 0,10,...]
+    mxlarge launch CONFIG -n K [-s S] [--launcher local|ssh|mpi|slurm|yarn|sge] [-H HOSTFILE]
+
+Exit status: 0 done, 1 training failed, 2 bad input (config, arguments, files).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+
+def _run_ps_role_if_any() -> None:
+    """A ps-lite scheduler or server runs its role inside ``import mxnet`` and exits there.
+
+    This must happen before anything else is imported: MXNet is half-initialised in that role
+    (``mxnet.gluon``, gluoncv and mlflow are not importable there).
+    """
+    if os.environ.get("DMLC_ROLE") in ("scheduler", "server"):
+        import mxnet  # noqa: F401  (runs the role, then sys.exit())
+        sys.exit(0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mxlarge", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    t = sub.add_parser("train", help="train per an experiment YAML")
+    t.add_argument("config")
+    t.add_argument("overrides", nargs="*", metavar="key=value")
+
+    s = sub.add_parser("show", help="print the resolved config and derived numbers")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*", metavar="key=value")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--lr-at", default="", help="comma-separated steps to print the LR at")
+
+    la = sub.add_parser("launch", help="run CONFIG as a dist_sync job (scheduler, servers, "
+                                       "workers)")
+    la.add_argument("config")
+    la.add_argument("overrides", nargs="*", metavar="key=value")
+    la.add_argument("-n", "--workers", type=int, default=None,
+                    help="worker processes (default: dist.workers of the config)")
+    la.add_argument("-s", "--servers", type=int, default=None,
+                    help="server processes (default: dist.servers of the config)")
+    la.add_argument("--launcher", default="local",
+                    choices=["local", "ssh", "mpi", "slurm", "yarn", "sge"])
+    la.add_argument("-H", "--hostfile", default=None)
+    la.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
+    return p
+
+
+def _show(args: argparse.Namespace) -> int:
+    from mxlarge.config import derive, dump_yaml, to_dict
+    from mxlarge import schedulers
+
+    cfg = _load(args)
+    samples = cfg.data.train_samples
+    if samples is None:
+        from mxlarge.data import train_size
+        samples = train_size(cfg.data)
+    d = derive(cfg, cfg.dist.workers, samples, args.config)
+    sched = schedulers.from_config(cfg, d)
+    try:
+        steps = [int(x) for x in args.lr_at.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(_fail(f"--lr-at {args.lr_at!r}: expected comma-separated integers", 2))
+    if any(s < 0 for s in steps):
+        raise SystemExit(_fail(f"--lr-at {args.lr_at!r}: steps must be >= 0", 2))
+    roles = _role_counts(cfg)
+    out = {
+        "config": to_dict(cfg),
+        "derived": {
+            "workers": d.workers, "per_worker_batch": cfg.data.batch_size,
+            "global_batch": d.global_batch, "train_samples": d.train_samples,
+            "steps_per_epoch": d.steps_per_epoch, "total_steps": d.total_steps,
+            "peak_lr": d.peak_lr, "warmup_lr": d.warmup_lr, "warmup_steps": d.warmup_steps,
+            "decay_steps": list(d.decay_steps),
+            "lr_at": {str(s): sched(s) for s in steps},
+        },
+        "param_roles": roles,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(dump_yaml(cfg).rstrip())
+    print("---")
+    for k, v in out["derived"].items():
+        if k == "lr_at":
+            for s, lr in v.items():
+                print(f"lr at step {s}: {lr:.6g}")
+        else:
+            print(f"{k}: {v}")
+    for k, v in roles.items():
+        print(f"params {k}: {v}")
+    return 0
+
+
+def _role_counts(cfg) -> dict[str, int]:
+    """Builds the net (no data needed) to count parameter roles."""
+    import mxnet as mx
+
+    from mxlarge import nets
+    from mxlarge.kvstore.roles import param_roles, role_counts
+
+    shape = {"digits": (1, 8, 8), "cifar10": (3, 32, 32)}.get(
+        cfg.data.dataset, (3, cfg.data.image_size, cfg.data.image_size))
+    net = nets.build_net(cfg.model, cfg.data.num_classes)
+    nets.initialize(net, cfg.model, seed=0, ctx=[mx.cpu()], input_shape=shape)
+    return role_counts(param_roles(net.collect_params(), cfg.optim.decay_bn_bias))
+
+
+def _load(args: argparse.Namespace):
+    from mxlarge.config import load_config
+    return load_config(args.config, args.overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from mxlarge.run import train
+
+    cfg = _load(args)
+    result = train(cfg, args.config)
+    if result.rank == 0:
+        final = result.final
+        acc = final.get("val_accuracy")
+        print(f"done: {result.steps} steps on {result.num_workers} worker(s) in "
+              f"{result.seconds:.1f} s" + (f", final validation accuracy {acc:.4f}"
+                                           if acc is not None else ""))
+        if result.run_id:
+            from mxlarge.tracking import tracking_uri
+            print(f"MLflow run {result.run_id} in {tracking_uri(cfg)} "
+                  f"(mlflow ui --backend-store-uri {tracking_uri(cfg)})")
+    return 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"mxlarge: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _run_ps_role_if_any()
+    args = _parser().parse_args(argv)
+    from mxlarge.config import ConfigError
+
+    try:
+        if args.verb == "show":
+            return _show(args)
+        if args.verb == "train":
+            return _train(args)
+        if args.verb == "launch":
+            from mxlarge.launch_cli import launch
+            return launch(args)
+    except ConfigError as exc:
+        return _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The sync layer: the one place that creates the KVStore and pushes or pulls anything.
+
+Servers only aggregate (they sum the k pushes of a key; no optimizer is ever sent to them), and
+every worker runs the same updater on the identical pulled sum, so the replicas stay identical.
+This sidesteps what breaks when MXNet runs the optimizer on the servers (lost ``wd_mult``, LR
+changes that never arrive, silent unpickling failures; see docs/mxnet-facts.md).
+
+Two MXNet 1.9.1 traps handled here:
+
+* MXNet silently gives a *local* store (rank 0 of 1) for an unknown type name such as
+  ``horovod`` or a typo, so the type is validated before ``mx.kv.create``.
+* Gluon initialises the store lazily inside the first ``step()``; the initial weight pull and
+  the first gradient push of a key then race, and a weight can come back as a gradient sum.
+  Here every key is initialised, and the initial weights pulled *and waited for*, in the
+  constructor, before any gradient can exist.
+
+Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; small
+collective vectors (checksums, scalar sums) use the keys from ``AUX_KEY`` on (MXNet refuses
+mixed int/str keys).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import mxnet as mx
+import numpy as np
+
+from mxlarge.kvstore.roles import ParamRole
+
+KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
+STAT_KEY = 1_000_000
+AUX_KEY = 2_000_000
+SCALARS = 8  # length of the scalar-sum vector
+
+
+class ReplicaMismatch(RuntimeError):
+    """The weights of this rank differ from rank 0's: the job cannot continue."""
+
+
+def validate_kvstore(kind: str) -> str:
+    if kind not in KVSTORE_TYPES:
+        raise ValueError(f"kvstore {kind!r} is not supported: expected one of "
+                         f"{', '.join(KVSTORE_TYPES)} (MXNet would silently fall back to a "
+                         "local store for anything else)")
+    return kind
+
+
+def create(kind: str) -> mx.kv.KVStore:
+    """``mx.kv.create`` after validating the type (the rank and world size come from it)."""
+    return mx.kv.create(validate_kvstore(kind))
+
+
+class SyncStore:
+    """Push/pull of gradients and collectives over one KVStore.
+
+    Args:
+        kvstore: ``local``, ``device``, ``dist_sync`` or ``dist_device_sync``, or a store made
+            by :func:`create` (to learn the world size before building the schedule).
+        params: every parameter of the net, in the order of ``roles``; initialised.
+        roles: their roles (pushed / local statistic).
+        compression: MXNet gradient-compression dict, e.g. ``{'type': '2bit', 'threshold': 0.5}``.
+    """
+
+    def __init__(self, kvstore: str | mx.kv.KVStore, params: Sequence[mx.gluon.Parameter],
+                 roles: Sequence[ParamRole], compression: dict | None = None):
+        kind = kvstore if isinstance(kvstore, str) else kvstore.type
+        self.kind = validate_kvstore(kind)
+        self.params = list(params)
+        self.roles = list(roles)
+        self.pushed = [i for i, r in enumerate(roles) if r.pushed]
+        self.stats = [i for i, r in enumerate(roles) if r.local_stat]
+        num_devices = len(self.params[0].list_ctx()) if self.params else 1
+        # One process with one device has nothing to aggregate: skip the store entirely.
+        self.kv = None if isinstance(kvstore, str) else kvstore
+        if self.kv is None and (kind.startswith("dist") or num_devices > 1):
+            self.kv = create(kind)
+        if self.kv is not None:
+            if compression:
+                if not kind.startswith("dist"):
+                    raise ValueError("gradient compression needs a dist kvstore")
+                self.kv.set_gradient_compression(compression)
+            self._init_keys()
+
+    @property
+    def rank(self) -> int:
+        return self.kv.rank if self.kv is not None else 0
+
+    @property
+    def num_workers(self) -> int:
+        return self.kv.num_workers if self.kv is not None else 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.kv is not None and self.kind.startswith("dist")
+
+    def _init_keys(self) -> None:
+        kv = self.kv
+        keys, values = [], []
+        for i, p in enumerate(self.params):
+            keys.append(i)
+            values.append(p.list_data()[0])
+        for i in self.stats:
+            keys.append(STAT_KEY + i)
+            values.append(self.params[i].list_data()[0])
+        keys += [AUX_KEY, AUX_KEY + 1]
+        values += [mx.nd.zeros((max(len(self.pushed), 1),)), mx.nd.zeros((SCALARS,))]
+        kv.init(keys, values)
+        # Rank 0's initial weights (and BN statistics) reach every worker and device; waiting
+        # here is what keeps the first gradient push from racing the broadcast.
+        for i, p in enumerate(self.params):
+            kv.pull(i, out=p.list_data(), priority=-i)
+        mx.nd.waitall()
+        if self.distributed:
+            self.kv._barrier()
+
+    # -- gradients ------------------------------------------------------------------------------
+    def allreduce_grads(self) -> None:
+        """Replaces every pushed gradient by its sum over workers and devices.
+
+        Pushes go in reverse parameter order with priority −i: the last layers' gradients exist
+        first during backward, and MXNet's engine starts each push as soon as its gradient is
+        ready, so communication overlaps the rest of backward.
+        """
+        if self.kv is None:
+            return
+        for i in reversed(self.pushed):
+            grads = self.params[i].list_grad()
+            self.kv.push(i, grads, priority=-i)
+            self.kv.pull(i, out=grads, priority=-i)
+
+    # -- collectives ----------------------------------------------------------------------------
+    def sum_scalars(self, values: Sequence[float]) -> list[float]:
+        """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms."""
+        if len(values) > SCALARS:
+            raise ValueError(f"at most {SCALARS} scalars per call")
+        if self.kv is None or not self.distributed:
+            return [float(v) for v in values]
+        buf = np.zeros(SCALARS, np.float32)
+        buf[:len(values)] = values
+        out = mx.nd.zeros((SCALARS,))
+        self.kv.push(AUX_KEY + 1, mx.nd.array(buf))
+        self.kv.pull(AUX_KEY + 1, out=out)
+        return [float(x) for x in out.asnumpy()[:len(values)]]
+
+    def check_replicas(self, step: int) -> None:
+        """Compares per-tensor weight sums with rank 0's, bitwise.
+
+        Rank 0 pushes its checksum vector and the others push zeros, so the pulled sum is rank 0's
+        vector exactly (x + 0 = x in floating point), whatever the number of workers.
+
+        Raises:
+            ReplicaMismatch: naming the step and the first differing parameter.
+        """
+        if not self.distributed or not self.pushed:
+            return
+        mine = mx.nd.concat(*[self.params[i].list_data()[0].sum().reshape((1,))
+                              for i in self.pushed], dim=0)
+        contrib = mine if self.rank == 0 else mx.nd.zeros_like(mine)
+        ref = mx.nd.zeros_like(mine)
+        self.kv.push(AUX_KEY, contrib)
+        self.kv.pull(AUX_KEY, out=ref)
+        a, b = mine.asnumpy(), ref.asnumpy()
+        if not np.array_equal(a, b):
+            j = int(np.flatnonzero(a != b)[0])
+            name = self.roles[self.pushed[j]].name
+            raise ReplicaMismatch(
+                f"replica check failed at step {step}: rank {self.rank}'s '{name}' sums to "
+                f"{a[j]!r}, rank 0's to {b[j]!r}; the workers' weights have diverged")
+
+    def shared_stats(self, mode: str) -> dict[int, mx.nd.NDArray]:
+        """BN running statistics to evaluate or checkpoint with, by ``mode``.
+
+        ``local``: this rank's (device 0's) own; ``broadcast``: rank 0's (device 0);
+        ``reduce``: the mean over every worker and device. Collective: all ranks must call it.
+        """
+        out: dict[int, mx.nd.NDArray] = {}
+        devices = len(self.params[0].list_ctx()) if self.params else 1
+        for i in self.stats:
+            arrays = self.params[i].list_data()
+            if mode == "local" or self.kv is None:
+                out[i] = arrays[0].copy()
+                continue
+            total = mx.nd.zeros_like(arrays[0])
+            if mode == "reduce":
+                self.kv.push(STAT_KEY + i, arrays, priority=-i)
+                self.kv.pull(STAT_KEY + i, out=total, priority=-i)
+                out[i] = total / (self.num_workers * devices)
+            elif mode == "broadcast":
+                contrib = arrays[0] if self.rank == 0 else mx.nd.zeros_like(arrays[0])
+                # push one array per call so that local device summing cannot double it
+                self.kv.push(STAT_KEY + i, contrib, priority=-i)
+                self.kv.pull(STAT_KEY + i, out=total, priority=-i)
+                out[i] = total
+            else:
+                raise ValueError(f"unknown bn_stats mode {mode!r}")
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            self.kv._barrier()

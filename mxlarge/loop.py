@@ -1,0 +1,229 @@
+"""A small training loop with hooks (detectron2-style), owning the only step counter.
+
+``before_train`` / ``after_step`` / ``after_epoch`` / ``after_train`` run inside try/finally, so
+``after_train`` always runs and is told whether training failed. Tracking, evaluation, timing
+and progress are hooks; hooks that only rank 0 needs are simply not registered elsewhere.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import mxnet as mx
+from mxnet import autograd
+
+
+class Hook:
+    """Base class: override what you need. ``loop.step`` is the number of updates applied."""
+
+    def before_train(self, loop: "TrainLoop") -> None: ...
+
+    def after_step(self, loop: "TrainLoop", out: "StepOutput") -> None: ...
+
+    def after_epoch(self, loop: "TrainLoop", epoch: int, metrics: dict[str, float]) -> None: ...
+
+    def after_train(self, loop: "TrainLoop", error: BaseException | None) -> None: ...
+
+
+@dataclass
+class StepOutput:
+    step: int               # the update just applied (0-based)
+    epoch: int
+    lr: float
+    loss: mx.nd.NDArray     # per-sample losses of this worker's batch (lazy: read only to log)
+    images: int             # images this worker processed
+
+
+class DivergenceError(RuntimeError):
+    """Training loss became non-finite."""
+
+
+@dataclass
+class TrainLoop:
+    """Runs epochs of ``trainer`` steps over ``data``.
+
+    Attributes:
+        step: the one step counter; hooks and the trainer read it, only the loop advances it.
+        epoch: current epoch.
+        history: per-epoch metrics appended by hooks (for plots and reports).
+    """
+
+    net: mx.gluon.Block
+    trainer: Any
+    train_source: Any
+    loss_fn: Callable
+    epochs: int
+    ctx: list = field(default_factory=lambda: [mx.cpu()])
+    hooks: list[Hook] = field(default_factory=list)
+    max_steps: int | None = None
+    step: int = 0
+    epoch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def train_step(self, data: mx.nd.NDArray, label: mx.nd.NDArray) -> StepOutput:
+        """Forward/backward on each device's slice, then one synchronised update."""
+        xs = mx.gluon.utils.split_and_load(data, self.ctx, even_split=True)
+        ys = mx.gluon.utils.split_and_load(label, self.ctx, even_split=True)
+        with autograd.record():
+            losses = [self.loss_fn(self.net(x), y) for x, y in zip(xs, ys)]
+        autograd.backward(losses)
+        lr = self.trainer.learning_rate(self.step)
+        self.trainer.step(data.shape[0], self.step)
+        return StepOutput(self.step, self.epoch, lr, losses[0], data.shape[0])
+
+    def run(self, start_epoch: int = 0) -> None:
+        error: BaseException | None = None
+        try:
+            for h in self.hooks:
+                h.before_train(self)
+            for epoch in range(start_epoch, self.epochs):
+                self.epoch = epoch
+                for data, label in self.train_source.epoch(epoch):
+                    out = self.train_step(data, label)
+                    self.step += 1
+                    for h in self.hooks:
+                        h.after_step(self, out)
+                    if self.max_steps is not None and self.step >= self.max_steps:
+                        break
+                metrics: dict[str, float] = {"epoch": float(epoch + 1)}
+                for h in self.hooks:
+                    h.after_epoch(self, epoch, metrics)
+                self.history.append(metrics)
+                if self.max_steps is not None and self.step >= self.max_steps:
+                    break
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            for h in self.hooks:
+                h.after_train(self, error)
+
+
+class LossHook(Hook):
+    """Reads the training loss every ``every`` steps and at each epoch end; stops on NaN/inf."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.sum = 0.0
+        self.count = 0
+        self.last: dict[str, float] = {}
+
+    def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
+        if (out.step + 1) % self.every and out.step + 1 != loop.max_steps:
+            return
+        loss = float(out.loss.mean().asscalar())
+        if not math.isfinite(loss):
+            raise DivergenceError(f"training loss is {loss} at step {out.step} (epoch "
+                                  f"{out.epoch + 1}, lr {out.lr:.6g}): the run diverged")
+        self.sum += loss
+        self.count += 1
+        self.last = {"train_loss": loss, "lr": out.lr}
+
+    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        if self.count:
+            metrics["train_loss"] = self.sum / self.count
+        metrics["lr"] = loop.trainer.learning_rate(max(loop.step - 1, 0))
+        self.sum, self.count = 0.0, 0
+
+
+class TimerHook(Hook):
+    """Images per second of this worker over each epoch's training steps."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.images = 0
+        self.train_seconds = 0.0  # cumulative, evaluation excluded
+
+    def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
+        if self.images == 0:
+            self.start = time.perf_counter()
+        self.images += out.images
+
+    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        mx.nd.waitall()
+        elapsed = time.perf_counter() - self.start
+        self.train_seconds += elapsed
+        metrics["images_per_sec"] = self.images / elapsed if elapsed > 0 else 0.0
+        metrics["train_seconds"] = self.train_seconds
+        metrics["images_per_sec_global"] = metrics["images_per_sec"] * loop.trainer.num_workers
+        self.images = 0
+
+
+class EvalHook(Hook):
+    """Top-1/top-5 validation error every ``every`` epochs, sharded over the ranks.
+
+    Rank r evaluates the validation batches i with i mod k = r under the ``bn_stats``
+    statistics; the counts are summed through the store, so every rank gets the global numbers.
+    """
+
+    def __init__(self, val_source: Any, batch_size: int, every: int = 1):
+        self.val = val_source
+        self.batch_size = batch_size
+        self.every = every
+
+    def evaluate(self, loop: TrainLoop) -> dict[str, float]:
+        trainer = loop.trainer
+        rank, k = trainer.rank, trainer.num_workers
+        top1 = top5 = count = 0.0
+        loss_sum = 0.0
+        with trainer.evaluation_stats():
+            for i, (data, label) in enumerate(self.val.batches(self.batch_size)):
+                if i % k != rank:
+                    continue
+                out = loop.net(data.as_in_context(loop.ctx[0]))
+                lab = label.as_in_context(loop.ctx[0])
+                loss_sum += float(loop.loss_fn(out, lab).sum().asscalar())
+                ranked = mx.nd.topk(out, k=min(5, out.shape[1]), ret_typ="indices")
+                hit = ranked == lab.reshape((-1, 1)).astype(ranked.dtype)
+                top1 += float(hit[:, 0].sum().asscalar())
+                top5 += float(hit.sum().asscalar())
+                count += data.shape[0]
+        top1, top5, count, loss_sum = trainer.store.sum_scalars([top1, top5, count, loss_sum])
+        return {"val_error_top1": 1 - top1 / count, "val_error_top5": 1 - top5 / count,
+                "val_accuracy": top1 / count, "val_loss": loss_sum / count}
+
+    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        if (epoch + 1) % self.every == 0 or epoch + 1 == loop.epochs:
+            metrics.update(self.evaluate(loop))
+
+
+class ReplicaCheckHook(Hook):
+    """Compares a weight checksum with rank 0's every ``every`` steps (dist only)."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
+        if self.every and (out.step + 1) % self.every == 0:
+            loop.trainer.check_replicas(out.step)
+
+
+class ProgressHook(Hook):
+    """A tqdm bar per epoch with loss and LR (rank 0)."""
+
+    def __init__(self, steps_per_epoch: int, epochs: int):
+        self.steps = steps_per_epoch
+        self.epochs = epochs
+        self.bar = None
+
+    def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
+        from tqdm.auto import tqdm
+        if self.bar is None:
+            self.bar = tqdm(total=self.steps, desc=f"epoch {out.epoch + 1}/{self.epochs}",
+                            leave=False, dynamic_ncols=True)
+        self.bar.update(1)
+
+    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        shown = {k: metrics[k] for k in ("train_loss", "val_accuracy", "images_per_sec", "lr")
+                 if k in metrics}
+        print(f"epoch {epoch + 1}/{self.epochs} " + " ".join(
+            f"{k}={v:.4g}" for k, v in shown.items()), flush=True)
+
+    def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
+        if self.bar is not None:
+            self.bar.close()

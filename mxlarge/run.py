@@ -1,0 +1,117 @@
+"""Builds a training run from a config: store, net, data, schedule, trainer, hooks; runs it.
+
+The same function runs in one process and inside every worker of a launched job: the rank and
+world size come from the KVStore, the per-worker batch n stays as configured, and the global
+batch k·n drives the LR scaling rule (:func:`mxlarge.config.derive`).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mxlarge.config import Config, derive
+
+
+@dataclass
+class RunResult:
+    run_id: str | None
+    rank: int
+    num_workers: int
+    steps: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}
+
+
+def contexts(devices: int = 1) -> list:
+    import mxnet as mx
+    return [mx.cpu(i) for i in range(devices)]
+
+
+def build(cfg: Config, source: str = "<config>", kv: Any = None):
+    """Everything a run needs, in dependency order; returns a namespace-like dict."""
+    import mxnet as mx
+    import numpy as np
+
+    from mxlarge import data as data_mod
+    from mxlarge import nets, schedulers
+    from mxlarge.kvstore import sync
+    from mxlarge.trainer import Trainer
+
+    if kv is None and (cfg.dist.kvstore.startswith("dist")):
+        kv = sync.create(cfg.dist.kvstore)
+    rank = kv.rank if kv is not None else 0
+    workers = kv.num_workers if kv is not None else 1
+    train_samples = data_mod.train_size(cfg.data)
+    derived = derive(cfg, workers, train_samples, source)
+    ctx = contexts()
+    # Same seed on every rank: identical init (rank 0's is broadcast anyway).
+    mx.random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed)
+    data = data_mod.build_data(cfg.data, rank=rank, num_workers=workers, seed=cfg.train.seed)
+    net = nets.build_net(cfg.model, data.num_classes)
+    init_report = nets.initialize(net, cfg.model, seed=cfg.train.seed, ctx=ctx,
+                                  input_shape=data.input_shape)
+    if cfg.model.hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+    schedule = schedulers.from_config(cfg, derived)
+    o = cfg.optim
+    compression = ({"type": "2bit", "threshold": cfg.dist.compression_threshold}
+                   if cfg.dist.compression == "2bit" else None)
+    trainer = Trainer(net.collect_params(), schedule, momentum=o.momentum, nesterov=o.nesterov,
+                      momentum_correction=o.momentum_correction, weight_decay=o.weight_decay,
+                      decay_bn_bias=o.decay_bn_bias, lars=o.lars, lars_eta=o.lars_eta,
+                      kvstore=kv if kv is not None else cfg.dist.kvstore,
+                      compression=compression, bn_stats=cfg.dist.bn_stats)
+    return dict(net=net, data=data, trainer=trainer, derived=derived, schedule=schedule,
+                ctx=ctx, init_report=init_report, rank=rank, workers=workers)
+
+
+def train(cfg: Config, source: str = "<config>") -> RunResult:
+    """Trains per ``cfg``; tracks in MLflow on rank 0 unless ``tracking.enabled`` is false.
+
+    A launched job passes its MLflow run through ``MXLARGE_RUN_ID``/``MLFLOW_TRACKING_URI``.
+    """
+    import mxnet as mx
+
+    from mxlarge import loop as L
+
+    t0 = time.perf_counter()
+    uri = run_id = None
+    if cfg.tracking.enabled:
+        from mxlarge import tracking
+        uri = tracking.tracking_uri(cfg)
+        run_id = os.environ.get("MXLARGE_RUN_ID") or None
+        tracking.check_reachable(uri)
+    b = build(cfg, source)
+    trainer, data, derived = b["trainer"], b["data"], b["derived"]
+    rank = b["rank"]
+    hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every), L.TimerHook(),
+                           L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
+                                      every=cfg.train.eval_every)]
+    if trainer.store.distributed and cfg.dist.check_every:
+        hooks.append(L.ReplicaCheckHook(cfg.dist.check_every))
+    if rank == 0 and cfg.train.progress:
+        hooks.append(L.ProgressHook(data.train.steps_per_epoch, cfg.train.epochs))
+    if cfg.tracking.enabled:
+        tags = {"world_size": b["workers"], "global_batch": derived.global_batch,
+                "peak_lr": derived.peak_lr, "kvstore": cfg.dist.kvstore,
+                "zero_gamma_blocks": len(b["init_report"].zero_gamma),
+                **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
+        if rank == 0:
+            hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every))
+        if run_id is not None:
+            hooks.append(tracking.RankThroughputHook(uri, run_id, rank))
+    loop = L.TrainLoop(net=b["net"], trainer=trainer, train_source=data.train,
+                       loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
+                       ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps)
+    loop.run()
+    mlflow_hook = next((h for h in hooks if type(h).__name__ == "MLflowHook"), None)
+    return RunResult(run_id=mlflow_hook.run_id if mlflow_hook else run_id, rank=rank,
+                     num_workers=b["workers"], steps=loop.step, history=loop.history,
+                     seconds=time.perf_counter() - t0)

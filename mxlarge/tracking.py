@@ -1,0 +1,155 @@
+"""MLflow tracking: the only module that imports ``mlflow``.
+
+Default store: ``sqlite:///mlruns.db`` in the working directory (MLflow 3 refuses a plain file
+store unless ``MLFLOW_ALLOW_FILE_STORE=true``). Precedence: ``tracking.uri`` in the config, then
+``$MLFLOW_TRACKING_URI``, then the default. ``mlflow ui --backend-store-uri sqlite:///mlruns.db``
+shows the runs.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from mxlarge.config import Config, dump_yaml, flatten
+from mxlarge.loop import Hook, StepOutput, TrainLoop
+
+DEFAULT_URI = "sqlite:///mlruns.db"
+
+
+def tracking_uri(cfg: Config) -> str:
+    return cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def client(uri: str) -> MlflowClient:
+    return MlflowClient(tracking_uri=uri)
+
+
+def check_reachable(uri: str) -> None:
+    """Fails before training, not after an hour, if the tracking store cannot be used.
+
+    Raises:
+        RuntimeError: naming the URI and the underlying problem.
+    """
+    try:
+        client(uri).search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - any failure means the store is unusable
+        raise RuntimeError(f"MLflow tracking URI {uri!r} is not usable: "
+                           f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5, cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def create_run(cfg: Config, uri: str, tags: dict[str, str] | None = None) -> str:
+    """Creates a RUNNING run with the config as params; returns its id."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(cfg.tracking.experiment)
+    exp_id = exp.experiment_id if exp else c.create_experiment(cfg.tracking.experiment)
+    all_tags = {"mlflow.runName": cfg.name, "git_commit": git_commit(),
+                "dataset": cfg.data.dataset, "model": cfg.model.name, **(tags or {})}
+    run = c.create_run(exp_id, tags={k: str(v) for k, v in all_tags.items()})
+    params = [mlflow.entities.Param(k, str(v)[:500]) for k, v in flatten(cfg).items()]
+    for lo in range(0, len(params), 100):
+        c.log_batch(run.info.run_id, params=params[lo:lo + 100])
+    return run.info.run_id
+
+
+def end_run(uri: str, run_id: str, ok: bool, tags: dict[str, str] | None = None) -> None:
+    c = client(uri)
+    for k, v in (tags or {}).items():
+        c.set_tag(run_id, k, str(v))
+    c.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
+
+
+def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int) -> None:
+    ms = [mlflow.entities.Metric(k, float(v), int(_now_ms()), int(step))
+          for k, v in metrics.items()]
+    client(uri).log_batch(run_id, metrics=ms)
+
+
+def _now_ms() -> int:
+    import time
+    return int(time.time() * 1000)
+
+
+class MLflowHook(Hook):
+    """Rank 0: params, tags, metrics with step, and artifacts of one run.
+
+    Creates the run unless ``run_id`` is given (a launched job's run, created by the launcher,
+    which also ends it); ends a run it created as FINISHED or FAILED.
+    """
+
+    def __init__(self, cfg: Config, uri: str, run_id: str | None, tags: dict[str, Any],
+                 log_every: int):
+        self.cfg = cfg
+        self.uri = uri
+        self.owns_run = run_id is None
+        self.run_id = run_id
+        self.tags = {k: str(v) for k, v in tags.items()}
+        self.log_every = log_every
+
+    def before_train(self, loop: TrainLoop) -> None:
+        if self.run_id is None:
+            self.run_id = create_run(self.cfg, self.uri, self.tags)
+        else:
+            c = client(self.uri)
+            for k, v in self.tags.items():
+                c.set_tag(self.run_id, k, v)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.yaml"
+            path.write_text(dump_yaml(self.cfg))
+            client(self.uri).log_artifact(self.run_id, str(path))
+
+    def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
+        if (out.step + 1) % self.log_every == 0:
+            loss_hook = next((h for h in loop.hooks if hasattr(h, "last")), None)
+            metrics = {"lr": out.lr}
+            if loss_hook is not None and loss_hook.last:
+                metrics["train_loss_step"] = loss_hook.last["train_loss"]
+            log_metrics(self.uri, self.run_id, metrics, out.step + 1)
+
+    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        log_metrics(self.uri, self.run_id, metrics, loop.step)
+
+    def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
+        if self.run_id is None:
+            return
+        c = client(self.uri)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                params = Path(tmp) / "final.params"
+                loop.net.save_parameters(str(params))
+                c.log_artifact(self.run_id, str(params))
+                if loop.history:
+                    from mxlarge.report import plot_training_curves
+                    png = Path(tmp) / "training_curves.png"
+                    plot_training_curves(loop.history, png, title=self.cfg.name)
+                    c.log_artifact(self.run_id, str(png))
+        finally:
+            if error is not None:
+                c.set_tag(self.run_id, "failure", f"{type(error).__name__}: {error}"[:4000])
+            if self.owns_run:
+                c.set_terminated(self.run_id, status="FAILED" if error else "FINISHED")
+
+
+class RankThroughputHook(Hook):
+    """Every rank logs its own images/s as ``images_per_sec_rank{r}`` to the job's run."""
+
+    def __init__(self, uri: str, run_id: str, rank: int):
+        self.uri, self.run_id, self.rank = uri, run_id, rank
+
+    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        if "images_per_sec" in metrics:
+            log_metrics(self.uri, self.run_id,
+                        {f"images_per_sec_rank{self.rank}": metrics["images_per_sec"]}, loop.step)

@@ -148,9 +148,10 @@ def _describe(tp: Any) -> str:
         inner = [a for a in args if a is not type(None)]
         return f"{_describe(inner[0])} or null"
     if origin is tuple:
+        noun = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}[args[0]]
         if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_describe(args[0])}s"
-        return f"a list of {len(args)} {_describe(args[0])}s"
+            return f"a list of {noun}"
+        return f"a list of {len(args)} {noun}"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
         tp, getattr(tp, "__name__", str(tp)))
 

@@ -146,8 +146,12 @@ class Trainer:
 
     # -- states ---------------------------------------------------------------------------------
     def state_arrays(self) -> dict[str, mx.nd.NDArray]:
-        """Momentum buffers (device 0) by parameter name."""
-        return {f"momentum:{self.names[i]}": self.states[i][0]
+        """Momentum buffers (device 0) keyed ``momentum:<parameter index>``.
+
+        Positions, not names: Gluon 1.x names parameters with process-global counters, so the
+        same net built twice in one process gets different names.
+        """
+        return {f"momentum:{i}": self.states[i][0]
                 for i in self.pushed if self.states[i][0] is not None}
 
     def save_states(self, fname: str) -> None:
@@ -155,6 +159,7 @@ class Trainer:
         mx.nd.save(fname, self.state_arrays())
 
     def load_states(self, fname: str) -> None:
+        """Loads what :meth:`save_states` wrote, checking keys and shapes first."""
         loaded = mx.nd.load(fname)
         expected = self.state_arrays()
         missing = sorted(set(expected) - set(loaded))
@@ -162,12 +167,11 @@ class Trainer:
         if missing or extra:
             raise ValueError(f"{fname}: optimizer states do not match this net "
                              f"(missing {missing[:3]}, unexpected {extra[:3]})")
-        for i in self.pushed:
-            key = f"momentum:{self.names[i]}"
-            if key not in loaded:
-                continue
-            if loaded[key].shape != self.states[i][0].shape:
-                raise ValueError(f"{fname}: '{key}' has shape {loaded[key].shape}, expected "
-                                 f"{self.states[i][0].shape}")
-            for s in self.states[i]:
+        for key, value in expected.items():
+            if loaded[key].shape != value.shape:
+                name = self.names[int(key.split(":")[1])]
+                raise ValueError(f"{fname}: '{key}' ({name}) has shape {loaded[key].shape}, "
+                                 f"expected {value.shape}")
+        for key in expected:
+            for s in self.states[int(key.split(":")[1])]:
                 loaded[key].copyto(s)

@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make demo` and `make test` (each sets up .venv first).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.mxlarge-installed
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+# The digits recipe as a local dist_sync job: scheduler, 1 server, 2 workers on 127.0.0.1,
+# tracked in ./mlruns.db (see `mlflow ui --backend-store-uri sqlite:///mlruns.db`).
+demo: $(STAMP)
+	$(BIN)/mxlarge launch experiments/proxy/digits-largebatch.yaml -n 2 -s 1
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+lint: $(STAMP)
+	$(BIN)/ruff check mxlarge tests benchmarks
+
+clean:
+	rm -rf $(VENV) mlruns.db mxlarge-runs .pytest_cache

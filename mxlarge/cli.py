@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _run_ps_role_if_any() -> None:
@@ -56,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from mxlarge.config import derive, dump_yaml, to_dict
     from mxlarge import schedulers
+    from mxlarge.config import derive, dump_yaml, to_dict
 
     cfg = _load(args)
     samples = cfg.data.train_samples
@@ -69,7 +69,8 @@ def _show(args: argparse.Namespace) -> int:
     try:
         steps = [int(x) for x in args.lr_at.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(_fail(f"--lr-at {args.lr_at!r}: expected comma-separated integers", 2))
+        raise SystemExit(_fail(f"--lr-at {args.lr_at!r}: expected comma-separated integers",
+                               2)) from None
     if any(s < 0 for s in steps):
         raise SystemExit(_fail(f"--lr-at {args.lr_at!r}: steps must be >= 0", 2))
     roles = _role_counts(cfg)

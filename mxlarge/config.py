@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -42,9 +42,9 @@ def _f(default: Any, doc: str, **rules: Any) -> Any:
 class DataConfig:
     dataset: str = _f("digits", "which dataset", choices=DATASETS)
     batch_size: int = _f(32, "images per worker (per device) and step: Goyal's n", ge=1)
-    root: Optional[str] = _f(None, "cifar10: directory of the binary batches")
-    train_rec: Optional[str] = _f(None, "imagenet: training .rec (its .idx beside it)")
-    val_rec: Optional[str] = _f(None, "imagenet: validation .rec (its .idx beside it)")
+    root: str | None = _f(None, "cifar10: directory of the binary batches")
+    train_rec: str | None = _f(None, "imagenet: training .rec (its .idx beside it)")
+    val_rec: str | None = _f(None, "imagenet: validation .rec (its .idx beside it)")
     image_size: int = _f(224, "imagenet/synthetic: side of the square network input", ge=1)
     resize: int = _f(256, "imagenet validation: shorter side before the centre crop", ge=1)
     scale: tuple[float, float] = _f((0.08, 1.0), "random-resized-crop area range", gt=0, le=1)
@@ -56,7 +56,7 @@ class DataConfig:
     synthetic_train: int = _f(2048, "synthetic: number of training images", ge=1)
     synthetic_val: int = _f(256, "synthetic: number of validation images", ge=1)
     num_classes: int = _f(10, "number of classes in the data", ge=2)
-    train_samples: Optional[int] = _f(None, "training images, for `show` without the data at "
+    train_samples: int | None = _f(None, "training images, for `show` without the data at "
                                             "hand (ImageNet-1k: 1281167)", ge=1)
     threads: int = _f(2, "imagenet: decoding threads per worker", ge=1)
 
@@ -85,9 +85,10 @@ class OptimConfig:
     warmup: str = _f("linear", "gradual (linear), constant, or no warmup",
                      choices=("linear", "constant", "none"))
     warmup_epochs: float = _f(5.0, "length of the warmup", ge=0)
-    warmup_lr: Optional[float] = _f(None, "LR at step 0 of the warmup (default: base_lr)", gt=0)
+    warmup_lr: float | None = _f(None, "LR at step 0 of the warmup (default: base_lr)", gt=0)
     decay: str = _f("step", "schedule after warmup", choices=("step", "cosine", "poly", "none"))
-    decay_epochs: tuple[float, ...] = _f((30.0, 60.0, 80.0), "step decay: epochs of each drop", ge=0)
+    decay_epochs: tuple[float, ...] = _f((30.0, 60.0, 80.0), "step decay: epochs of each drop",
+                                         ge=0)
     decay_factor: float = _f(0.1, "step decay: multiplier at each drop", gt=0, le=1)
     poly_power: float = _f(2.0, "poly decay: power", gt=0)
     lars: bool = _f(False, "layer-wise adaptive rate scaling (You et al. 2017)")
@@ -101,7 +102,7 @@ class TrainConfig:
     eval_every: int = _f(1, "evaluate every this many epochs", ge=1)
     log_every: int = _f(10, "log training metrics every this many steps", ge=1)
     progress: bool = _f(True, "tqdm progress bar per epoch")
-    max_steps: Optional[int] = _f(None, "stop after this many steps (smoke runs)", ge=1)
+    max_steps: int | None = _f(None, "stop after this many steps (smoke runs)", ge=1)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class DistConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     enabled: bool = _f(True, "track the run in MLflow")
-    uri: Optional[str] = _f(None, "tracking URI (default: $MLFLOW_TRACKING_URI, else "
+    uri: str | None = _f(None, "tracking URI (default: $MLFLOW_TRACKING_URI, else "
                                   "sqlite:///mlruns.db in the working directory)")
     experiment: str = _f("mxlarge", "MLflow experiment name")
     output_dir: str = _f("mxlarge-runs", "local folder for artifacts before upload")

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 
 def final_error(val_errors: Sequence[float], last: int = 5) -> float:
@@ -13,7 +13,8 @@ def final_error(val_errors: Sequence[float], last: int = 5) -> float:
     return float(statistics.median(val_errors[-last:]))
 
 
-def plot_training_curves(history: list[dict[str, float]], path: str | Path, title: str = "") -> None:
+def plot_training_curves(history: list[dict[str, float]], path: str | Path,
+                         title: str = "") -> None:
     """PNG with training loss, validation error and LR per epoch."""
     import matplotlib
     matplotlib.use("Agg")

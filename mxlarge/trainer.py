@@ -17,8 +17,9 @@ update because servers sum.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import mxnet as mx
 

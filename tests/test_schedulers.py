@@ -1,12 +1,21 @@
-"""Schedules: golden values of the Goyal preset for ImageNet, composition, pickling, MXNet parity."""
+"""Schedules: Goyal preset golden values for ImageNet, composition, pickling, MXNet parity."""
+import dataclasses
 import math
 import pickle
 
 import pytest
 
-from mxlarge.config import Config, OptimConfig, TrainConfig, DataConfig, derive
-from mxlarge.schedulers import (Constant, Cosine, Join, Linear, MultiStep, Polynomial, from_config,
-                                goyal)
+from mxlarge.config import Config, DataConfig, OptimConfig, TrainConfig, derive
+from mxlarge.schedulers import (
+    Constant,
+    Cosine,
+    Join,
+    Linear,
+    MultiStep,
+    Polynomial,
+    from_config,
+    goyal,
+)
 
 IMAGENET = 1_281_167
 
@@ -87,7 +96,7 @@ def test_schedules_pickle_round_trip(sched, proto):
 
 
 def test_schedules_are_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         Constant(0.1).value = 0.2
 
 

@@ -87,7 +87,7 @@ def test_states_round_trip(tmp_path):
     f = str(tmp_path / "states.nd")
     tr.save_states(f)
     net2 = _net()
-    for (k, p), (_, q) in zip(net.collect_params().items(), net2.collect_params().items()):
+    for p, q in zip(net.collect_params().values(), net2.collect_params().values()):
         q.set_data(p.data())
     tr2 = Trainer(net2.collect_params(), Constant(0.1), momentum=0.9)
     tr2.load_states(f)
@@ -158,7 +158,7 @@ def test_bn_stats_modes_on_two_devices():
     mean = [p for n, p in net.collect_params().items() if n.endswith("running_mean")][0]
     d0, d1 = (a.asnumpy() for a in mean.list_data())
     assert not np.allclose(d0, d1)
-    for name, p in net.collect_params().items():
+    for p in net.collect_params().values():
         if p.grad_req != "null":
             np.testing.assert_array_equal(p.list_data()[0].asnumpy(), p.list_data()[1].asnumpy())
     with tr.evaluation_stats():

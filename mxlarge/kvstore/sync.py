@@ -20,7 +20,7 @@ mixed int/str keys).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import mxnet as mx
 import numpy as np

@@ -30,7 +30,8 @@ Every attribute is a plain Python value so the object survives MXNet's protocol-
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mxnet import ndarray as nd
 from mxnet import optimizer as mxopt

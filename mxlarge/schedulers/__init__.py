@@ -89,7 +89,8 @@ class Cosine:
 
     def __call__(self, step: int) -> float:
         t = min(_check_step(step), self.steps)
-        return float(self.end + (self.start - self.end) * (1 + math.cos(math.pi * t / self.steps)) / 2)
+        cos = math.cos(math.pi * t / self.steps)
+        return float(self.end + (self.start - self.end) * (1 + cos) / 2)
 
 
 @dataclass(frozen=True)

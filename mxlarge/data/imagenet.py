@@ -1,0 +1,197 @@
+"""ImageNet (or any labelled image set) from indexed RecordIO, read by ``mx.io.ImageRecordIter``.
+
+``cfg.train_rec`` and ``cfg.val_rec`` are ``.rec`` files packed by ``im2rec.py`` (or
+``mx.recordio.MXIndexedRecordIO`` + ``pack_img``); each needs its ``.idx`` beside it (same path,
+``.idx`` instead of ``.rec``). The record header's label is the class.
+
+Training follows Goyal et al. / He et al.: random-resized crop with area fraction in
+``cfg.scale`` and aspect ratio in ``cfg.ratio``, resized to ``(3, S, S)`` (bilinear), random
+horizontal flip if ``cfg.flip``, then ``(x - mean) / std``. Validation: shorter side resized to
+``cfg.resize``, centre ``S x S`` crop, same normalisation.
+
+Sharding differs from the in-memory datasets, because ImageRecordIter cannot read an arbitrary
+index list: rank ``r`` of ``k`` reads ImageRecordIter's part ``r`` (``num_parts=k,
+part_index=r``), a CONTIGUOUS block of ``ceil(N / k)`` records (the last part holds the rest, so
+parts are unequal), shuffled within the part each epoch with a seed derived from ``(seed,
+epoch)``. Every rank still yields exactly ``floor(N / (k * n))`` batches per epoch: a part that
+runs out first (only the last part can, and it lacks fewer than ``k`` records) wraps around to
+a fresh shuffle of itself, so a few of its records are seen twice in that epoch. So a k-worker
+run is statistically, not bitwise, equivalent to one process with batch ``k * n``; pack the
+.rec in random order (``im2rec.py --shuffle``), or a rank's part would hold only a few classes.
+
+Determinism: the record order of an epoch is reproducible. The crop/flip draws are not seeded by
+``seed``: each decoding thread has its own generator seeded by a constant when the iterator is
+built (one iterator is built per epoch), and with ``cfg.threads > 1`` which thread decodes which
+image is a race. ImageRecordIter's ``seed_aug`` would make draws reproducible but re-seeds per
+*position in the batch*, giving every batch the same crops, so it is not used.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mxlarge.config import ConfigError, DataConfig
+from mxlarge.data import Batch, Data, TrainSource, ValSource, sharding
+
+
+def rec_paths(rec: str | None, key: str) -> tuple[Path, Path]:
+    """``(path.rec, path.idx)`` after checking that both files exist.
+
+    Raises:
+        ConfigError: naming the config key and the missing path.
+    """
+    if not rec:
+        raise ConfigError(f"{key} = None: expected the path of an indexed RecordIO .rec file "
+                          "(with its .idx beside it) when data.dataset is imagenet")
+    rec_path = Path(rec)
+    if not rec_path.is_file():
+        raise ConfigError(f"{key} = '{rec}': no such file {rec_path}")
+    idx_path = rec_path.with_suffix(".idx")
+    if not idx_path.is_file():
+        raise ConfigError(f"{key} = '{rec}': its index {idx_path} does not exist; create it "
+                          "with im2rec.py or mx.recordio.MXIndexedRecordIO")
+    return rec_path, idx_path
+
+
+def count_records(idx_path: Path) -> int:
+    """Number of records listed in a RecordIO ``.idx`` (one ``key<TAB>offset`` line each).
+
+    Raises:
+        ConfigError: if the index lists no record.
+    """
+    with open(idx_path, "rb") as f:
+        count = sum(1 for line in f if line.strip())
+    if count == 0:
+        raise ConfigError(f"{idx_path}: the index lists no records")
+    return count
+
+
+def train_size(cfg: DataConfig) -> int:
+    """Number of records in ``cfg.train_rec`` (read from its ``.idx``)."""
+    return count_records(rec_paths(cfg.train_rec, "data.train_rec")[1])
+
+
+def _normalize_kwargs(cfg: DataConfig) -> dict[str, Any]:
+    (mr, mg, mb), (sr, sg, sb) = cfg.mean, cfg.std
+    return dict(mean_r=mr, mean_g=mg, mean_b=mb, std_r=sr, std_g=sg, std_b=sb)
+
+
+def _copy(batch: Any, n: int | None = None) -> Batch:
+    """Owned float32 copies on ``mx.cpu()`` of the first ``n`` samples of an iterator batch.
+
+    ImageRecordIter hands out views of buffers it recycles (with ``ctx='cpu'`` every batch is
+    the same buffer) that live on ``cpu_pinned(0)`` even in CPU builds; a copy on ``cpu(0)``
+    neither aliases later batches nor mixes contexts with the network's parameters.
+    """
+    import mxnet as mx
+    data, label = batch.data[0], batch.label[0]
+    if n is not None and n < data.shape[0]:
+        data, label = data[:n], label[:n]
+    out = (data.copyto(mx.cpu()), label.reshape((-1,)).copyto(mx.cpu()))
+    # Wait, so that the source buffer may be recycled as soon as we ask for the next batch.
+    for arr in out:
+        arr.wait_to_read()
+    return out
+
+
+class RecordTrain(TrainSource):
+    """This rank's ImageRecordIter part of the training set (see the module docstring)."""
+
+    def __init__(self, cfg: DataConfig, rec: Path, idx: Path, num_samples: int, *, rank: int,
+                 num_workers: int, seed: int):
+        super().__init__(num_samples=num_samples, rank=rank, num_workers=num_workers,
+                         batch_size=cfg.batch_size, seed=seed)
+        self.cfg = cfg
+        self.rec = rec
+        self.idx = idx
+        self.part_size = sharding.recordio_part_sizes(num_samples, num_workers)[rank]
+        smallest = min(sharding.recordio_part_sizes(num_samples, num_workers))
+        # A part smaller than one batch makes ImageRecordIter abort the process (CHECK failure
+        # in its round-robin fill); an empty part is undefined behaviour in dmlc-core.
+        if smallest < cfg.batch_size:
+            raise ConfigError(
+                f"data.train_rec = '{rec}': its {num_samples} records split into "
+                f"{num_workers} ImageRecordIter parts leave a part of {smallest} records, fewer "
+                f"than data.batch_size = {cfg.batch_size}")
+
+    def make_iter(self, epoch: int) -> Any:
+        """A fresh ImageRecordIter for ``epoch`` (shuffle seeded by ``(seed, epoch)``)."""
+        import mxnet as mx
+        cfg = self.cfg
+        s = cfg.image_size
+        return mx.io.ImageRecordIter(
+            path_imgrec=str(self.rec), path_imgidx=str(self.idx), data_shape=(3, s, s),
+            batch_size=cfg.batch_size, label_width=1,
+            shuffle=True, seed=sharding.recordio_seed(self.seed, epoch),
+            num_parts=self.num_workers, part_index=self.rank,
+            random_resized_crop=True,
+            min_random_area=cfg.scale[0], max_random_area=cfg.scale[1],
+            min_aspect_ratio=cfg.ratio[0], max_aspect_ratio=cfg.ratio[1],
+            rand_mirror=cfg.flip, preprocess_threads=cfg.threads,
+            # round_batch: a part's last partial batch is filled from the start of its next
+            # shuffle, so every yielded batch is full (and batch.pad is then correct).
+            round_batch=True, verbose=False, **_normalize_kwargs(cfg))
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        it = self.make_iter(epoch)
+        done = 0
+        empty_passes = 0
+        while done < self.steps_per_epoch:
+            try:
+                batch = it.next()
+            except StopIteration:
+                empty_passes += 1
+                if empty_passes > 1:  # pragma: no cover - guarded by the part-size check
+                    raise RuntimeError(f"{self.rec}: part {self.rank} yielded no batch") from None
+                it.reset()
+                continue
+            empty_passes = 0
+            yield _copy(batch)
+            done += 1
+
+
+class RecordVal(ValSource):
+    """The whole validation .rec in file order, each record exactly once."""
+
+    def __init__(self, cfg: DataConfig, rec: Path, idx: Path, num_samples: int):
+        self.cfg = cfg
+        self.rec = rec
+        self.idx = idx
+        self.num_samples = num_samples
+
+    def batches(self, batch_size: int) -> Iterator[Batch]:
+        import mxnet as mx
+        if batch_size < 1:
+            raise ValueError(f"batch_size = {batch_size}: expected >= 1")
+        cfg = self.cfg
+        s = cfg.image_size
+        # ImageRecordIter aborts if the set is smaller than a batch.
+        batch_size = min(batch_size, self.num_samples)
+        # round_batch=True although no sample should repeat: with round_batch=False MXNet 1.9
+        # reports pad = 0 for the short last batch (it computes the pad after overwriting the
+        # size), so the padded slots (stale data) could not be told apart. With round_batch the
+        # last batch is topped up from the start and batch.pad counts those extra samples.
+        it = mx.io.ImageRecordIter(
+            path_imgrec=str(self.rec), path_imgidx=str(self.idx), data_shape=(3, s, s),
+            batch_size=batch_size, label_width=1, shuffle=False, resize=cfg.resize,
+            rand_crop=False, rand_mirror=False, preprocess_threads=cfg.threads,
+            round_batch=True, verbose=False, **_normalize_kwargs(cfg))
+        seen = 0
+        for batch in it:
+            n = min(batch_size - batch.pad, self.num_samples - seen)
+            if n <= 0:
+                break
+            yield _copy(batch, n)
+            seen += n
+
+
+def build(cfg: DataConfig, *, rank: int, num_workers: int, seed: int) -> Data:
+    """RecordIO training shard and validation set; see :func:`mxlarge.data.build_data`."""
+    train_rec, train_idx = rec_paths(cfg.train_rec, "data.train_rec")
+    val_rec, val_idx = rec_paths(cfg.val_rec, "data.val_rec")
+    train = RecordTrain(cfg, train_rec, train_idx, count_records(train_idx), rank=rank,
+                        num_workers=num_workers, seed=seed)
+    val = RecordVal(cfg, val_rec, val_idx, count_records(val_idx))
+    s = cfg.image_size
+    return Data(train=train, val=val, num_classes=cfg.num_classes, input_shape=(3, s, s))

@@ -1,0 +1,61 @@
+"""``python -m mxlarge.launcher -n 2 -s 1 [--launcher ssh -H hosts] -- CMD ...`` (manual use)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_submit
+from mxlarge.launcher.local import PortInUseError, run_local
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the job, return its exit code."""
+    p = argparse.ArgumentParser(prog="python -m mxlarge.launcher",
+                                description="Run a command as an MXNet dist_sync job.")
+    p.add_argument("-n", "--workers", type=int, required=True)
+    p.add_argument("-s", "--servers", type=int, default=None,
+                   help="number of servers (default: as many as workers)")
+    p.add_argument("--launcher", default="local",
+                   choices=["local", *SUPPORTED, *UNSUPPORTED])
+    p.add_argument("-H", "--hostfile", default=None, help="hosts for ssh/mpi")
+    p.add_argument("--port", type=int, default=None, help="scheduler port (local only)")
+    p.add_argument("--host-ip", default=None,
+                   help="address of the scheduler for cluster launchers (dmlc --host-ip)")
+    p.add_argument("--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for every process (repeatable)")
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="seconds between SIGTERM and SIGKILL on teardown")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    a = p.parse_args(argv)
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        p.error("no command given (put it after --)")
+    servers = a.workers if a.servers is None else a.servers
+    env = dict(a.env)
+    try:
+        if a.launcher == "local":
+            if a.hostfile or a.host_ip:
+                p.error("--hostfile/--host-ip are for cluster launchers")
+            outcome = run_local(command, workers=a.workers, servers=servers, port=a.port,
+                                env=env, grace=a.grace)
+            print(f"[launcher] {outcome.message}", flush=True)
+            return outcome.exit_code
+        if a.port is not None:
+            p.error("--port is for the local launcher (dmlc_tracker picks the scheduler port)")
+        extra = {"host_ip": a.host_ip} if a.host_ip else {}
+        return cluster_submit(a.launcher, command, workers=a.workers, servers=servers,
+                              hostfile=a.hostfile, env=env, extra=extra, grace=a.grace)
+    except (ValueError, PortInUseError, NotImplementedError, FileNotFoundError) as e:
+        print(f"mxlarge.launcher: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Process supervision shared by the local and the cluster launchers.
+
+Every child is started in its own session (``start_new_session=True``), so its pid is also the id
+of a process group that holds everything it forks. Teardown signals whole groups.
+
+Exit detection uses ``waitid(..., WNOWAIT)``: the supervisor learns that a child has exited
+without reaping it. A group leader that is a zombie keeps its pid, and hence its process-group
+id, reserved, so ``killpg`` can never hit an unrelated process that happens to reuse the pid.
+Leaders are reaped only at the very end, in :meth:`Supervisor.close`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, Any
+
+# How often the supervision loops look at their children. Small enough that a failure is
+# noticed well within a second, large enough to cost nothing next to MXNet's own threads.
+POLL_INTERVAL = 0.05
+
+# After SIGKILL a process normally vanishes within milliseconds; this only bounds pathological
+# cases (uninterruptible sleep on a dead NFS mount) so that teardown itself can never hang.
+_KILL_WAIT = 5.0
+
+_TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def describe_status(status: int) -> str:
+    """Describe a Popen-style return code: ``status 3`` or ``signal 9 (SIGKILL)``."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = "unknown"
+        return f"signal {-status} ({name})"
+    return f"status {status}"
+
+
+def exit_code_for(status: int) -> int:
+    """Map a Popen-style return code to a shell-style exit code (a signal n becomes 128 + n)."""
+    return 128 - status if status < 0 else status
+
+
+class LineSink:
+    """Thread-safe writer of ``[label] line`` records to a text stream."""
+
+    def __init__(self, output: IO[str] | Any) -> None:
+        self._out = output
+        self._lock = threading.Lock()
+
+    def emit(self, label: str, text: str) -> None:
+        """Write one prefixed line; never raises (a closed or broken output must not stop the
+        pumps, or children would block on a full pipe)."""
+        with self._lock:
+            try:
+                self._out.write(f"[{label}] {text}\n")
+                flush = getattr(self._out, "flush", None)
+                if flush is not None:
+                    flush()
+            except Exception:  # noqa: BLE001 - see docstring
+                pass
+
+
+class Child:
+    """One supervised process (the leader of its own process group)."""
+
+    def __init__(self, role: str, index: int | None, label: str, popen: subprocess.Popen[bytes],
+                 sink: LineSink) -> None:
+        self.role = role
+        self.index = index
+        self.label = label
+        self.popen = popen
+        self.status: int | None = None
+        self._pump = threading.Thread(target=self._pump_lines, args=(sink,),
+                                      name=f"pump {label}", daemon=True)
+        self._pump.start()
+
+    @property
+    def pid(self) -> int:
+        """Process id, which is also the id of the child's process group."""
+        return self.popen.pid
+
+    def _pump_lines(self, sink: LineSink) -> None:
+        stream = self.popen.stdout
+        if stream is None:
+            return
+        try:
+            for raw in iter(stream.readline, b""):
+                sink.emit(self.label, raw.decode("utf-8", "replace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            pass  # the pipe was closed under us during teardown
+        finally:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+    def check(self) -> int | None:
+        """Return the Popen-style status if the process has exited, else ``None``; never reaps."""
+        if self.status is None:
+            try:
+                info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                # Reaped elsewhere (should not happen); fall back to what Popen knows.
+                rc = self.popen.poll()
+                self.status = rc if rc is not None else -1
+            else:
+                if info is not None:
+                    if info.si_code == os.CLD_EXITED:
+                        self.status = info.si_status
+                    else:  # CLD_KILLED or CLD_DUMPED
+                        self.status = -info.si_status
+        return self.status
+
+    def wait_exit(self, stop: threading.Event | None = None) -> int | None:
+        """Block until the process exits (without reaping it) or ``stop`` is set."""
+        while self.check() is None:
+            if stop is not None and stop.is_set():
+                return None
+            time.sleep(POLL_INTERVAL)
+        return self.status
+
+    def join_pump(self, timeout: float) -> None:
+        """Wait for the output pump to drain the pipe."""
+        self._pump.join(timeout)
+
+
+def _live_process_groups() -> set[int]:
+    """Process-group ids that have at least one process that is not a zombie."""
+    groups: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) >= 3 and fields[0] not in (b"Z", b"X"):
+            groups.add(int(fields[2]))
+    return groups
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class Supervisor:
+    """Starts children in their own process groups, streams their output, tears them down.
+
+    Args:
+        output: text stream that receives every child's output, one ``[label] line`` per line.
+    """
+
+    def __init__(self, output: IO[str] | Any) -> None:
+        self.sink = LineSink(output)
+        self.children: list[Child] = []
+        self._exit_order: list[Child] = []
+        self._lock = threading.Lock()
+        self._closing = False
+        self._closed = False
+
+    def spawn(self, role: str, index: int | None, args: str | Sequence[str], *,
+              env: Mapping[str, str] | None = None, shell: bool = False,
+              executable: str | None = None, label: str | None = None) -> Child:
+        """Start a child in a new session with stdout and stderr merged into one pipe.
+
+        Raises:
+            RuntimeError: if teardown has already begun (a late start would escape it).
+        """
+        if label is None:
+            label = role if index is None else f"{role} {index}"
+        with self._lock:
+            if self._closing:
+                raise RuntimeError(f"not starting {label}: the job is being torn down")
+            popen = subprocess.Popen(  # noqa: S603 - the command is the caller's, by design
+                args, env=None if env is None else dict(env), shell=shell, executable=executable,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            child = Child(role, index, label, popen, self.sink)
+            self.children.append(child)
+        return child
+
+    def poll(self) -> None:
+        """Record which children have exited since the last call, in order of detection."""
+        with self._lock:
+            children = list(self.children)
+        for child in children:
+            if child.status is None and child.check() is not None:
+                self._exit_order.append(child)
+
+    def first_failure(self) -> Child | None:
+        """The first child seen to exit with a non-zero status or a signal, if any."""
+        return next((c for c in self._exit_order if c.status != 0), None)
+
+    def all_exited(self, role: str | None = None) -> bool:
+        """Whether every child (of ``role``, if given) has exited."""
+        return all(c.status is not None for c in self.children if role in (None, c.role))
+
+    def teardown(self, grace: float) -> None:
+        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds.
+
+        Idempotent and bounded: returns after at most ``grace`` + a few seconds.
+        """
+        with self._lock:
+            self._closing = True
+            groups = {c.pid for c in self.children}
+        live = groups & _live_process_groups()
+        if not live:
+            return
+        for pgid in live:
+            _killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while live and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL)
+            live &= _live_process_groups()
+        for pgid in live:
+            _killpg(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + _KILL_WAIT
+        while live and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL)
+            live &= _live_process_groups()
+
+    def close(self, grace: float) -> None:
+        """Tear everything down, reap the group leaders and drain the output pumps."""
+        if self._closed:
+            return
+        self.teardown(grace)
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=_KILL_WAIT)
+            child.check()
+            if child.status is None:
+                child.status = child.popen.returncode
+        for child in self.children:
+            child.join_pump(timeout=_KILL_WAIT)
+        self._closed = True
+
+
+@contextlib.contextmanager
+def termination_signals(stop: threading.Event, received: list[int]) -> Iterator[None]:
+    """Turn SIGINT/SIGTERM/SIGHUP into ``stop.set()`` while the block runs.
+
+    The supervision loop then tears the job down instead of the launcher dying and orphaning its
+    children. Python only lets the main thread install handlers; elsewhere this does nothing and
+    the caller's own ``finally`` remains the safety net. Previous handlers are restored on exit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        if not received:
+            received.append(signum)
+        stop.set()
+
+    previous: dict[int, Any] = {}
+    try:
+        for sig in _TERMINATION_SIGNALS:
+            previous[sig] = signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, old in previous.items():
+            # ``None`` means the old handler was installed from C; the default is the best
+            # approximation Python can restore.
+            signal.signal(sig, signal.SIG_DFL if old is None else old)

@@ -1,0 +1,501 @@
+"""Submit a dist_sync job to a cluster through ``dmlc_tracker`` (shipped in the mxnet wheel).
+
+We do not write our own cluster launcher: :func:`cluster_submit` builds the ``args`` namespace
+that ``mxnet/tools/launch.py`` would build (with ``dmlc_tracker.opts.get_opts``) and calls the
+backend's own ``submit(args)``. Around that call it adds three things.
+
+Compatibility with Python 3.11 (:func:`tracker_compat`)
+    dmlc_tracker as shipped with MXNet 1.9.1 calls ``Thread.isAlive()`` (removed in Python
+    3.9; without it ``tracker.submit`` crashes right after starting the scheduler and leaves it
+    orphaned) and ``Thread.setDaemon()`` (deprecated since 3.10: a ``DeprecationWarning``, an
+    error under ``-W error``). While a submission runs, ``Thread.isAlive`` is aliased to
+    ``is_alive`` and ``setDaemon`` sets ``.daemon`` without warning; both are restored after.
+
+Supervision
+    Every backend starts its processes with ``subprocess.check_call`` in daemon threads (the
+    scheduler locally, then ``ssh``/``mpirun``/``srun`` per role) and never looks at the
+    result; a failed worker leaves the scheduler waiting forever. During a submission the
+    ``subprocess`` name inside ``dmlc_tracker.tracker`` and the backend module is replaced by a
+    shim whose ``check_call`` starts the command in its own process group under a
+    :class:`~mxlarge.launcher._supervise.Supervisor` (output prefixed, exit watched). The first
+    non-zero exit, or SIGINT/SIGTERM/SIGHUP to the launcher, tears down every local process the
+    backend started, which ends the tracker too. Remote processes started through ``ssh`` do
+    not get a signal when their ssh client dies (no tty); see ``launch/README.md``.
+
+Environment forwarding
+    ``ssh`` forwards only a handful of variables (not PYTHONPATH), ``mpirun`` only its ``-x``
+    list. So the variables of :func:`forwarded_env` are put on the command line itself, as
+    ``env K=V ... command``, which all three backends (and the local scheduler) run unchanged.
+    Note that values on a command line are visible to ``ps`` on every host.
+
+Backends: ``ssh``, ``mpi`` and ``slurm`` are supported. ``sge`` and ``yarn`` raise
+:class:`NotImplementedError`: both are broken in the copy shipped with MXNet 1.9.1 beyond what a
+compatibility shim can fix (see :data:`UNSUPPORTED`).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import IO, Any
+
+from mxlarge.launcher._supervise import (
+    POLL_INTERVAL,
+    Supervisor,
+    describe_status,
+    exit_code_for,
+    termination_signals,
+)
+
+SUPPORTED = ("ssh", "mpi", "slurm")
+
+UNSUPPORTED: dict[str, str] = {
+    "sge": (
+        "dmlc_tracker's sge backend (MXNet 1.9.1) cannot run a parameter-server job: submit() "
+        "reads args.logdir and args.vcores, which its option parser never defines "
+        "(AttributeError before anything is submitted); it builds '-S /bin/bash-q QUEUE' for a "
+        "non-default queue; and it never sets DMLC_ROLE, so no array task could tell whether "
+        "it is a server or a worker. On an SGE cluster, request the nodes as a parallel job "
+        "and use the 'ssh' or 'mpi' launcher from inside it (see launch/README.md)."
+    ),
+    "yarn": (
+        "dmlc_tracker's yarn backend (MXNet 1.9.1) cannot run: dmlc-yarn.jar and its build "
+        "script are not shipped in the mxnet wheel, and the container bootstrap "
+        "dmlc_tracker/launcher.py is neither executable nor runnable as a script (relative "
+        "import), which is also how the scheduler is started."
+    ),
+}
+
+# Forwarded to every process when set in the launcher's environment; ``env`` adds to this.
+FORWARD_VARS = frozenset({
+    "PYTHONPATH", "OMP_NUM_THREADS", "DMLC_INTERFACE", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID",
+})
+FORWARD_PREFIXES = ("MLFLOW_", "MXNET_")
+# Never forwarded automatically: they would appear in process listings on every host.
+_SECRET_WORDS = ("PASSWORD", "TOKEN", "SECRET")
+
+# Set by dmlc_tracker per process or by us; overriding them from ``env`` (which is applied after
+# the tracker's own exports) would break the job.
+OWNED_ENV = frozenset({
+    "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
+    "DMLC_NODE_HOST", "DMLC_RANK", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER", "MXLARGE_JOB_ID",
+})
+
+_TOOLS = {"ssh": "ssh", "mpi": "mpirun", "slurm": "srun"}
+_RESERVED_EXTRA = frozenset({"cluster", "num_workers", "num_servers", "host_file", "command"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SHELL_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")
+_SSH_TARGET = re.compile(r"^ssh .*?StrictHostKeyChecking=no (\S+) -p (\S+)")
+
+
+# --------------------------------------------------------------------------- compatibility
+
+_compat_lock = threading.Lock()
+_compat_depth = 0
+_compat_saved: dict[str, Any] = {}
+_MISSING = object()
+
+
+def _set_daemon(self: threading.Thread, daemonic: bool) -> None:
+    self.daemon = daemonic
+
+
+@contextlib.contextmanager
+def tracker_compat() -> Iterator[None]:
+    """Let dmlc_tracker 1.9.1 run on Python >= 3.9 while the block runs.
+
+    Adds ``threading.Thread.isAlive`` (an alias of ``is_alive``) and replaces the deprecated
+    ``setDaemon`` by a silent equivalent. Reentrant and thread-safe; the original class
+    attributes are restored when the outermost block exits.
+    """
+    global _compat_depth
+    with _compat_lock:
+        if _compat_depth == 0:
+            for name in ("isAlive", "setDaemon"):
+                _compat_saved[name] = threading.Thread.__dict__.get(name, _MISSING)
+            threading.Thread.isAlive = threading.Thread.is_alive  # type: ignore[attr-defined]
+            threading.Thread.setDaemon = _set_daemon  # type: ignore[method-assign]
+        _compat_depth += 1
+    try:
+        yield
+    finally:
+        with _compat_lock:
+            _compat_depth -= 1
+            if _compat_depth == 0:
+                for name, old in _compat_saved.items():
+                    if old is _MISSING:
+                        delattr(threading.Thread, name)
+                    else:
+                        setattr(threading.Thread, name, old)
+                _compat_saved.clear()
+
+
+# --------------------------------------------------------------------------- environment
+
+def _auto_forward(name: str) -> bool:
+    if not (name in FORWARD_VARS or name.startswith(FORWARD_PREFIXES)):
+        return False
+    return not any(word in name for word in _SECRET_WORDS)
+
+
+def forwarded_env(env: Mapping[str, str] | None = None,
+                  environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a cluster job's processes receive on top of what the backend sets.
+
+    ``PYTHONPATH``, ``OMP_NUM_THREADS``, ``DMLC_INTERFACE``, ``MLFLOW_*`` and ``MXNET_*`` from
+    ``environ`` (default: this process's environment), except names containing PASSWORD, TOKEN
+    or SECRET, then ``env`` on top.
+
+    Raises:
+        ValueError: if ``env`` sets a variable the tracker owns or an invalid name.
+    """
+    environ = os.environ if environ is None else environ
+    out = {k: v for k, v in environ.items() if _auto_forward(k)}
+    for key, value in (env or {}).items():
+        if not _ENV_NAME.match(key):
+            raise ValueError(f"invalid environment variable name {key!r}")
+        if key in OWNED_ENV:
+            raise ValueError(f"env may not set {key}: dmlc_tracker/the launcher set it per "
+                             f"process")
+        out[key] = str(value)
+    return out
+
+
+def shell_word(word: str) -> str:
+    """Quote ``word`` for a POSIX shell without using single quotes.
+
+    dmlc's ssh backend wraps the whole remote command in single quotes, so our own quoting must
+    use double quotes; the result parses the same in one shell layer (scheduler, mpirun, srun)
+    and in two (the local shell, then the remote one behind ssh).
+    """
+    if _SHELL_SAFE.match(word):
+        return word
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", word) + '"'
+
+
+def render_command(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``env K=V ... command``, every word quoted with :func:`shell_word`."""
+    words = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), *command]
+    return [shell_word(w) for w in words]
+
+
+# --------------------------------------------------------------------------- hostfiles
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One host line: ``host``, ``host:port`` (ssh) / ``host:slots`` (MPICH), ``slots=N``."""
+
+    host: str
+    port: str | None
+    slots: int | None
+
+
+def read_hostfile(path: str, launcher: str) -> list[HostEntry]:
+    """Parse a hostfile as the ``launcher`` backend will read it; ``#`` starts a comment.
+
+    Raises:
+        ValueError: if the file is missing, unreadable or malformed.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise ValueError(f"hostfile {path} cannot be read: {e.strerror}") from e
+    entries = []
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tokens = line.split()
+        host, _, after = tokens[0].partition(":")
+        slots: int | None = None
+        port: str | None = None
+        try:
+            for tok in tokens[1:]:
+                key, _, value = tok.partition("=")
+                if key == "slots":
+                    slots = int(value)
+            if after:
+                if launcher == "mpi":
+                    slots = int(after)
+                else:
+                    port = str(int(after))
+        except ValueError as e:
+            raise ValueError(f"hostfile {path}, line {lineno}: cannot parse {line!r}") from e
+        if not host:
+            raise ValueError(f"hostfile {path}, line {lineno}: no host in {line!r}")
+        entries.append(HostEntry(host, port, slots))
+    return entries
+
+
+def _check_hosts(path: str | None, launcher: str, workers: int, servers: int) -> list[HostEntry]:
+    if path is None:
+        raise ValueError(f"the {launcher} launcher needs a hostfile (one host per line)")
+    if not os.path.isfile(path):
+        raise ValueError(f"hostfile {path} does not exist")
+    entries = read_hostfile(path, launcher)
+    if not entries:
+        raise ValueError(f"hostfile {path} lists no hosts")
+    if launcher == "ssh":
+        # dmlc places servers round-robin from the first line, then workers after them: with at
+        # least as many lines as workers, each worker gets a line of its own.
+        if len(entries) < workers:
+            raise ValueError(
+                f"hostfile {path} lists {len(entries)} host(s) but {workers} workers need at "
+                f"least {workers} lines (repeat a line to put several workers on one host)")
+    else:
+        # Workers and servers are two separate mpirun calls over the same hostfile.
+        capacity = sum(e.slots if e.slots is not None else 1 for e in entries)
+        need = max(workers, servers)
+        if capacity < need:
+            raise ValueError(
+                f"hostfile {path} provides {capacity} slot(s) on {len(entries)} host(s) but "
+                f"{workers} workers and {servers} servers need {need} (add slots=N to a line "
+                f"to run several processes on one host)")
+    return entries
+
+
+# --------------------------------------------------------------------------- supervision shim
+
+class _SubprocessShim:
+    """Stands in for the ``subprocess`` module inside dmlc_tracker modules during a submit."""
+
+    def __init__(self, sup: Supervisor, launcher: str) -> None:
+        self._sup = sup
+        self._launcher = launcher
+        self._pid = os.getpid()
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        import subprocess
+        return getattr(subprocess, name)
+
+    def check_call(self, args: Any, *, shell: bool = False, env: Mapping[str, str] | None = None,
+                   executable: str | None = None, **kwargs: Any) -> int:
+        import subprocess
+        if os.getpid() != self._pid or kwargs:
+            # e.g. ssh's rsync running in a multiprocessing.Pool child: not ours to supervise.
+            return subprocess.check_call(args, shell=shell, env=env, executable=executable,
+                                         **kwargs)
+        role, index, label = self._describe(args, env)
+        child = self._sup.spawn(role, index, args, env=env, shell=shell, executable=executable,
+                                label=label)
+        # Deliberately no CalledProcessError: in dmlc's daemon threads it would only print a
+        # traceback. The supervisor has seen the exit and acts on it.
+        child.wait_exit()
+        return 0
+
+    def _describe(self, args: Any, env: Mapping[str, str] | None) -> tuple[str, int | None, str]:
+        if env is not None and env.get("DMLC_ROLE") == "scheduler":
+            return "scheduler", None, "scheduler"
+        text = args if isinstance(args, str) else " ".join(map(str, args))
+        m = _ROLE_IN_CMD.search(text)
+        role = m.group(1) if m else "process"
+        tool = _TOOLS[self._launcher]
+        if self._launcher == "ssh":
+            with self._lock:
+                index = self._counts.get(role, 0)
+                self._counts[role] = index + 1
+            target = _SSH_TARGET.match(text)
+            where = f" via ssh {target.group(1)}:{target.group(2)}" if target else " via ssh"
+            return role, index, f"{role} {index}{where}"
+        return role, None, f"{role}s via {tool}"
+
+
+@contextlib.contextmanager
+def _patched_subprocess(modules: Sequence[ModuleType], shim: _SubprocessShim) -> Iterator[None]:
+    saved = [(m, m.subprocess) for m in modules]
+    try:
+        for m in modules:
+            m.subprocess = shim  # type: ignore[attr-defined]
+        yield
+    finally:
+        for m, original in saved:
+            m.subprocess = original  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- submission
+
+# The shim patches module globals, so only one submission may run per process at a time.
+_submit_lock = threading.Lock()
+
+
+def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, servers: int,
+                   hostfile: str | None, env: Mapping[str, str] | None = None,
+                   extra: Mapping[str, Any] | None = None, grace: float = 10.0,
+                   output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0) -> int:
+    """Run ``command`` as a dist_sync job through dmlc_tracker's ``launcher`` backend.
+
+    The scheduler runs on this host (that is how dmlc_tracker works), servers and workers where
+    the backend puts them: ``ssh`` round-robin over the hostfile (servers first, one process
+    per line), ``mpi`` with two ``mpirun --hostfile`` calls, ``slurm`` with two ``srun`` job
+    steps inside the current allocation.
+
+    Args:
+        launcher: ``"ssh"``, ``"mpi"`` or ``"slurm"``.
+        command: argv run for every role; it must exist at the same path on every host.
+        workers: number of workers (>= 1).
+        servers: number of servers (>= 1).
+        hostfile: required for ssh and mpi (``host``, ``host:port`` for ssh, ``host slots=N``
+            for mpi; ``#`` comments allowed); must be ``None`` for slurm.
+        env: extra variables for every process, on top of :func:`forwarded_env`.
+        extra: overrides of dmlc_tracker options by their ``args`` attribute name, e.g.
+            ``{"host_ip": "10.0.0.1"}`` (address the scheduler binds and workers dial; default:
+            this host's primary address), ``{"sync_dst_dir": ...}`` (ssh rsync),
+            ``{"slurm_worker_nodes": 4, "slurm_server_nodes": 4}``.
+        grace: seconds between SIGTERM and SIGKILL during teardown.
+        output: text stream for the processes' prefixed output.
+        shutdown_timeout: seconds the remaining processes may take to exit after the scheduler.
+
+    Returns:
+        0 if every process started here exited 0, else a non-zero exit code (that of the first
+        failure, 128 + n for a signal n).
+
+    Raises:
+        ValueError: invalid arguments, hostfile missing/empty/too short.
+        NotImplementedError: ``sge`` or ``yarn`` (see :data:`UNSUPPORTED`).
+        FileNotFoundError: the backend's tool (ssh, mpirun, srun) is not on PATH.
+        RuntimeError: dmlc_tracker itself failed, or another submission is running.
+    """
+    if launcher in UNSUPPORTED:
+        raise NotImplementedError(UNSUPPORTED[launcher])
+    if launcher == "local":
+        raise ValueError("use mxlarge.launcher.run_local for local jobs")
+    if launcher not in SUPPORTED:
+        raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(SUPPORTED)}")
+    command = list(command)
+    if not command:
+        raise ValueError("command is empty")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1 for a dist_sync job, got {servers}")
+    if launcher == "slurm" and hostfile is not None:
+        raise ValueError("the slurm launcher takes its nodes from the allocation; "
+                         "pass hostfile=None")
+    entries = None if launcher == "slurm" else _check_hosts(hostfile, launcher, workers, servers)
+    tool = _TOOLS[launcher]
+    if shutil.which(tool) is None:
+        raise FileNotFoundError(f"the {launcher} launcher needs {tool!r} on PATH")
+
+    job_env = forwarded_env(env)
+    job_env["MXLARGE_JOB_ID"] = uuid.uuid4().hex[:12]
+    words = render_command(command, job_env)
+    if launcher == "ssh":
+        bad = next((w for w in words if "'" in w), None)
+        if bad is not None:
+            raise ValueError(f"the ssh backend wraps the remote command in single quotes; "
+                             f"{bad!r} contains one")
+        cwd = os.getcwd()
+        if not _SHELL_SAFE.match(cwd) and not (extra or {}).get("sync_dst_dir"):
+            raise ValueError(f"the ssh backend runs 'cd {cwd}' unquoted on each host; run from "
+                             f"a directory whose path has no spaces or shell metacharacters")
+
+    from dmlc_tracker import opts, tracker  # noqa: I001 - import late: only cluster jobs need it
+
+    backend = importlib.import_module(f"dmlc_tracker.{launcher}")
+    args = opts.get_opts(["--cluster", launcher, "--num-workers", str(workers),
+                          "--num-servers", str(servers), "placeholder"])
+    args.command = words
+    for key, value in (extra or {}).items():
+        if key in _RESERVED_EXTRA or not hasattr(args, key):
+            raise ValueError(f"extra option {key!r} is not a dmlc_tracker option this function "
+                             f"lets you set")
+        setattr(args, key, value)
+
+    if not _submit_lock.acquire(blocking=False):
+        raise RuntimeError("another cluster_submit is running in this process")
+    try:
+        with contextlib.ExitStack() as stack:
+            if launcher == "ssh":
+                assert entries is not None
+                # dmlc's ssh backend does not know comments; give it a clean copy.
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mxlarge-hosts-"))
+                args.host_file = os.path.join(tmp, "hosts")
+                with open(args.host_file, "w", encoding="utf-8") as f:
+                    f.writelines(f"{e.host}:{e.port}\n" if e.port else f"{e.host}\n"
+                                 for e in entries)
+            else:
+                args.host_file = hostfile
+            return _submit(backend, tracker, args, launcher, grace, output, shutdown_timeout)
+    finally:
+        _submit_lock.release()
+
+
+def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, grace: float,
+            output: IO[str] | Any, shutdown_timeout: float) -> int:
+    sup = Supervisor(output)
+    shim = _SubprocessShim(sup, launcher)
+    stop = threading.Event()
+    received: list[int] = []
+    errors: list[BaseException] = []
+
+    def run_backend() -> None:
+        try:
+            backend.submit(args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run_backend, name=f"dmlc-{launcher}-submit", daemon=True)
+    try:
+        with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
+                termination_signals(stop, received):
+            thread.start()
+            rc, message = _watch(sup, thread, errors, stop, received, shutdown_timeout)
+            if message:
+                sup.sink.emit("launcher", message if rc == 0 else f"{message}; stopping the job")
+            sup.teardown(grace)
+            # With the scheduler gone, tracker.submit() returns within a poll interval.
+            thread.join(timeout=grace + 10)
+    finally:
+        sup.close(grace)
+    if rc is None:
+        err = errors[0]
+        raise RuntimeError(f"dmlc_tracker {launcher}.submit failed: {err!r}") from err
+    return rc
+
+
+def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],
+           stop: threading.Event, received: list[int],
+           shutdown_timeout: float) -> tuple[int | None, str]:
+    done_at: float | None = None
+    while True:
+        if stop.is_set():
+            sig = received[0] if received else signal.SIGTERM
+            return 128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down"
+        sup.poll()
+        failed = sup.first_failure()
+        if failed is not None:
+            assert failed.status is not None
+            hint = " (ssh could not connect?)" if failed.status == 255 and "ssh" in \
+                failed.label else ""
+            return (exit_code_for(failed.status),
+                    f"{failed.label} exited with {describe_status(failed.status)}{hint}")
+        if not thread.is_alive():
+            if errors:
+                return None, ""
+            if not sup.children:
+                return 1, "dmlc_tracker started no process"
+            if sup.all_exited():
+                return 0, f"job finished: all {len(sup.children)} processes exited 0"
+            now = time.monotonic()
+            if done_at is None:
+                done_at = now
+            elif now - done_at > shutdown_timeout:
+                hung = ", ".join(c.label for c in sup.children if c.status is None)
+                return 1, (f"{hung} still running {shutdown_timeout:g} s after the scheduler "
+                           f"exited")
+        time.sleep(POLL_INTERVAL)

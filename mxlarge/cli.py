@@ -146,7 +146,14 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _run_ps_role_if_any()
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # key=value overrides may come before or after options (argparse stops collecting
+    # positionals at the first option)
+    args, extra = parser.parse_known_args(argv)
+    bad = [e for e in extra if e.startswith("-") or "=" not in e]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = list(getattr(args, "overrides", [])) + extra
     from mxlarge.config import ConfigError
 
     try:

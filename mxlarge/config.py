@@ -103,6 +103,9 @@ class TrainConfig:
     log_every: int = _f(10, "log training metrics every this many steps", ge=1)
     progress: bool = _f(True, "tqdm progress bar per epoch")
     max_steps: int | None = _f(None, "stop after this many steps (smoke runs)", ge=1)
+    save_params: str | None = _f(None, "also write the final parameters here ('{rank}' is "
+                                       "replaced by the rank; '.local' copy has the rank's own "
+                                       "BN statistics)")
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,34 @@ class ReplicaCheckHook(Hook):
             loop.trainer.check_replicas(out.step)
 
 
+class FinalParamsHook(Hook):
+    """After a successful run, saves the parameters with the ``bn_stats`` statistics.
+
+    Registered on every rank because choosing the statistics is collective. Rank 0 writes
+    ``self.path`` (a temporary file for MLflow); with ``template`` every rank also writes
+    ``template.format(rank=r)`` and, with its own BN statistics, that path + ``.local``.
+    """
+
+    def __init__(self, rank: int, template: str | None, tmpdir: str | None):
+        self.rank = rank
+        self.template = template
+        self.tmpdir = tmpdir
+        self.path: str | None = None
+
+    def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
+        if error is not None:
+            return
+        target = self.template.format(rank=self.rank) if self.template else None
+        with loop.trainer.evaluation_stats():
+            if self.rank == 0 and self.tmpdir is not None:
+                self.path = f"{self.tmpdir}/final.params"
+                loop.net.save_parameters(self.path)
+            if target:
+                loop.net.save_parameters(target)
+        if target:
+            loop.net.save_parameters(target + ".local")
+
+
 class ProgressHook(Hook):
     """A tqdm bar per epoch with loss and LR (rank 0)."""
 

@@ -7,6 +7,7 @@ batch k·n drives the LR scaling rule (:func:`mxlarge.config.derive`).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,19 +99,25 @@ def train(cfg: Config, source: str = "<config>") -> RunResult:
         hooks.append(L.ReplicaCheckHook(cfg.dist.check_every))
     if rank == 0 and cfg.train.progress:
         hooks.append(L.ProgressHook(data.train.steps_per_epoch, cfg.train.epochs))
+    tmpdir = tempfile.TemporaryDirectory(prefix="mxlarge-")
+    final = L.FinalParamsHook(rank, cfg.train.save_params, tmpdir.name)
+    hooks.append(final)
     if cfg.tracking.enabled:
         tags = {"world_size": b["workers"], "global_batch": derived.global_batch,
                 "peak_lr": derived.peak_lr, "kvstore": cfg.dist.kvstore,
                 "zero_gamma_blocks": len(b["init_report"].zero_gamma),
                 **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
         if rank == 0:
-            hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every))
+            hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every, final))
         if run_id is not None:
             hooks.append(tracking.RankThroughputHook(uri, run_id, rank))
     loop = L.TrainLoop(net=b["net"], trainer=trainer, train_source=data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
                        ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps)
-    loop.run()
+    try:
+        loop.run()
+    finally:
+        tmpdir.cleanup()
     mlflow_hook = next((h for h in hooks if type(h).__name__ == "MLflowHook"), None)
     return RunResult(run_id=mlflow_hook.run_id if mlflow_hook else run_id, rank=rank,
                      num_workers=b["workers"], steps=loop.step, history=loop.history,

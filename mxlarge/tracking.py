@@ -91,13 +91,14 @@ class MLflowHook(Hook):
     """
 
     def __init__(self, cfg: Config, uri: str, run_id: str | None, tags: dict[str, Any],
-                 log_every: int):
+                 log_every: int, final_params: Any = None):
         self.cfg = cfg
         self.uri = uri
         self.owns_run = run_id is None
         self.run_id = run_id
         self.tags = {k: str(v) for k, v in tags.items()}
         self.log_every = log_every
+        self.final_params = final_params  # a FinalParamsHook, registered before this hook
 
     def before_train(self, loop: TrainLoop) -> None:
         if self.run_id is None:
@@ -128,9 +129,8 @@ class MLflowHook(Hook):
         c = client(self.uri)
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                params = Path(tmp) / "final.params"
-                loop.net.save_parameters(str(params))
-                c.log_artifact(self.run_id, str(params))
+                if self.final_params is not None and self.final_params.path:
+                    c.log_artifact(self.run_id, self.final_params.path)
                 if loop.history:
                     from mxlarge.report import plot_training_curves
                     png = Path(tmp) / "training_curves.png"

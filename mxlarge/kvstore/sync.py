@@ -14,6 +14,11 @@ Two MXNet 1.9.1 traps handled here:
   Here every key is initialised, and the initial weights pulled *and waited for*, in the
   constructor, before any gradient can exist.
 
+A third: on CPU a dist push of one array keeps *that array* as the key's receive buffer
+("avoid memory copy" in kvstore_dist.h), so the next pull of the key overwrites the pushed
+array with the sum as well as ``out``. Harmless for gradients (they are replaced by the sum
+anyway); anything else is pushed as a copy.
+
 Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; small
 collective vectors (checksums, scalar sums) use the keys from ``AUX_KEY`` on (MXNet refuses
 mixed int/str keys).
@@ -155,7 +160,7 @@ class SyncStore:
             return
         mine = mx.nd.concat(*[self.params[i].list_data()[0].sum().reshape((1,))
                               for i in self.pushed], dim=0)
-        contrib = mine if self.rank == 0 else mx.nd.zeros_like(mine)
+        contrib = mine.copy() if self.rank == 0 else mx.nd.zeros_like(mine)
         ref = mx.nd.zeros_like(mine)
         self.kv.push(AUX_KEY, contrib)
         self.kv.pull(AUX_KEY, out=ref)
@@ -182,11 +187,11 @@ class SyncStore:
                 continue
             total = mx.nd.zeros_like(arrays[0])
             if mode == "reduce":
-                self.kv.push(STAT_KEY + i, arrays, priority=-i)
+                self.kv.push(STAT_KEY + i, [a.copy() for a in arrays], priority=-i)
                 self.kv.pull(STAT_KEY + i, out=total, priority=-i)
                 out[i] = total / (self.num_workers * devices)
             elif mode == "broadcast":
-                contrib = arrays[0] if self.rank == 0 else mx.nd.zeros_like(arrays[0])
+                contrib = arrays[0].copy() if self.rank == 0 else mx.nd.zeros_like(arrays[0])
                 # push one array per call so that local device summing cannot double it
                 self.kv.push(STAT_KEY + i, contrib, priority=-i)
                 self.kv.pull(STAT_KEY + i, out=total, priority=-i)

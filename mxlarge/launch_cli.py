@@ -1,0 +1,100 @@
+"""``mxlarge launch``: one MLflow run per job, then MXNet's ps-lite roles via :mod:`mxlarge.launcher`.
+
+Every process runs the same ``mxlarge train CONFIG ...`` command: the scheduler and servers run
+their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`), the workers
+train. The run is created here before anything starts, passed to all processes through
+``MXLARGE_RUN_ID`` and ``MLFLOW_TRACKING_URI``, and ended FINISHED or FAILED by the job's exit
+status, with the failing role/rank as a tag.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mxlarge.config import ConfigError, load_config
+
+
+def _abs_sqlite(uri: str) -> str:
+    """Workers may start in another directory: make a relative sqlite path absolute."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def launch(args: argparse.Namespace) -> int:
+    from mxlarge import launcher
+
+    overrides = list(args.overrides)
+    cfg = load_config(args.config, overrides)
+    workers = cfg.dist.workers if args.workers is None else args.workers
+    servers = cfg.dist.servers if args.servers is None else args.servers
+    if workers < 1:
+        raise ConfigError(f"-n/--workers = {workers}: expected an integer >= 1")
+    if servers < 1:
+        raise ConfigError(f"-s/--servers = {servers}: expected an integer >= 1")
+    if not cfg.dist.kvstore.startswith("dist"):
+        # launching means distributed: a local store would train k unsynchronised copies
+        overrides.append("dist.kvstore=dist_sync")
+    overrides += [f"dist.workers={workers}", f"dist.servers={servers}"]
+    cfg = load_config(args.config, overrides)
+    # Fail on a batch that cannot fit before starting any process.
+    if cfg.data.train_samples is None:
+        from mxlarge.data import train_size
+        samples = train_size(cfg.data)
+    else:
+        samples = cfg.data.train_samples
+    from mxlarge.config import derive
+    derive(cfg, workers, samples, args.config)
+
+    command = [sys.executable, "-m", "mxlarge.cli", "train",
+               str(Path(args.config).resolve()), *overrides]
+    env: dict[str, str] = {}
+    run_id = uri = None
+    if cfg.tracking.enabled:
+        from mxlarge import tracking
+        uri = _abs_sqlite(tracking.tracking_uri(cfg))
+        tracking.check_reachable(uri)
+        run_id = tracking.create_run(cfg, uri, {
+            "launcher": args.launcher, "world_size": workers, "servers": servers,
+            "kvstore": cfg.dist.kvstore})
+        env.update(MXLARGE_RUN_ID=run_id, MLFLOW_TRACKING_URI=uri)
+        print(f"mxlarge: MLflow run {run_id} in {uri}", flush=True)
+    ok = False
+    fail_tags: dict[str, str] = {}
+    try:
+        if args.launcher == "local":
+            try:
+                outcome = launcher.run_local(command, workers=workers, servers=servers,
+                                             port=args.port, env=env)
+            except launcher.PortInUseError as exc:
+                fail_tags = {"failure": str(exc)}
+                raise ConfigError(str(exc)) from None
+            ok = outcome.exit_code == 0
+            if not ok:
+                fail_tags = {"failed_role": str(outcome.failed_role),
+                             "failed_rank": str(outcome.failed_rank),
+                             "failed_status": str(outcome.failed_status),
+                             "failure": outcome.message}
+                print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
+            code = outcome.exit_code
+        else:
+            try:
+                code = launcher.cluster_submit(args.launcher, command, workers=workers,
+                                               servers=servers, hostfile=args.hostfile, env=env)
+            except (ValueError, NotImplementedError, FileNotFoundError) as exc:
+                fail_tags = {"failure": str(exc)}
+                raise ConfigError(str(exc)) from None
+            ok = code == 0
+            if not ok:
+                fail_tags = {"failure": f"{args.launcher} job exited with {code}"}
+                print(f"mxlarge: job failed with exit code {code}", file=sys.stderr, flush=True)
+        return 0 if ok else (code if code else 1)
+    finally:
+        if run_id is not None:
+            from mxlarge import tracking
+            tracking.end_run(uri, run_id, ok, fail_tags)
+            status = "FINISHED" if ok else "FAILED"
+            print(f"mxlarge: MLflow run {run_id} {status} "
+                  f"(mlflow ui --backend-store-uri {uri})", flush=True)

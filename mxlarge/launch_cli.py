@@ -1,4 +1,4 @@
-"""``mxlarge launch``: one MLflow run per job, then MXNet's ps-lite roles via :mod:`mxlarge.launcher`.
+"""``mxlarge launch``: one MLflow run per job, then ps-lite roles via :mod:`mxlarge.launcher`.
 
 Every process runs the same ``mxlarge train CONFIG ...`` command: the scheduler and servers run
 their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`), the workers

@@ -1,0 +1,55 @@
+"""A real mxlarge worker for tests that need to watch what crosses the KVStore.
+
+Usage (as the command of every role of a launched job): ``python dist_worker.py CONFIG OUTDIR``.
+The KVStore is the real one; the worker only records the keys it pushes after initialisation
+(through a thin forwarding wrapper) and writes them to ``OUTDIR/keys-<rank>.json``.
+"""
+import json
+import os
+import sys
+
+if os.environ.get("DMLC_ROLE") in ("scheduler", "server"):
+    import mxnet  # noqa: F401  (runs the ps-lite role and exits)
+
+import mxnet as mx  # noqa: E402
+
+from mxlarge import loop as L  # noqa: E402
+from mxlarge.config import load_config  # noqa: E402
+from mxlarge.run import build  # noqa: E402
+
+
+class Recording:
+    """Forwards everything to the real KVStore, noting each pushed key."""
+
+    def __init__(self, kv):
+        self._kv = kv
+        self.pushed = []
+
+    def push(self, key, value, priority=0):
+        self.pushed.append(int(key))
+        return self._kv.push(key, value, priority=priority)
+
+    def __getattr__(self, name):
+        return getattr(self._kv, name)
+
+
+def main():
+    cfg = load_config(sys.argv[1])
+    outdir = sys.argv[2]
+    b = build(cfg)
+    trainer = b["trainer"]
+    rec = Recording(trainer.store.kv)
+    trainer.store.kv = rec
+    hooks = [L.EvalHook(b["data"].val, batch_size=64, every=1)]
+    loop = L.TrainLoop(net=b["net"], trainer=trainer, train_source=b["data"].train,
+                       loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
+                       ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps)
+    loop.run()
+    roles = [{"name": r.name, "pushed": r.pushed, "local_stat": r.local_stat}
+             for r in trainer.roles]
+    with open(os.path.join(outdir, f"keys-{trainer.rank}.json"), "w") as fh:
+        json.dump({"pushed": rec.pushed, "roles": roles}, fh)
+
+
+if __name__ == "__main__":
+    main()

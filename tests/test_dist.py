@@ -1,0 +1,188 @@
+"""dist_sync for real: scheduler, server and worker processes on 127.0.0.1 via `mxlarge launch`.
+
+Each launch costs ~8 s here (mostly `import mxnet` in four processes on two cores).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+HERE = Path(__file__).resolve().parent
+
+EQ_CONFIG = """
+name: eq
+data: {dataset: digits, batch_size: 8, augment: true}
+model: {name: small_plain, width: 4}
+optim: {base_lr: 0.05, reference_batch: 16, warmup: linear, warmup_epochs: 0.08,
+        decay: step, decay_epochs: [0.12], momentum: 0.9, weight_decay: 0.0005}
+train: {epochs: 1, max_steps: 12, progress: false}
+dist: {kvstore: dist_sync, workers: 2, check_every: 1}
+tracking: {enabled: false}
+"""
+
+
+def _cli(args, cwd, timeout=180):
+    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _load(path):
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
+
+
+def _dmlc_processes(marker: str) -> list[int]:
+    """PIDs of live processes with DMLC_ROLE whose environment mentions ``marker``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+            state = (d / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if b"DMLC_ROLE=" in env and marker.encode() in env and state != "Z":
+            found.append(int(d.name))
+    return found
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("k", [2, 3])
+def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
+    """Weights after 12 steps through warmup and a decay, with momentum: k workers × n equal one
+    process with k·n (max abs diff <= 1e-5). Launched 3 times per k (6 in all) so that the
+    first-step init/push race would show up."""
+    cfg = tmp_path / "eq.yaml"
+    cfg.write_text(EQ_CONFIG)
+    ref = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
+                f"data.batch_size={8 * k}", f"train.save_params={tmp_path}/ref.params"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = _load(tmp_path / "ref.params")
+    for attempt in range(3):
+        out = tmp_path / f"k{k}-{attempt}"
+        r = _cli(["launch", str(cfg), "-n", str(k), "-s", "1",
+                  f"train.save_params={out}-{{rank}}.params"], tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        ranks = [_load(f"{out}-{rank}.params") for rank in range(k)]
+        for got in ranks:
+            assert got.keys() == want.keys()
+            diff = max(float(np.abs(got[n] - want[n]).max()) for n in want)
+            assert diff <= 1e-5, (attempt, diff)
+        for other in ranks[1:]:  # replicas identical bitwise
+            for n in want:
+                np.testing.assert_array_equal(other[n], ranks[0][n])
+
+
+BN_CONFIG = EQ_CONFIG.replace("small_plain, width: 4", "small_resnet, width: 4")
+
+
+@pytest.mark.timeout(300)
+def test_bn_net_weights_identical_statistics_local_and_reduced(tmp_path):
+    cfg = tmp_path / "bn.yaml"
+    cfg.write_text(BN_CONFIG)
+    r = _cli(["launch", str(cfg), "-n", "2", "-s", "1", "dist.bn_stats=reduce",
+              f"train.save_params={tmp_path}/bn-{{rank}}.params"], tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    shared = [_load(tmp_path / f"bn-{i}.params") for i in range(2)]
+    local = [_load(tmp_path / f"bn-{i}.params.local") for i in range(2)]
+    stats = [n for n in local[0] if "running_" in n]
+    trained = [n for n in local[0] if "running_" not in n]
+    assert stats and any(n.endswith("gamma") for n in trained)
+    for n in trained:  # weights, gamma, beta: bitwise equal across ranks
+        np.testing.assert_array_equal(local[0][n], local[1][n])
+    # each worker's BN statistics are its own ...
+    assert any(not np.array_equal(local[0][n], local[1][n]) for n in stats)
+    # ... and `reduce` evaluates/checkpoints with their mean, on every rank
+    for n in stats:
+        np.testing.assert_allclose(shared[0][n], (local[0][n] + local[1][n]) / 2, rtol=1e-6,
+                                   atol=1e-7)
+        np.testing.assert_array_equal(shared[0][n], shared[1][n])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("bn_stats", ["local", "reduce"])
+def test_no_bn_statistic_is_pushed_after_init(tmp_path, bn_stats):
+    from mxlarge.kvstore.sync import AUX_KEY, STAT_KEY
+    from mxlarge.launcher import run_local
+
+    cfg = tmp_path / "bn.yaml"
+    cfg.write_text(BN_CONFIG.replace("max_steps: 12", "max_steps: 6")
+                   .replace("check_every: 1", f"check_every: 0, bn_stats: {bn_stats}"))
+    with open(tmp_path / "log.txt", "w") as log:
+        outcome = run_local([sys.executable, str(HERE / "dist_worker.py"), str(cfg),
+                             str(tmp_path)], workers=2, servers=1, output=log)
+    assert outcome.exit_code == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    for rank in range(2):
+        rec = json.loads((tmp_path / f"keys-{rank}.json").read_text())
+        roles = rec["roles"]
+        stat_idx = {i for i, r in enumerate(roles) if r["local_stat"]}
+        pushed_idx = {i for i, r in enumerate(roles) if r["pushed"]}
+        keys = rec["pushed"]
+        assert stat_idx and not (set(keys) & stat_idx)  # never as parameters
+        assert pushed_idx <= set(keys)  # every trainable gradient went through the store
+        stat_reductions = [k for k in keys if STAT_KEY <= k < AUX_KEY]
+        if bn_stats == "local":
+            assert stat_reductions == []
+        else:  # only for evaluation (one per epoch; 1 epoch here), each statistic once
+            assert sorted(stat_reductions) == sorted(STAT_KEY + i for i in stat_idx)
+
+
+KILL_CONFIG = """
+name: kill
+data: {dataset: digits, batch_size: 16}
+model: {name: small_resnet, width: 8}
+optim: {base_lr: 0.05, reference_batch: 16, warmup: none, decay: none}
+train: {epochs: 200, progress: false}
+dist: {kvstore: dist_sync, workers: 2}
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("victim", ["worker", "server"])
+def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
+    cfg = tmp_path / "kill.yaml"
+    cfg.write_text(KILL_CONFIG)
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    proc = subprocess.Popen([sys.executable, "-m", "mxlarge.cli", "launch", str(cfg),
+                             "-n", "2", "-s", "1"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 90
+        target = None
+        while time.time() < deadline and target is None:
+            for pid in _dmlc_processes(str(tmp_path)):
+                try:
+                    env_b = Path(f"/proc/{pid}/environ").read_bytes()
+                except OSError:
+                    continue
+                if f"DMLC_ROLE={victim}".encode() in env_b:
+                    target = pid
+                    break
+            time.sleep(0.5)
+        assert target is not None, "job did not start"
+        time.sleep(8)  # let training run (imports take ~5 s)
+        os.kill(target, signal.SIGKILL)
+        killed_at = time.time()
+        out, _ = proc.communicate(timeout=60)
+        took = time.time() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert took < 30, took
+    assert f"{victim}" in out and "signal 9" in out, out[-2000:]
+    time.sleep(0.5)
+    assert _dmlc_processes(str(tmp_path)) == []
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert runs[0].data.tags["failed_role"] == victim

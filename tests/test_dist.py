@@ -186,3 +186,29 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     runs = client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
     assert runs[0].data.tags["failed_role"] == victim
+
+
+@pytest.mark.timeout(240)
+def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
+    """What `make demo` does, shortened: one run, params and rank-suffixed throughput."""
+    demo = HERE.parent / "experiments/proxy/digits-largebatch.yaml"
+    r = _cli(["launch", str(demo), "-n", "2", "-s", "1", "train.epochs=3",
+              "optim.decay_epochs=[1,2]", "optim.warmup_epochs=1", "train.progress=false"],
+             tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "final validation accuracy" in r.stdout and "FINISHED" in r.stdout
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns.db")
+    runs = client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["dist.kvstore"] == "dist_sync"
+    assert run.data.params["dist.workers"] == "2"
+    assert run.data.tags["world_size"] == "2" and run.data.tags["global_batch"] == "256"
+    steps = 1400 // 256
+    hist = client.get_metric_history(run.info.run_id, "val_accuracy")
+    assert [m.step for m in hist] == [steps, 2 * steps, 3 * steps]
+    for rank in (0, 1):
+        assert len(client.get_metric_history(run.info.run_id, f"images_per_sec_rank{rank}")) == 3
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "final.params", "training_curves.png"} <= arts

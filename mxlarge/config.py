@@ -103,6 +103,9 @@ class TrainConfig:
     log_every: int = _f(10, "log training metrics every this many steps", ge=1)
     progress: bool = _f(True, "tqdm progress bar per epoch")
     max_steps: int | None = _f(None, "stop after this many steps (smoke runs)", ge=1)
+    gns_every: int = _f(0, "estimate the gradient noise scale every N steps (0: off; needs "
+                           "2+ workers, devices or simulated workers)", ge=0)
+    gns_decay: float = _f(0.9, "EMA factor of the gradient-noise-scale estimates", ge=0, lt=1)
     save_params: str | None = _f(None, "also write the final parameters here ('{rank}' is "
                                        "replaced by the rank; '.local' copy has the rank's own "
                                        "BN statistics)")
@@ -112,6 +115,13 @@ class TrainConfig:
 class DistConfig:
     kvstore: str = _f("local", "KVStore type", choices=KVSTORES)
     workers: int = _f(1, "worker processes the experiment is written for", ge=1)
+    devices: int = _f(1, "devices per worker; each takes data.batch_size images and keeps its "
+                         "own BN statistics", ge=1)
+    device_type: str = _f("cpu", "cpu (mx.cpu(i) per device) or gpu (mx.gpu(i))",
+                          choices=("cpu", "gpu"))
+    simulate_workers: int = _f(1, "reproduce this many dist_sync workers exactly in one "
+                                  "process (micro-batches of data.batch_size, own BN "
+                                  "statistics each)", ge=1)
     servers: int = _f(1, "parameter servers the experiment is written for", ge=1)
     bn_stats: str = _f("reduce", "BN statistics for evaluation/checkpoints",
                        choices=("local", "broadcast", "reduce"))
@@ -341,6 +351,11 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     if d.dataset == "cifar10" and not d.root:
         raise ConfigError(f"{source}: data.root = None: expected the directory of the CIFAR-10 "
                           "binary batches when data.dataset is cifar10")
+    if cfg.dist.simulate_workers > 1 and (cfg.dist.kvstore.startswith("dist")
+                                          or cfg.dist.devices > 1):
+        raise ConfigError(f"{source}: dist.simulate_workers = {cfg.dist.simulate_workers}: "
+                          "expected dist.kvstore = local and dist.devices = 1 (the simulation "
+                          "runs in one process on one device)")
     if cfg.dist.compression != "none" and not cfg.dist.kvstore.startswith("dist"):
         raise ConfigError(f"{source}: dist.compression = {cfg.dist.compression!r}: expected "
                           f"'none' with dist.kvstore = {cfg.dist.kvstore!r} (compression needs "
@@ -385,6 +400,7 @@ class Derived:
     """Numbers that follow from the config and the world size."""
 
     workers: int
+    devices: int
     global_batch: int
     train_samples: int
     steps_per_epoch: int
@@ -415,7 +431,8 @@ def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
 def derive(cfg: Config, workers: int, train_samples: int, source: str = "<config>") -> Derived:
     """World-size scaling as one pure function.
 
-    global batch B = workers · n; steps per epoch = floor(N / B) (the last partial global batch
+    global batch B = workers · devices · n, where ``workers`` counts real processes times
+    ``dist.simulate_workers``; steps per epoch = floor(N / B) (the last partial global batch
     is dropped so that every rank takes the same number of steps); peak LR by the scaling rule
     from (base_lr, reference_batch); warmup and decay epochs turned into steps.
 
@@ -425,19 +442,22 @@ def derive(cfg: Config, workers: int, train_samples: int, source: str = "<config
     if workers < 1:
         raise ConfigError(f"{source}: workers = {workers}: expected an integer >= 1")
     n = cfg.data.batch_size
-    global_batch = workers * n
+    devices = cfg.dist.devices
+    global_batch = workers * devices * n
     steps = train_samples // global_batch
     if steps < 1:
         raise ConfigError(
-            f"{source}: data.batch_size = {n}: with {workers} worker(s) the global batch "
-            f"{global_batch} is larger than the {train_samples} training images of "
-            f"'{cfg.data.dataset}'; expected batch_size <= {train_samples // workers}")
+            f"{source}: data.batch_size = {n}: with {workers} worker(s) x {devices} device(s) "
+            f"the global batch {global_batch} is larger than the {train_samples} training "
+            f"images of '{cfg.data.dataset}'; expected batch_size <= "
+            f"{train_samples // (workers * devices)}")
     o = cfg.optim
     peak = scaled_lr(o.base_lr, o.reference_batch, global_batch, o.scaling)
     warmup_steps = epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0
     decay = tuple(epochs_to_steps(e, steps) for e in o.decay_epochs) if o.decay == "step" else ()
     return Derived(
         workers=workers,
+        devices=devices,
         global_batch=global_batch,
         train_samples=train_samples,
         steps_per_epoch=steps,

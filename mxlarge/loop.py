@@ -35,6 +35,7 @@ class StepOutput:
     lr: float
     loss: mx.nd.NDArray     # per-sample losses of this worker's batch (lazy: read only to log)
     images: int             # images this worker processed
+    gns: dict[str, float] | None = None  # gradient-noise-scale metrics on measuring steps
 
 
 class DivergenceError(RuntimeError):
@@ -59,20 +60,60 @@ class TrainLoop:
     ctx: list = field(default_factory=lambda: [mx.cpu()])
     hooks: list[Hook] = field(default_factory=list)
     max_steps: int | None = None
+    gns: Any = None          # a mxlarge.gns.NoiseScale, or None
+    gns_every: int = 0
     step: int = 0
     epoch: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
 
     def train_step(self, data: mx.nd.NDArray, label: mx.nd.NDArray) -> StepOutput:
-        """Forward/backward on each device's slice, then one synchronised update."""
-        xs = mx.gluon.utils.split_and_load(data, self.ctx, even_split=True)
-        ys = mx.gluon.utils.split_and_load(label, self.ctx, even_split=True)
-        with autograd.record():
-            losses = [self.loss_fn(self.net(x), y) for x, y in zip(xs, ys)]
-        autograd.backward(losses)
-        lr = self.trainer.learning_rate(self.step)
-        self.trainer.step(data.shape[0], self.step)
-        return StepOutput(self.step, self.epoch, lr, losses[0], data.shape[0])
+        """Forward/backward on each device's (or virtual worker's) slice, one synchronised update.
+
+        With K simulated workers the batch holds K consecutive slices of n images; each runs
+        under its own BN statistics and the gradients accumulate, exactly as K real workers'
+        gradients are summed by the servers.
+        """
+        t = self.trainer
+        measure = (self.gns is not None and self.gns_every > 0
+                   and self.step % self.gns_every == 0)
+        small: list[float] = []  # |g|² of each small-batch gradient (sums, not yet normalised)
+        k = t.simulated_workers
+        if k == 1:
+            xs = mx.gluon.utils.split_and_load(data, self.ctx, even_split=True)
+            ys = mx.gluon.utils.split_and_load(label, self.ctx, even_split=True)
+            with autograd.record():
+                losses = [self.loss_fn(self.net(x), y) for x, y in zip(xs, ys)]
+            autograd.backward(losses)
+            if measure:
+                small = [t.grad_sq(d) for d in range(t.num_devices)]
+            loss = losses[0]
+        else:
+            t.zero_grads()
+            n = data.shape[0] // k
+            parts = []
+            for j in range(k):
+                x, y = data[j * n:(j + 1) * n], label[j * n:(j + 1) * n]
+                before = t.grad_copies() if measure else None
+                with t.worker_stats(j):
+                    with autograd.record():
+                        part = self.loss_fn(self.net(x), y)
+                    part.backward()
+                if measure:
+                    small.append(t.grad_sq(0, minus=before))
+                parts.append(part)
+            loss = mx.nd.concat(*parts, dim=0)
+        t.allreduce_grads()
+        gns = None
+        if measure:
+            n_small = data.shape[0] // (t.num_devices * k)
+            b_big = n_small * t.world_size
+            total, count = t.store.sum_scalars([sum(small), len(small)])
+            sq_small = total / count / n_small ** 2
+            sq_big = t.grad_sq(0) / b_big ** 2
+            gns = self.gns.update(sq_small, sq_big)
+        lr = t.learning_rate(self.step)
+        t.update(data.shape[0], self.step)
+        return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], gns)
 
     def run(self, start_epoch: int = 0) -> None:
         error: BaseException | None = None
@@ -218,15 +259,36 @@ class FinalParamsHook(Hook):
     def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
         if error is not None:
             return
-        target = self.template.format(rank=self.rank) if self.template else None
-        with loop.trainer.evaluation_stats():
+        trainer = loop.trainer
+        # Every gradient contributor (virtual worker, or device of a worker) writes the file its
+        # one-device real counterpart would: number = rank · devices + device, or j.
+        devices = trainer.num_devices
+        units = (list(range(trainer.simulated_workers)) if trainer.virtual_stats
+                 else [self.rank * devices + d for d in range(devices)])
+        with trainer.evaluation_stats():
             if self.rank == 0 and self.tmpdir is not None:
                 self.path = f"{self.tmpdir}/final.params"
                 loop.net.save_parameters(self.path)
-            if target:
-                loop.net.save_parameters(target)
-        if target:
-            loop.net.save_parameters(target + ".local")
+            if self.template:
+                for u in units:
+                    loop.net.save_parameters(self.template.format(rank=u))
+        if not self.template:
+            return
+        for j, u in enumerate(units):
+            target = self.template.format(rank=u) + ".local"
+            if trainer.virtual_stats:
+                with trainer.worker_stats(j):
+                    save_device_params(loop.net, target, 0)
+            else:
+                save_device_params(loop.net, target, j)
+
+
+def save_device_params(net: mx.gluon.Block, path: str, device: int) -> None:
+    """Like ``save_parameters``, but one device's copies (Gluon's own save averages devices)."""
+    mx.nd.waitall()
+    arrays = {name: p.list_data()[device]
+              for name, p in net._collect_params_with_prefix().items()}
+    mx.nd.save(path, arrays)
 
 
 class ProgressHook(Hook):

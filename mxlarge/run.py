@@ -6,13 +6,14 @@ batch k·n drives the LR scaling rule (:func:`mxlarge.config.derive`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mxlarge.config import Config, derive
+from mxlarge.config import Config, ConfigError, derive
 
 
 @dataclass
@@ -29,9 +30,11 @@ class RunResult:
         return self.history[-1] if self.history else {}
 
 
-def contexts(devices: int = 1) -> list:
+def contexts(devices: int = 1, device_type: str = "cpu") -> list:
+    """``mx.cpu(i)`` or ``mx.gpu(i)`` for i < devices (MXNet treats cpu(i) as separate devices)."""
     import mxnet as mx
-    return [mx.cpu(i) for i in range(devices)]
+    make = mx.gpu if device_type == "gpu" else mx.cpu
+    return [make(i) for i in range(devices)]
 
 
 def build(cfg: Config, source: str = "<config>", kv: Any = None):
@@ -48,19 +51,27 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None):
         kv = sync.create(cfg.dist.kvstore)
     rank = kv.rank if kv is not None else 0
     workers = kv.num_workers if kv is not None else 1
+    simulated = cfg.dist.simulate_workers
     train_samples = data_mod.train_size(cfg.data)
-    derived = derive(cfg, workers, train_samples, source)
-    ctx = contexts()
+    derived = derive(cfg, workers * simulated, train_samples, source)
+    ctx = contexts(cfg.dist.devices, cfg.dist.device_type)
     # Same seed on every rank: identical init (rank 0's is broadcast anyway).
     mx.random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
-    data = data_mod.build_data(cfg.data, rank=rank, num_workers=workers, seed=cfg.train.seed)
+    # A worker's batch is devices x (simulated workers) x n consecutive images of the global
+    # order, so that each device / virtual worker sees exactly what a real worker would.
+    per_worker = dataclasses.replace(cfg.data,
+                                     batch_size=cfg.data.batch_size * cfg.dist.devices * simulated)
+    data = data_mod.build_data(per_worker, rank=rank, num_workers=workers, seed=cfg.train.seed)
     net = nets.build_net(cfg.model, data.num_classes)
     init_report = nets.initialize(net, cfg.model, seed=cfg.train.seed, ctx=ctx,
                                   input_shape=data.input_shape)
     if cfg.model.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     schedule = schedulers.from_config(cfg, derived)
+    if cfg.train.gns_every and derived.global_batch == cfg.data.batch_size:
+        raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: the gradient noise "
+                          "scale needs 2 or more workers, devices or simulated workers")
     o = cfg.optim
     compression = ({"type": "2bit", "threshold": cfg.dist.compression_threshold}
                    if cfg.dist.compression == "2bit" else None)
@@ -68,7 +79,8 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None):
                       momentum_correction=o.momentum_correction, weight_decay=o.weight_decay,
                       decay_bn_bias=o.decay_bn_bias, lars=o.lars, lars_eta=o.lars_eta,
                       kvstore=kv if kv is not None else cfg.dist.kvstore,
-                      compression=compression, bn_stats=cfg.dist.bn_stats)
+                      compression=compression, bn_stats=cfg.dist.bn_stats,
+                      simulate_workers=simulated)
     return dict(net=net, data=data, trainer=trainer, derived=derived, schedule=schedule,
                 ctx=ctx, init_report=init_report, rank=rank, workers=workers)
 
@@ -111,9 +123,14 @@ def train(cfg: Config, source: str = "<config>") -> RunResult:
             hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every, final))
         if run_id is not None:
             hooks.append(tracking.RankThroughputHook(uri, run_id, rank))
+    gns = None
+    if cfg.train.gns_every:
+        from mxlarge.gns import NoiseScale
+        gns = NoiseScale(cfg.data.batch_size, derived.global_batch, cfg.train.gns_decay)
     loop = L.TrainLoop(net=b["net"], trainer=trainer, train_source=data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
-                       ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps)
+                       ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps, gns=gns,
+                       gns_every=cfg.train.gns_every)
     try:
         loop.run()
     finally:

@@ -119,6 +119,8 @@ class MLflowHook(Hook):
             if loss_hook is not None and loss_hook.last:
                 metrics["train_loss_step"] = loss_hook.last["train_loss"]
             log_metrics(self.uri, self.run_id, metrics, out.step + 1)
+        if out.gns:
+            log_metrics(self.uri, self.run_id, out.gns, out.step + 1)
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         log_metrics(self.uri, self.run_id, metrics, loop.step)
@@ -153,3 +155,81 @@ class RankThroughputHook(Hook):
         if "images_per_sec" in metrics:
             log_metrics(self.uri, self.run_id,
                         {f"images_per_sec_rank{self.rank}": metrics["images_per_sec"]}, loop.step)
+
+
+# ---------------------------------------------------------------------------------------------
+# sweeps and reports (mxlarge.sweep, mxlarge.report): plain data in and out, no MLflow objects
+
+
+def find_runs(uri: str, experiment: str, tags: dict[str, str],
+              status: str | None = None) -> list[dict[str, Any]]:
+    """Runs of ``experiment`` whose tags equal ``tags`` (and whose status is ``status``).
+
+    Values without quotes go into the MLflow filter (fewer rows read); every condition is also
+    checked here, so labels with quotes or spaces still match exactly.
+
+    Returns:
+        ``[{"run_id", "status", "start_time" (ms), "tags", "params"}]``, newest first; an
+        empty list if the experiment does not exist.
+    """
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    clauses = [f"tags.`{k}` = '{v}'" for k, v in tags.items()
+               if "'" not in v and "`" not in k]
+    if status is not None:
+        clauses.append(f"attributes.status = '{status}'")
+    out: list[dict[str, Any]] = []
+    token = None
+    while True:
+        page = c.search_runs([exp.experiment_id], filter_string=" and ".join(clauses),
+                             max_results=1000, order_by=["attributes.start_time DESC"],
+                             page_token=token)
+        for r in page:
+            if status is not None and r.info.status != status:
+                continue
+            if any(r.data.tags.get(k) != v for k, v in tags.items()):
+                continue
+            out.append({"run_id": r.info.run_id, "status": r.info.status,
+                        "start_time": r.info.start_time or 0, "tags": dict(r.data.tags),
+                        "params": dict(r.data.params)})
+        token = page.token
+        if not token:
+            return out
+
+
+def set_tags(uri: str, run_id: str, tags: dict[str, Any]) -> None:
+    c = client(uri)
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
+
+
+def run_status(uri: str, run_id: str) -> str:
+    return client(uri).get_run(run_id).info.status
+
+
+def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """``[(step, value)]`` of one metric, ordered by step then logging time."""
+    hist = client(uri).get_metric_history(run_id, key)
+    return [(m.step, m.value) for m in sorted(hist, key=lambda m: (m.step, m.timestamp))]
+
+
+def create_plain_run(uri: str, experiment: str, tags: dict[str, Any],
+                     params: dict[str, Any] | None = None) -> str:
+    """A RUNNING run without a training config (e.g. a sweep's summary); returns its id."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
+    run = c.create_run(exp_id, tags={"git_commit": git_commit(),
+                                     **{k: str(v) for k, v in tags.items()}})
+    if params:
+        c.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)[:500])
+                                             for k, v in params.items()])
+    return run.info.run_id
+
+
+def log_artifacts(uri: str, run_id: str, paths: list[str | Path]) -> None:
+    c = client(uri)
+    for p in paths:
+        c.log_artifact(run_id, str(p))

@@ -44,6 +44,10 @@ class Trainer:
             :func:`mxlarge.kvstore.sync.create`.
         compression: e.g. ``{'type': '2bit', 'threshold': 0.5}`` (dist only).
         bn_stats: BN statistics for evaluation/checkpoints: ``local``, ``broadcast``, ``reduce``.
+        simulate_workers: K > 1 reproduces K dist_sync workers in this process: the loop runs
+            K micro-batches of n, each under its own copy of the BN running statistics
+            (:meth:`worker_stats`), gradients accumulate (``grad_req='add'``), and one update
+            with rescale 1/(K·n) follows. Needs a local store and one device.
     """
 
     def __init__(self, params: Mapping[str, mx.gluon.Parameter], schedule: Any, *,
@@ -51,7 +55,7 @@ class Trainer:
                  weight_decay: float = 1e-4, decay_bn_bias: bool = False, lars: bool = False,
                  lars_eta: float = 0.001, kvstore: str | mx.kv.KVStore = "local",
                  compression: dict | None = None,
-                 bn_stats: str = "reduce"):
+                 bn_stats: str = "reduce", simulate_workers: int = 1):
         if bn_stats not in ("local", "broadcast", "reduce"):
             raise ValueError(f"bn_stats {bn_stats!r}: expected local, broadcast or reduce")
         self.names = list(params.keys())
@@ -72,6 +76,15 @@ class Trainer:
         # one optimizer state per (parameter, device): devices apply identical updates
         self.states = [[self.updater.create_state(i, w) for w in self.params[i].list_data()]
                        for i in range(len(self.params))]
+        self.simulated_workers = int(simulate_workers)
+        self.virtual_stats: list[dict[int, mx.nd.NDArray]] = []
+        if self.simulated_workers > 1:
+            if self.store.kv is not None:
+                raise ValueError("simulate_workers needs a local store and a single device")
+            for i in self.pushed:
+                self.params[i].grad_req = "add"
+            self.virtual_stats = [{i: self.params[i].data().copy() for i in self.store.stats}
+                                  for _ in range(self.simulated_workers)]
 
     # -- facts ----------------------------------------------------------------------------------
     @property
@@ -85,6 +98,11 @@ class Trainer:
     @property
     def num_devices(self) -> int:
         return len(self.params[0].list_ctx())
+
+    @property
+    def world_size(self) -> int:
+        """Gradient contributors per step: workers × devices × simulated workers."""
+        return self.num_workers * self.num_devices * self.simulated_workers
 
     def learning_rate(self, step: int) -> float:
         """η(step) of the schedule."""
@@ -120,9 +138,53 @@ class Trainer:
     def check_replicas(self, step: int) -> None:
         self.store.check_replicas(step)
 
+    def grad_sq(self, device: int, minus: list[mx.nd.NDArray] | None = None) -> float:
+        """Σ‖g‖² over pushed gradients on ``device`` (of g − minus, if given). Synchronises."""
+        grads = [self.params[i].list_grad()[device] for i in self.pushed]
+        if minus is not None:
+            grads = [g - m for g, m in zip(grads, minus)]
+        total = 0.0
+        for lo in range(0, len(grads), 32):
+            chunk = grads[lo:lo + 32]
+            total += float(mx.nd.multi_sum_sq(*chunk, num_arrays=len(chunk)).sum().asscalar())
+        return total
+
+    def grad_copies(self) -> list[mx.nd.NDArray]:
+        return [self.params[i].grad().copy() for i in self.pushed]
+
+    # -- simulated workers ----------------------------------------------------------------------
+    def zero_grads(self) -> None:
+        """Clears accumulated gradients (``grad_req='add'``) before a simulated step."""
+        for i in self.pushed:
+            for g in self.params[i].list_grad():
+                g[:] = 0
+
+    @contextmanager
+    def worker_stats(self, j: int) -> Iterator[None]:
+        """Runs the body under virtual worker ``j``'s BN running statistics, keeping updates."""
+        bank = self.virtual_stats[j]
+        for i, value in bank.items():
+            value.copyto(self.params[i].data())
+        try:
+            yield
+        finally:
+            # A hybridized net's backward updates the running statistics without the engine
+            # ordering that write before a following copy (measured: the copy saw the old
+            # values), so wait for all pending work first.
+            mx.nd.waitall()
+            for i, value in bank.items():
+                self.params[i].data().copyto(value)
+
     # -- BN statistics --------------------------------------------------------------------------
     def shared_stats(self) -> dict[int, mx.nd.NDArray]:
-        return self.store.shared_stats(self.bn_stats)
+        """Statistics for evaluation/checkpoints per ``bn_stats`` (collective on dist)."""
+        if not self.virtual_stats:
+            return self.store.shared_stats(self.bn_stats)
+        if self.bn_stats == "reduce":
+            return {i: mx.nd.add_n(*[bank[i] for bank in self.virtual_stats])
+                    / self.simulated_workers for i in self.store.stats}
+        # local and broadcast: virtual worker 0's own, as rank 0 would have
+        return {i: self.virtual_stats[0][i].copy() for i in self.store.stats}
 
     @contextmanager
     def evaluation_stats(self) -> Iterator[None]:
@@ -130,7 +192,8 @@ class Trainer:
 
         Training continues with each worker's own statistics afterwards, as Goyal et al. do.
         """
-        if self.bn_stats == "local" or not self.store.stats:
+        mx.nd.waitall()  # pending running-statistic writes are not engine-ordered (see above)
+        if (self.bn_stats == "local" and not self.virtual_stats) or not self.store.stats:
             yield
             return
         shared = self.shared_stats()

@@ -52,6 +52,20 @@ def _parser() -> argparse.ArgumentParser:
                     choices=["local", "ssh", "mpi", "slurm", "yarn", "sge"])
     la.add_argument("-H", "--hostfile", default=None)
     la.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
+
+    sw = sub.add_parser("sweep", help="run a sweep file's grid of labelled runs x seeds "
+                                      "(resumable; see mxlarge/sweep.py)")
+    sw.add_argument("sweep")
+    sw.add_argument("overrides", nargs="*", metavar="key=value")
+    sw.add_argument("--dry-run", action="store_true", help="list the cells and which are done")
+
+    r = sub.add_parser("report", help="markdown table and plots of a sweep's runs, logged to a "
+                                      "summary MLflow run")
+    r.add_argument("name", help="the sweep name (tag sweep=NAME)")
+    r.add_argument("--out", default=None, help="output directory (default: reports/NAME)")
+    r.add_argument("--target-fraction", type=float, default=0.99,
+                   help="target = this x the best validation accuracy in the sweep")
+    r.add_argument("--experiment", default="mxlarge", help="MLflow experiment")
     return p
 
 
@@ -64,7 +78,7 @@ def _show(args: argparse.Namespace) -> int:
     if samples is None:
         from mxlarge.data import train_size
         samples = train_size(cfg.data)
-    d = derive(cfg, cfg.dist.workers, samples, args.config)
+    d = derive(cfg, cfg.dist.workers * cfg.dist.simulate_workers, samples, args.config)
     sched = schedulers.from_config(cfg, d)
     try:
         steps = [int(x) for x in args.lr_at.split(",") if x.strip()]
@@ -77,7 +91,8 @@ def _show(args: argparse.Namespace) -> int:
     out = {
         "config": to_dict(cfg),
         "derived": {
-            "workers": d.workers, "per_worker_batch": cfg.data.batch_size,
+            "workers": cfg.dist.workers, "simulated_workers": cfg.dist.simulate_workers,
+            "devices_per_worker": cfg.dist.devices, "per_device_batch": cfg.data.batch_size,
             "global_batch": d.global_batch, "train_samples": d.train_samples,
             "steps_per_epoch": d.steps_per_epoch, "total_steps": d.total_steps,
             "peak_lr": d.peak_lr, "warmup_lr": d.warmup_lr, "warmup_steps": d.warmup_steps,
@@ -129,7 +144,12 @@ def _train(args: argparse.Namespace) -> int:
     if result.rank == 0:
         final = result.final
         acc = final.get("val_accuracy")
-        print(f"done: {result.steps} steps on {result.num_workers} worker(s) in "
+        layout = f"{result.num_workers} worker(s)"
+        if cfg.dist.devices > 1:
+            layout += f" x {cfg.dist.devices} devices"
+        if cfg.dist.simulate_workers > 1:
+            layout += f" simulating {cfg.dist.simulate_workers} workers"
+        print(f"done: {result.steps} steps on {layout} in "
               f"{result.seconds:.1f} s" + (f", final validation accuracy {acc:.4f}"
                                            if acc is not None else ""))
         if result.run_id:
@@ -164,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb == "launch":
             from mxlarge.launch_cli import launch
             return launch(args)
+        if args.verb == "sweep":
+            from mxlarge.sweep import sweep_command
+            return sweep_command(args)
+        if args.verb == "report":
+            from mxlarge.report import report_command
+            return report_command(args)
     except ConfigError as exc:
         return _fail(str(exc), 2)
     except KeyboardInterrupt:

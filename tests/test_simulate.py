@@ -1,0 +1,178 @@
+"""Virtual workers, several devices per worker, and the gradient noise scale.
+
+Real launched dist_sync runs, the one-process simulation of K workers and one worker driving K
+CPU devices must be the same computation: same weights and the same per-worker (per-device) BN
+running statistics.
+"""
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon
+
+from mxlarge.gns import NoiseScale, unbiased
+from mxlarge.loop import TrainLoop
+from mxlarge.schedulers import Constant
+from mxlarge.trainer import Trainer
+
+BN_CONFIG = """
+name: sim
+data: {dataset: digits, batch_size: 8, augment: true}
+model: {name: small_resnet, width: 4}
+optim: {base_lr: 0.05, reference_batch: 16, warmup: linear, warmup_epochs: 0.08,
+        decay: step, decay_epochs: [0.12], momentum: 0.9, weight_decay: 0.0005}
+train: {epochs: 1, max_steps: 12, progress: false}
+dist: {kvstore: dist_sync, workers: 2, check_every: 1}
+tracking: {enabled: false}
+"""
+
+
+def _cli(args, cwd, timeout=240):
+    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _load(path):
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
+
+
+def _assert_same(a_prefix, b_prefix, units, tol=1e-5):
+    for u in range(units):
+        for suffix in (".params", ".params.local"):
+            a, b = _load(f"{a_prefix}-{u}{suffix}"), _load(f"{b_prefix}-{u}{suffix}")
+            assert a.keys() == b.keys()
+            diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+            assert diff <= tol, (u, suffix, diff)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("k", [2, 3])
+def test_simulation_equals_real_launched_workers(tmp_path, k):
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text(BN_CONFIG)
+    real = _cli(["launch", str(cfg), "-n", str(k), "-s", "1",
+                 f"train.save_params={tmp_path}/real-{{rank}}.params"], tmp_path)
+    assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
+    sim = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
+                f"dist.simulate_workers={k}", f"train.save_params={tmp_path}/sim-{{rank}}.params"],
+               tmp_path)
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    _assert_same(tmp_path / "real", tmp_path / "sim", k)
+    # the per-worker statistics really are per worker
+    a, b = _load(f"{tmp_path}/sim-0.params.local"), _load(f"{tmp_path}/sim-1.params.local")
+    assert any(not np.array_equal(a[n], b[n]) for n in a if "running_" in n)
+
+
+@pytest.mark.timeout(400)
+def test_devices_workers_and_simulation_agree(tmp_path):
+    """1 worker × 2 CPU devices == 2 launched workers × 1 device == simulation of 2."""
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text(BN_CONFIG)
+    runs = {
+        "dev": ["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "dist.devices=2"],
+        "real": ["launch", str(cfg), "-n", "2", "-s", "1"],
+        "sim": ["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
+                "dist.simulate_workers=2"],
+    }
+    for name, args in runs.items():
+        r = _cli(args + [f"train.save_params={tmp_path}/{name}-{{rank}}.params"], tmp_path)
+        assert r.returncode == 0, name + r.stdout[-2000:] + r.stderr[-2000:]
+    _assert_same(tmp_path / "real", tmp_path / "dev", 2)
+    _assert_same(tmp_path / "real", tmp_path / "sim", 2)
+
+
+PLAIN = BN_CONFIG.replace("small_resnet, width: 4", "small_plain, width: 4")
+
+
+@pytest.mark.timeout(400)
+def test_two_workers_two_devices_equal_one_process(tmp_path):
+    cfg = tmp_path / "plain.yaml"
+    cfg.write_text(PLAIN)
+    r = _cli(["launch", str(cfg), "-n", "2", "-s", "1", "dist.devices=2",
+              f"train.save_params={tmp_path}/wd-{{rank}}.params"], tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ref = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "data.batch_size=32",
+                f"train.save_params={tmp_path}/one-{{rank}}.params"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    want = _load(f"{tmp_path}/one-0.params")
+    for unit in range(4):  # 2 workers x 2 devices, all identical to the one-process weights
+        got = _load(f"{tmp_path}/wd-{unit}.params.local")
+        assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= 1e-5
+
+
+def test_show_prints_the_layout(tmp_path):
+    cfg = tmp_path / "plain.yaml"
+    cfg.write_text(PLAIN)
+    r = _cli(["show", str(cfg), "dist.workers=16", "dist.devices=8", "data.batch_size=4"],
+             tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "workers: 16" in r.stdout and "devices_per_worker: 8" in r.stdout
+    assert "global_batch: 512" in r.stdout
+
+
+def test_simulation_config_rules(tmp_path):
+    cfg = tmp_path / "plain.yaml"
+    cfg.write_text(PLAIN)
+    r = _cli(["train", str(cfg), "dist.simulate_workers=2"], tmp_path)  # kvstore is dist_sync
+    assert r.returncode == 2 and "dist.simulate_workers = 2" in r.stderr
+    r = _cli(["train", str(cfg), "dist.kvstore=local", "train.gns_every=1"], tmp_path)
+    assert r.returncode == 2 and "2 or more workers" in r.stderr
+
+
+# -- gradient noise scale ---------------------------------------------------------------------
+
+def test_unbiased_estimates_closed_form():
+    # E|G_B|² = |G|² + tr(Σ)/B exactly -> the estimator inverts it exactly
+    g2, tr = 2.0, 30.0
+    small, big = g2 + tr / 8, g2 + tr / 64
+    assert unbiased(small, 8, big, 64) == pytest.approx((g2, tr))
+    ns = NoiseScale(8, 64, decay=0.5)
+    for _ in range(3):
+        m = ns.update(small, big)
+    assert m["gns_b_simple"] == pytest.approx(tr / g2)
+    with pytest.raises(ValueError):
+        unbiased(1.0, 8, 1.0, 8)
+
+
+class _Regression:
+    """y = x·w* + ε with x ~ N(0, I_d), ε ~ N(0, σ²); at w = w* + r the per-sample gradient of
+    ½(x·w − y)² has mean G = r and covariance Σ = |r|² I + r rᵀ + σ² I (Isserlis), so
+    B_simple = tr Σ / |G|² = ((d + 1)|r|² + d σ²) / |r|²."""
+
+    def __init__(self, d, n_per_step, steps, sigma, seed=0):
+        rng = np.random.RandomState(seed)
+        self.w_star = rng.randn(1, d).astype(np.float32)
+        self.r = rng.randn(1, d).astype(np.float32) * 0.5
+        self.d, self.sigma = d, sigma
+        self.batches = []
+        for _ in range(steps):
+            x = rng.randn(n_per_step, d).astype(np.float32)
+            y = x @ self.w_star.T + sigma * rng.randn(n_per_step, 1).astype(np.float32)
+            self.batches.append((mx.nd.array(x), mx.nd.array(y)))
+        self.steps_per_epoch = steps
+
+    def epoch(self, epoch):
+        return iter(self.batches)
+
+    def analytic(self):
+        r2 = float((self.r ** 2).sum())
+        return ((self.d + 1) * r2 + self.d * self.sigma ** 2) / r2
+
+
+@pytest.mark.parametrize("k", [4])
+def test_gns_estimate_within_20_percent_of_closed_form(k):
+    n, d = 16, 8
+    prob = _Regression(d=d, n_per_step=k * n, steps=400, sigma=1.0)
+    net = gluon.nn.Dense(1, use_bias=False, in_units=d)
+    net.initialize()
+    net.weight.set_data(mx.nd.array(prob.w_star + prob.r))
+    trainer = Trainer(net.collect_params(), Constant(0.0), momentum=0.0, weight_decay=0.0,
+                      simulate_workers=k)
+    ns = NoiseScale(n, k * n, decay=0.99)
+    loop = TrainLoop(net=net, trainer=trainer, train_source=prob, loss_fn=gluon.loss.L2Loss(),
+                     epochs=1, gns=ns, gns_every=1)
+    loop.run()
+    est = ns.metrics()["gns_b_simple"]
+    assert est == pytest.approx(prob.analytic(), rel=0.2), (est, prob.analytic())

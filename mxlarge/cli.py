@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train per an experiment YAML")
     t.add_argument("config")
     t.add_argument("overrides", nargs="*", metavar="key=value")
+    t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
+                   help="continue from a checkpoint (default: the latest of train.checkpoint_dir)")
 
     s = sub.add_parser("show", help="print the resolved config and derived numbers")
     s.add_argument("config")
@@ -52,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                     choices=["local", "ssh", "mpi", "slurm", "yarn", "sge"])
     la.add_argument("-H", "--hostfile", default=None)
     la.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
+    la.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
+                    help="continue from a checkpoint (default: the latest of "
+                         "train.checkpoint_dir)")
 
     sw = sub.add_parser("sweep", help="run a sweep file's grid of labelled runs x seeds "
                                       "(resumable; see mxlarge/sweep.py)")
@@ -140,7 +145,7 @@ def _train(args: argparse.Namespace) -> int:
     from mxlarge.run import train
 
     cfg = _load(args)
-    result = train(cfg, args.config)
+    result = train(cfg, args.config, resume=args.resume)
     if result.rank == 0:
         final = result.final
         acc = final.get("val_accuracy")
@@ -174,7 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = list(getattr(args, "overrides", [])) + extra
+    from mxlarge.checkpoint import CheckpointError
     from mxlarge.config import ConfigError
+    from mxlarge.errors import DivergenceError, ReplicaMismatch
 
     try:
         if args.verb == "show":
@@ -190,8 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb == "report":
             from mxlarge.report import report_command
             return report_command(args)
-    except ConfigError as exc:
+    except (ConfigError, CheckpointError) as exc:
         return _fail(str(exc), 2)
+    except (DivergenceError, ReplicaMismatch) as exc:
+        return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     return 0

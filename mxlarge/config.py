@@ -103,6 +103,15 @@ class TrainConfig:
     log_every: int = _f(10, "log training metrics every this many steps", ge=1)
     progress: bool = _f(True, "tqdm progress bar per epoch")
     max_steps: int | None = _f(None, "stop after this many steps (smoke runs)", ge=1)
+    checkpoint_every: int = _f(0, "write an exact checkpoint every N epochs and after the last "
+                                  "(0: never)", ge=0)
+    checkpoint_dir: str = _f("checkpoints/{name}", "where checkpoints go ({name}: the "
+                                                   "experiment name); shared storage for "
+                                                   "multi-host jobs")
+    keep_last: int = _f(3, "checkpoints kept (0: all)", ge=0)
+    divergence_factor: float = _f(10.0, "stop when the training loss exceeds this multiple of "
+                                        "its first value (0: only non-finite values stop)",
+                                  ge=0)
     gns_every: int = _f(0, "estimate the gradient noise scale every N steps (0: off; needs "
                            "2+ workers, devices or simulated workers)", ge=0)
     gns_decay: float = _f(0.9, "EMA factor of the gradient-noise-scale estimates", ge=0, lt=1)
@@ -385,6 +394,10 @@ def flatten(cfg: Config) -> dict[str, Any]:
                 out[f"{prefix}{key}"] = value
     walk(to_dict(cfg), "")
     return out
+
+
+def checkpoint_root(cfg: Config) -> str:
+    return cfg.train.checkpoint_dir.replace("{name}", cfg.name)
 
 
 def dump_yaml(cfg: Config) -> str:

@@ -50,15 +50,32 @@ def launch(args: argparse.Namespace) -> int:
 
     command = [sys.executable, "-m", "mxlarge.cli", "train",
                str(Path(args.config).resolve()), *overrides]
+    meta = None
+    if args.resume is not None:
+        from mxlarge import checkpoint
+        from mxlarge.config import checkpoint_root
+        path = checkpoint.resolve(args.resume, checkpoint_root(cfg)).resolve()
+        meta = checkpoint.read_meta(path)
+        saved = meta["layout"]
+        if saved["workers"] != workers:
+            raise checkpoint.CheckpointError(
+                f"{path}: written by {saved['workers']} worker(s), launching {workers}: refused "
+                "(the global batch, LR schedule, data shards and per-worker BN statistics "
+                "depend on the world size); relaunch with the same -n")
+        command += ["--resume", str(path)]
     env: dict[str, str] = {}
     run_id = uri = None
     if cfg.tracking.enabled:
         from mxlarge import tracking
         uri = _abs_sqlite(tracking.tracking_uri(cfg))
         tracking.check_reachable(uri)
-        run_id = tracking.create_run(cfg, uri, {
-            "launcher": args.launcher, "world_size": workers, "servers": servers,
-            "kvstore": cfg.dist.kvstore})
+        if meta is not None and meta.get("run_id"):
+            run_id = meta["run_id"]
+            tracking.reopen_run(uri, run_id)
+        else:
+            run_id = tracking.create_run(cfg, uri, {
+                "launcher": args.launcher, "world_size": workers, "servers": servers,
+                "kvstore": cfg.dist.kvstore})
         env.update(MXLARGE_RUN_ID=run_id, MLFLOW_TRACKING_URI=uri)
         print(f"mxlarge: MLflow run {run_id} in {uri}", flush=True)
     ok = False

@@ -15,6 +15,8 @@ from typing import Any
 import mxnet as mx
 from mxnet import autograd
 
+from mxlarge.errors import DivergenceError
+
 
 class Hook:
     """Base class: override what you need. ``loop.step`` is the number of updates applied."""
@@ -36,10 +38,6 @@ class StepOutput:
     loss: mx.nd.NDArray     # per-sample losses of this worker's batch (lazy: read only to log)
     images: int             # images this worker processed
     gns: dict[str, float] | None = None  # gradient-noise-scale metrics on measuring steps
-
-
-class DivergenceError(RuntimeError):
-    """Training loss became non-finite."""
 
 
 @dataclass
@@ -144,10 +142,17 @@ class TrainLoop:
 
 
 class LossHook(Hook):
-    """Reads the training loss every ``every`` steps and at each epoch end; stops on NaN/inf."""
+    """Reads the training loss every ``every`` steps; the divergence guard.
 
-    def __init__(self, every: int):
+    Stops the run (``DivergenceError``) when the loss or the gradient norm is not finite, or the
+    loss exceeds ``factor`` × its first value read in this process (0 disables that rule): the
+    classic warmup explosion, caught before more compute is spent.
+    """
+
+    def __init__(self, every: int, factor: float = 0.0):
         self.every = every
+        self.factor = factor
+        self.early: float | None = None
         self.sum = 0.0
         self.count = 0
         self.last: dict[str, float] = {}
@@ -156,9 +161,16 @@ class LossHook(Hook):
         if (out.step + 1) % self.every and out.step + 1 != loop.max_steps:
             return
         loss = float(out.loss.mean().asscalar())
-        if not math.isfinite(loss):
-            raise DivergenceError(f"training loss is {loss} at step {out.step} (epoch "
-                                  f"{out.epoch + 1}, lr {out.lr:.6g}): the run diverged")
+        grad_sq = loop.trainer.grad_sq(0)
+        where = (f"at step {out.step} (epoch {out.epoch + 1}, lr {out.lr:.6g})")
+        if not math.isfinite(loss) or not math.isfinite(grad_sq):
+            raise DivergenceError(f"training diverged {where}: loss {loss}, gradient norm "
+                                  f"{math.sqrt(grad_sq) if grad_sq >= 0 else grad_sq}")
+        if self.early is None:
+            self.early = loss
+        elif self.factor and loss > self.factor * self.early:
+            raise DivergenceError(f"training diverged {where}: loss {loss:.4g} is above "
+                                  f"{self.factor:g} x its early value {self.early:.4g}")
         self.sum += loss
         self.count += 1
         self.last = {"train_loss": loss, "lr": out.lr}
@@ -283,12 +295,40 @@ class FinalParamsHook(Hook):
                 save_device_params(loop.net, target, j)
 
 
-def save_device_params(net: mx.gluon.Block, path: str, device: int) -> None:
-    """Like ``save_parameters``, but one device's copies (Gluon's own save averages devices)."""
+def save_device_params(net: mx.gluon.Block, path: str, device: int,
+                       stats_only: bool = False) -> None:
+    """Like ``save_parameters``, but one device's copies (Gluon's own save averages devices).
+
+    ``stats_only`` keeps just the local statistics (``grad_req == 'null'``).
+    """
     mx.nd.waitall()
     arrays = {name: p.list_data()[device]
-              for name, p in net._collect_params_with_prefix().items()}
+              for name, p in net._collect_params_with_prefix().items()
+              if not stats_only or p.grad_req == "null"}
     mx.nd.save(path, arrays)
+
+
+class CheckpointHook(Hook):
+    """Writes an exact checkpoint every ``every`` epochs and after the last (every rank)."""
+
+    def __init__(self, root: str, every: int, keep_last: int, config_yaml: str, seed: int,
+                 layout: Any, run_id: Any, rank: int):
+        self.root, self.every, self.keep_last = root, every, keep_last
+        self.config_yaml, self.seed, self.layout = config_yaml, seed, layout
+        self.run_id = run_id  # a callable: the MLflow run may only exist after before_train
+        self.rank = rank
+        self.last: str | None = None
+
+    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        done = epoch + 1
+        if done % self.every and done != loop.epochs:
+            return
+        from mxlarge import checkpoint
+        path = checkpoint.save(self.root, epoch=done, step=loop.step, rank=self.rank,
+                               net=loop.net, trainer=loop.trainer, config_yaml=self.config_yaml,
+                               seed=self.seed, layout=self.layout, run_id=self.run_id(),
+                               keep_last=self.keep_last)
+        self.last = str(path)
 
 
 class ProgressHook(Hook):

@@ -30,6 +30,21 @@ class RunResult:
         return self.history[-1] if self.history else {}
 
 
+def _warn_config_changes(old_yaml: str, new_yaml: str, rank: int) -> None:
+    """Resuming with other settings is allowed (e.g. more epochs); say what changed."""
+    import yaml
+
+    from mxlarge.config import config_from_dict, flatten
+
+    if rank != 0 or old_yaml == new_yaml:
+        return
+    old = flatten(config_from_dict(yaml.safe_load(old_yaml), "checkpoint"))
+    new = flatten(config_from_dict(yaml.safe_load(new_yaml), "config"))
+    changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in new if old.get(k) != new[k]]
+    if changed:
+        print("mxlarge: resuming with changed settings: " + "; ".join(changed), flush=True)
+
+
 def contexts(devices: int = 1, device_type: str = "cpu") -> list:
     """``mx.cpu(i)`` or ``mx.gpu(i)`` for i < devices (MXNet treats cpu(i) as separate devices)."""
     import mxnet as mx
@@ -85,26 +100,44 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None):
                 ctx=ctx, init_report=init_report, rank=rank, workers=workers)
 
 
-def train(cfg: Config, source: str = "<config>") -> RunResult:
+def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> RunResult:
     """Trains per ``cfg``; tracks in MLflow on rank 0 unless ``tracking.enabled`` is false.
 
     A launched job passes its MLflow run through ``MXLARGE_RUN_ID``/``MLFLOW_TRACKING_URI``.
+    ``resume`` (``latest`` or a checkpoint directory) continues a run exactly where its
+    checkpoint left it, in the same MLflow run.
     """
     import mxnet as mx
 
+    from mxlarge import checkpoint
     from mxlarge import loop as L
+    from mxlarge.config import checkpoint_root, dump_yaml
 
     t0 = time.perf_counter()
-    uri = run_id = None
-    if cfg.tracking.enabled:
-        from mxlarge import tracking
-        uri = tracking.tracking_uri(cfg)
-        run_id = os.environ.get("MXLARGE_RUN_ID") or None
-        tracking.check_reachable(uri)
+    ckpt_root = checkpoint_root(cfg)
+    ckpt = meta = None
+    if resume is not None:  # verify before anything is built or written
+        ckpt = checkpoint.resolve(resume, ckpt_root)
+        meta = checkpoint.read_meta(ckpt)
+    # Building first validates the model and the data before any file is written.
     b = build(cfg, source)
     trainer, data, derived = b["trainer"], b["data"], b["derived"]
     rank = b["rank"]
-    hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every), L.TimerHook(),
+    layout = checkpoint.Layout(b["workers"], cfg.dist.devices, cfg.dist.simulate_workers)
+    start_epoch = 0
+    if ckpt is not None:
+        checkpoint.restore(ckpt, meta, rank=rank, net=b["net"], trainer=trainer, layout=layout)
+        start_epoch = meta["epoch"]
+        _warn_config_changes(meta["config"], dump_yaml(cfg), rank)
+    uri = None
+    run_id = os.environ.get("MXLARGE_RUN_ID") or (meta or {}).get("run_id") or None
+    owns_run = "MXLARGE_RUN_ID" not in os.environ
+    if cfg.tracking.enabled:
+        from mxlarge import tracking
+        uri = tracking.tracking_uri(cfg)
+        tracking.check_reachable(uri)
+    hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor),
+                           L.TimerHook(),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
                                       every=cfg.train.eval_every)]
     if trainer.store.distributed and cfg.dist.check_every:
@@ -120,9 +153,16 @@ def train(cfg: Config, source: str = "<config>") -> RunResult:
                 "zero_gamma_blocks": len(b["init_report"].zero_gamma),
                 **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
         if rank == 0:
-            hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every, final))
+            hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every, final,
+                                             owns_run=owns_run))
         if run_id is not None:
             hooks.append(tracking.RankThroughputHook(uri, run_id, rank))
+    mlflow_hook = next((h for h in hooks if type(h).__name__ == "MLflowHook"), None)
+    if cfg.train.checkpoint_every:
+        # before the MLflow hook, so that a metric logged for an epoch has its checkpoint
+        hooks.insert(len(hooks) - (1 if mlflow_hook else 0), L.CheckpointHook(
+            ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last, dump_yaml(cfg),
+            cfg.train.seed, layout, lambda: mlflow_hook.run_id if mlflow_hook else run_id, rank))
     gns = None
     if cfg.train.gns_every:
         from mxlarge.gns import NoiseScale
@@ -130,12 +170,11 @@ def train(cfg: Config, source: str = "<config>") -> RunResult:
     loop = L.TrainLoop(net=b["net"], trainer=trainer, train_source=data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
                        ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps, gns=gns,
-                       gns_every=cfg.train.gns_every)
+                       gns_every=cfg.train.gns_every, step=meta["step"] if meta else 0)
     try:
-        loop.run()
+        loop.run(start_epoch)
     finally:
         tmpdir.cleanup()
-    mlflow_hook = next((h for h in hooks if type(h).__name__ == "MLflowHook"), None)
     return RunResult(run_id=mlflow_hook.run_id if mlflow_hook else run_id, rank=rank,
                      num_workers=b["workers"], steps=loop.step, history=loop.history,
                      seconds=time.perf_counter() - t0)

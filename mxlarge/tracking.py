@@ -65,6 +65,11 @@ def create_run(cfg: Config, uri: str, tags: dict[str, str] | None = None) -> str
     return run.info.run_id
 
 
+def reopen_run(uri: str, run_id: str) -> None:
+    """A resumed job continues its run: RUNNING again, metrics continue at their steps."""
+    client(uri).update_run(run_id, status="RUNNING")
+
+
 def end_run(uri: str, run_id: str, ok: bool, tags: dict[str, str] | None = None) -> None:
     c = client(uri)
     for k, v in (tags or {}).items():
@@ -91,10 +96,10 @@ class MLflowHook(Hook):
     """
 
     def __init__(self, cfg: Config, uri: str, run_id: str | None, tags: dict[str, Any],
-                 log_every: int, final_params: Any = None):
+                 log_every: int, final_params: Any = None, owns_run: bool = True):
         self.cfg = cfg
         self.uri = uri
-        self.owns_run = run_id is None
+        self.owns_run = owns_run
         self.run_id = run_id
         self.tags = {k: str(v) for k, v in tags.items()}
         self.log_every = log_every
@@ -103,8 +108,9 @@ class MLflowHook(Hook):
     def before_train(self, loop: TrainLoop) -> None:
         if self.run_id is None:
             self.run_id = create_run(self.cfg, self.uri, self.tags)
-        else:
+        else:  # a launched job's run, or a resumed one: continue it
             c = client(self.uri)
+            c.update_run(self.run_id, status="RUNNING")
             for k, v in self.tags.items():
                 c.set_tag(self.run_id, k, v)
         with tempfile.TemporaryDirectory() as tmp:

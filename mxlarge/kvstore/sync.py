@@ -30,16 +30,13 @@ from collections.abc import Sequence
 import mxnet as mx
 import numpy as np
 
+from mxlarge.errors import ReplicaMismatch
 from mxlarge.kvstore.roles import ParamRole
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
 STAT_KEY = 1_000_000
 AUX_KEY = 2_000_000
 SCALARS = 8  # length of the scalar-sum vector
-
-
-class ReplicaMismatch(RuntimeError):
-    """The weights of this rank differ from rank 0's: the job cannot continue."""
 
 
 def validate_kvstore(kind: str) -> str:

@@ -1,0 +1,135 @@
+"""Nothing lost: straight runs equal checkpoint + resume runs bitwise; the divergence guard."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+CONFIG = """
+name: rs
+data: {dataset: digits, batch_size: 64, augment: true}
+model: {name: small_resnet, width: 4}
+optim: {base_lr: 0.05, reference_batch: 16, warmup: linear, warmup_epochs: 1, decay: step,
+        decay_epochs: [3], momentum: 0.9}
+train: {epochs: 4, progress: false, checkpoint_every: 1}
+dist: {kvstore: local, workers: 2}
+"""
+
+
+def _cli(args, cwd, timeout=240):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _same(a: Path, b: Path):
+    x, y = mx.nd.load(str(a)), mx.nd.load(str(b))
+    assert x.keys() == y.keys()
+    for k in x:
+        np.testing.assert_array_equal(x[k].asnumpy(), y[k].asnumpy(), err_msg=k)
+
+
+def _runs(tmp_path):
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns.db")
+    return c, c.search_runs([c.get_experiment_by_name("mxlarge").experiment_id])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("verb", ["train", "launch"])
+def test_four_epochs_equal_two_plus_resume_plus_two(tmp_path, verb):
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(CONFIG)
+    extra = ["-n", "2", "-s", "1"] if verb == "launch" else []
+    spe = 1400 // (64 * (2 if verb == "launch" else 1))
+    a = _cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/a"], tmp_path)
+    assert a.returncode == 0, a.stdout[-2000:] + a.stderr[-2000:]
+    b1 = _cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/b",
+               f"train.max_steps={2 * spe}"], tmp_path)
+    assert b1.returncode == 0, b1.stdout[-2000:] + b1.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["epoch-0001", "epoch-0002"]
+    b2 = _cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/b", "--resume"],
+              tmp_path)
+    assert b2.returncode == 0, b2.stdout[-2000:] + b2.stderr[-2000:]
+    for name in ["model.params", "momentum.nd", "bn-0.nd"] + (["bn-1.nd"] if extra else []):
+        _same(tmp_path / "a/epoch-0004" / name, tmp_path / "b/epoch-0004" / name)
+    # keep_last = 3 retention
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "epoch-0002", "epoch-0003", "epoch-0004"]
+    client, runs = _runs(tmp_path)
+    assert len(runs) == 2  # a, and b continued in one run
+    by_status = {r.info.run_id: r for r in runs}
+    for run in by_status.values():
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+        assert steps == [spe, 2 * spe, 3 * spe, 4 * spe]
+
+
+def _dmlc(marker):
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                env = (d / "environ").read_bytes()
+                state = (d / "stat").read_text().split()[2]
+            except OSError:
+                continue
+            if b"DMLC_ROLE=worker" in env and marker.encode() in env and state != "Z":
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_killed_worker_then_resume_finishes_like_an_uninterrupted_run(tmp_path):
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(CONFIG.replace("epochs: 4", "epochs: 6").replace("decay_epochs: [3]",
+                                                                    "decay_epochs: [4]"))
+    ref = _cli(["launch", str(cfg), "-n", "2", "-s", "1", f"train.checkpoint_dir={tmp_path}/a"],
+               tmp_path)
+    assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "mxlarge.cli", "launch", str(cfg), "-n", "2",
+                             "-s", "1", f"train.checkpoint_dir={tmp_path}/b"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "b/epoch-0001/meta.json").exists():
+            time.sleep(0.2)
+        assert (tmp_path / "b/epoch-0001/meta.json").exists()
+        victims = _dmlc(str(tmp_path))
+        assert victims
+        os.kill(victims[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out[-2000:]
+    assert not (tmp_path / "b/epoch-0006").exists()
+    again = _cli(["launch", str(cfg), "-n", "2", "-s", "1", f"train.checkpoint_dir={tmp_path}/b",
+                  "--resume"], tmp_path)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    for name in ("model.params", "momentum.nd", "bn-0.nd", "bn-1.nd"):
+        _same(tmp_path / "a/epoch-0006" / name, tmp_path / "b/epoch-0006" / name)
+    client, runs = _runs(tmp_path)
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+
+
+@pytest.mark.timeout(200)
+def test_divergence_guard_stops_a_warmup_explosion(tmp_path):
+    cfg = tmp_path / "boom.yaml"
+    cfg.write_text(CONFIG.replace("base_lr: 0.05", "base_lr: 50.0")
+                   .replace("warmup: linear", "warmup: none"))
+    r = _cli(["train", str(cfg), "train.log_every=1", "model.zero_gamma=false",
+              f"train.checkpoint_dir={tmp_path}/ck"], tmp_path)
+    assert r.returncode == 1
+    assert "training diverged at step" in r.stderr and "lr 200" in r.stderr  # 50 x 64/16
+    assert "(epoch 1" in r.stderr
+    assert not (tmp_path / "ck").exists()  # no checkpoint of a diverged state
+    client, runs = _runs(tmp_path)
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert "DivergenceError" in runs[0].data.tags["failure"]

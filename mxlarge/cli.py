@@ -171,6 +171,19 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _run_ps_role_if_any()
+    if os.environ.get("DMLC_ROLE") != "worker":
+        return _main(argv)
+    # A dist worker that fails must leave at once: a normal interpreter exit waits in ps-lite's
+    # exit barrier for workers that are themselves waiting for this one (a deadlock).
+    from mxlarge.launcher.worker import exit_now, fail_fast
+    with fail_fast():
+        code = _main(argv)
+    if code:
+        exit_now(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     # key=value overrides may come before or after options (argparse stops collecting
     # positionals at the first option)

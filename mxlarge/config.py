@@ -229,7 +229,7 @@ class _Loader:
             out = value
         else:  # pragma: no cover - guarded by the schema
             raise TypeError(tp)
-        self.check_rules(out, path, meta)
+        self.check_rules(out, path, meta, shown=value)
         return out
 
     @staticmethod
@@ -237,14 +237,15 @@ class _Loader:
         text = _rules_text(meta)
         return f" {text}" if text else ""
 
-    def check_rules(self, value: Any, path: str, meta: dict) -> None:
+    def check_rules(self, value: Any, path: str, meta: dict, shown: Any = None) -> None:
+        shown = value if shown is None else shown  # the value as written, e.g. 0 not 0.0
         choices = meta.get("choices")
         if choices is not None and value not in choices:
-            raise self.error(path, value, "one of " + ", ".join(map(str, choices)))
+            raise self.error(path, shown, "one of " + ", ".join(map(str, choices)))
         for key, ok in (("ge", lambda v, b: v >= b), ("gt", lambda v, b: v > b),
                         ("le", lambda v, b: v <= b), ("lt", lambda v, b: v < b)):
             if key in meta and not ok(value, meta[key]):
-                raise self.error(path, value, f"{_describe(type(value))} {_rules_text(meta)}")
+                raise self.error(path, shown, f"{_describe(type(value))} {_rules_text(meta)}")
 
     def section(self, cls: type, data: Any, path: str) -> Any:
         if data is None:

@@ -46,8 +46,22 @@ def launch(args: argparse.Namespace) -> int:
     else:
         samples = cfg.data.train_samples
     from mxlarge.config import derive
-    derive(cfg, workers, samples, args.config)
+    derive(cfg, workers * cfg.dist.simulate_workers, samples, args.config)
+    from mxlarge.nets import build_net
+    build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
+    if args.launcher in launcher.UNSUPPORTED:
+        raise ConfigError(f"--launcher {args.launcher}: {launcher.UNSUPPORTED[args.launcher]}")
+    if args.launcher in ("ssh", "mpi"):
+        try:
+            launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if args.launcher == "local" and args.port is not None:
+        try:  # before any run is created or process started
+            launcher.local.ensure_port_free(args.port)
+        except launcher.PortInUseError as exc:
+            raise ConfigError(str(exc)) from None
     command = [sys.executable, "-m", "mxlarge.cli", "train",
                str(Path(args.config).resolve()), *overrides]
     meta = None

@@ -16,7 +16,7 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from mxlarge.config import Config, dump_yaml, flatten
+from mxlarge.config import Config, ConfigError, dump_yaml, flatten
 from mxlarge.loop import Hook, StepOutput, TrainLoop
 
 DEFAULT_URI = "sqlite:///mlruns.db"
@@ -34,12 +34,12 @@ def check_reachable(uri: str) -> None:
     """Fails before training, not after an hour, if the tracking store cannot be used.
 
     Raises:
-        RuntimeError: naming the URI and the underlying problem.
+        ConfigError: naming the URI and the underlying problem.
     """
     try:
         client(uri).search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - any failure means the store is unusable
-        raise RuntimeError(f"MLflow tracking URI {uri!r} is not usable: "
+        raise ConfigError(f"MLflow tracking URI {uri!r} is not usable: "
                            f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
 
 

@@ -54,22 +54,62 @@ def rec_paths(rec: str | None, key: str) -> tuple[Path, Path]:
     return rec_path, idx_path
 
 
-def count_records(idx_path: Path) -> int:
-    """Number of records listed in a RecordIO ``.idx`` (one ``key<TAB>offset`` line each).
+_MAGIC = 0xCED7230A  # dmlc RecordIO record header
+_SAMPLE = 1000  # record headers checked per file (first, last and an even spread)
+
+
+def check_records(rec_path: Path, idx_path: Path) -> int:
+    """Counts the records of an indexed ``.rec`` after checking that the pair is intact.
+
+    A truncated or corrupt pair would otherwise abort the process inside MXNet's C++ reader
+    (no Python exception). Checked: every ``.idx`` line is ``key<TAB>offset`` with an offset
+    inside the ``.rec``; at up to 1,000 offsets (always the first and the last) the header
+    carries the RecordIO magic and the record fits in the file.
 
     Raises:
-        ConfigError: if the index lists no record.
+        ConfigError: naming the file, the line or offset, and what was expected.
     """
+    size = rec_path.stat().st_size
+    offsets = []
     with open(idx_path, "rb") as f:
-        count = sum(1 for line in f if line.strip())
-    if count == 0:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            parts = line.split()
+            try:
+                offset = int(parts[1])
+            except (IndexError, ValueError):
+                raise ConfigError(f"{idx_path}: line {lineno} is {line[:60]!r}: expected "
+                                  "'key<TAB>offset' (a RecordIO index)") from None
+            if not 0 <= offset < size:
+                raise ConfigError(f"{idx_path}: line {lineno} points at byte {offset} but "
+                                  f"{rec_path} has {size} bytes (truncated .rec or a .idx "
+                                  "of another file)")
+            offsets.append(offset)
+    if not offsets:
         raise ConfigError(f"{idx_path}: the index lists no records")
-    return count
+    ordered = sorted(offsets)
+    step = max(1, len(ordered) // _SAMPLE)
+    sample = sorted(set(ordered[::step] + [ordered[-1]]))
+    with open(rec_path, "rb") as f:
+        for offset in sample:
+            f.seek(offset)
+            head = f.read(8)
+            magic = int.from_bytes(head[:4], "little") if len(head) == 8 else None
+            if magic != _MAGIC:
+                raise ConfigError(f"{rec_path}: no RecordIO record at byte {offset} (listed in "
+                                  f"{idx_path}): corrupt .rec or mismatched .idx")
+            length = int.from_bytes(head[4:], "little") & ((1 << 29) - 1)
+            if offset + 8 + length > size:
+                raise ConfigError(f"{rec_path}: the record at byte {offset} needs "
+                                  f"{8 + length} bytes but the file ends at {size}: the .rec "
+                                  "is truncated")
+    return len(offsets)
 
 
 def train_size(cfg: DataConfig) -> int:
-    """Number of records in ``cfg.train_rec`` (read from its ``.idx``)."""
-    return count_records(rec_paths(cfg.train_rec, "data.train_rec")[1])
+    """Number of records in ``cfg.train_rec`` (read from its ``.idx``, pair checked)."""
+    return check_records(*rec_paths(cfg.train_rec, "data.train_rec"))
 
 
 def _normalize_kwargs(cfg: DataConfig) -> dict[str, Any]:
@@ -190,8 +230,8 @@ def build(cfg: DataConfig, *, rank: int, num_workers: int, seed: int) -> Data:
     """RecordIO training shard and validation set; see :func:`mxlarge.data.build_data`."""
     train_rec, train_idx = rec_paths(cfg.train_rec, "data.train_rec")
     val_rec, val_idx = rec_paths(cfg.val_rec, "data.val_rec")
-    train = RecordTrain(cfg, train_rec, train_idx, count_records(train_idx), rank=rank,
-                        num_workers=num_workers, seed=seed)
-    val = RecordVal(cfg, val_rec, val_idx, count_records(val_idx))
+    train = RecordTrain(cfg, train_rec, train_idx, check_records(train_rec, train_idx),
+                        rank=rank, num_workers=num_workers, seed=seed)
+    val = RecordVal(cfg, val_rec, val_idx, check_records(val_rec, val_idx))
     s = cfg.image_size
     return Data(train=train, val=val, num_classes=cfg.num_classes, input_shape=(3, s, s))

@@ -11,6 +11,7 @@ Leaders are reaped only at the very end, in :meth:`Supervisor.close`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ POLL_INTERVAL = 0.05
 _KILL_WAIT = 5.0
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def describe_status(status: int) -> str:
@@ -128,6 +130,30 @@ class Child:
         self._pump.join(timeout)
 
 
+def _parent_death_signal() -> Any:
+    """A ``preexec_fn`` asking the kernel to SIGKILL the child when the launcher dies.
+
+    The last line of defence for what no ``finally`` can cover: a SIGKILLed launcher. Linux
+    sends the signal when the *thread* that forked the child exits; every spawn here happens
+    in a thread that outlives its child (the supervising thread, or dmlc's thread that waits
+    for it). It covers the direct child only; its descendants rely on normal teardown.
+    Returns ``None`` where prctl is unavailable.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
 def _live_process_groups() -> set[int]:
     """Process-group ids that have at least one process that is not a zombie."""
     groups: set[int] = set()
@@ -162,9 +188,11 @@ class Supervisor:
         self.sink = LineSink(output)
         self.children: list[Child] = []
         self._exit_order: list[Child] = []
+        self._recorded: set[int] = set()
         self._lock = threading.Lock()
         self._closing = False
         self._closed = False
+        self._preexec = _parent_death_signal()
 
     def spawn(self, role: str, index: int | None, args: str | Sequence[str], *,
               env: Mapping[str, str] | None = None, shell: bool = False,
@@ -182,7 +210,7 @@ class Supervisor:
             popen = subprocess.Popen(  # noqa: S603 - the command is the caller's, by design
                 args, env=None if env is None else dict(env), shell=shell, executable=executable,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=self._preexec)
             child = Child(role, index, label, popen, self.sink)
             self.children.append(child)
         return child
@@ -192,7 +220,10 @@ class Supervisor:
         with self._lock:
             children = list(self.children)
         for child in children:
-            if child.status is None and child.check() is not None:
+            # Not "status is None": a helper thread (e.g. dmlc's, via wait_exit) may have seen
+            # the exit first, and that exit must still be recorded here.
+            if child.check() is not None and id(child) not in self._recorded:
+                self._recorded.add(id(child))
                 self._exit_order.append(child)
 
     def first_failure(self) -> Child | None:

@@ -11,6 +11,12 @@ Compatibility with Python 3.11 (:func:`tracker_compat`)
     error under ``-W error``). While a submission runs, ``Thread.isAlive`` is aliased to
     ``is_alive`` and ``setDaemon`` sets ``.daemon`` without warning; both are restored after.
 
+Scheduler address
+    The scheduler binds, and workers dial, the tracker's ``hostIP``. The mpi and slurm backends
+    never pass ``args.host_ip`` on (only ssh does), and the guess dmlc makes leaks a socket.
+    We resolve the address once (:func:`guess_host_ip`, or ``extra["host_ip"]``) and make
+    ``tracker.submit`` use it for every backend.
+
 Supervision
     Every backend starts its processes with ``subprocess.check_call`` in daemon threads (the
     scheduler locally, then ``ssh``/``mpirun``/``srun`` per role) and never looks at the
@@ -36,10 +42,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import ipaddress
 import os
 import re
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -142,6 +151,45 @@ def tracker_compat() -> Iterator[None]:
                 _compat_saved.clear()
 
 
+def guess_host_ip() -> str:
+    """The scheduler address dmlc_tracker would pick (``get_host_ip('auto')``).
+
+    Same logic (the address of this host's FQDN, or, if that is a 127.x address, the one of the
+    interface that routes outward), minus the UDP socket dmlc's version never closes.
+    """
+    try:
+        ip = socket.gethostbyname(socket.getfqdn())
+    except socket.gaierror:
+        ip = socket.gethostbyname(socket.gethostname())
+    if ip.startswith("127."):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: UDP connect only routes
+            ip = str(s.getsockname()[0])
+    return ip
+
+
+@contextlib.contextmanager
+def _scheduler_address(tracker: ModuleType, host_ip: str) -> Iterator[None]:
+    """Make ``tracker.submit`` use ``host_ip`` even when the backend does not pass it.
+
+    dmlc's mpi and slurm backends call ``tracker.submit`` without ``hostIP``, so ``--host-ip``
+    is silently ignored there and the scheduler address is always guessed.
+    """
+    original = tracker.submit
+
+    def submit(nworker: int, nserver: int, fun_submit: Any, hostIP: str | None = "auto",
+               pscmd: str | None = None) -> Any:
+        if hostIP in (None, "auto", "ip"):
+            hostIP = host_ip
+        return original(nworker, nserver, fun_submit, hostIP=hostIP, pscmd=pscmd)
+
+    tracker.submit = submit
+    try:
+        yield
+    finally:
+        tracker.submit = original
+
+
 # --------------------------------------------------------------------------- environment
 
 def _auto_forward(name: str) -> bool:
@@ -240,7 +288,20 @@ def read_hostfile(path: str, launcher: str) -> list[HostEntry]:
     return entries
 
 
-def _check_hosts(path: str | None, launcher: str, workers: int, servers: int) -> list[HostEntry]:
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def check_hosts(path: str | None, launcher: str, workers: int, servers: int) -> list[HostEntry]:
+    """Validates a hostfile for ``launcher`` before anything starts.
+
+    Raises:
+        ValueError: naming the file and what is missing (file, hosts, slots, IP addresses).
+    """
     if path is None:
         raise ValueError(f"the {launcher} launcher needs a hostfile (one host per line)")
     if not os.path.isfile(path):
@@ -249,6 +310,14 @@ def _check_hosts(path: str | None, launcher: str, workers: int, servers: int) ->
     if not entries:
         raise ValueError(f"hostfile {path} lists no hosts")
     if launcher == "ssh":
+        # dmlc exports each line's host as DMLC_NODE_HOST, and ps-lite hands that to ZeroMQ's
+        # bind, which takes addresses and interface names but does no DNS ("bind failed").
+        named = [e.host for e in entries if not _is_ip(e.host)]
+        if named:
+            raise ValueError(
+                f"hostfile {path}: the ssh launcher needs IP addresses, not names "
+                f"({', '.join(sorted(set(named)))}): dmlc passes each host to ps-lite as "
+                f"DMLC_NODE_HOST, the address it binds, and that bind does not resolve names")
         # dmlc places servers round-robin from the first line, then workers after them: with at
         # least as many lines as workers, each worker gets a line of its own.
         if len(entries) < workers:
@@ -280,19 +349,20 @@ class _SubprocessShim:
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
-        import subprocess
         return getattr(subprocess, name)
 
     def check_call(self, args: Any, *, shell: bool = False, env: Mapping[str, str] | None = None,
                    executable: str | None = None, **kwargs: Any) -> int:
-        import subprocess
         if os.getpid() != self._pid or kwargs:
             # e.g. ssh's rsync running in a multiprocessing.Pool child: not ours to supervise.
             return subprocess.check_call(args, shell=shell, env=env, executable=executable,
                                          **kwargs)
         role, index, label = self._describe(args, env)
-        child = self._sup.spawn(role, index, args, env=env, shell=shell, executable=executable,
-                                label=label)
+        try:
+            child = self._sup.spawn(role, index, args, env=env, shell=shell,
+                                    executable=executable, label=label)
+        except RuntimeError:
+            return 0  # teardown has begun; starting more would only be killed again
         # Deliberately no CalledProcessError: in dmlc's daemon threads it would only print a
         # traceback. The supervisor has seen the exit and acts on it.
         child.wait_exit()
@@ -349,9 +419,11 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
         command: argv run for every role; it must exist at the same path on every host.
         workers: number of workers (>= 1).
         servers: number of servers (>= 1).
-        hostfile: required for ssh and mpi (``host``, ``host:port`` for ssh, ``host slots=N``
-            for mpi; ``#`` comments allowed); must be ``None`` for slurm.
-        env: extra variables for every process, on top of :func:`forwarded_env`.
+        hostfile: required for ssh and mpi (``IP`` or ``IP:port`` for ssh, which needs
+            addresses, not names; ``host slots=N`` for mpi; ``#`` comments allowed); must be
+            ``None`` for slurm.
+        env: extra variables for every process, on top of :func:`forwarded_env` and
+            ``PYTHONUNBUFFERED=1``; passed on the command line as ``env K=V ... command``.
         extra: overrides of dmlc_tracker options by their ``args`` attribute name, e.g.
             ``{"host_ip": "10.0.0.1"}`` (address the scheduler binds and workers dial; default:
             this host's primary address), ``{"sync_dst_dir": ...}`` (ssh rsync),
@@ -386,12 +458,13 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
     if launcher == "slurm" and hostfile is not None:
         raise ValueError("the slurm launcher takes its nodes from the allocation; "
                          "pass hostfile=None")
-    entries = None if launcher == "slurm" else _check_hosts(hostfile, launcher, workers, servers)
+    entries = None if launcher == "slurm" else check_hosts(hostfile, launcher, workers, servers)
     tool = _TOOLS[launcher]
     if shutil.which(tool) is None:
         raise FileNotFoundError(f"the {launcher} launcher needs {tool!r} on PATH")
 
-    job_env = forwarded_env(env)
+    # Unbuffered by default so that lines arrive through ssh/mpirun/srun as they are printed.
+    job_env = {"PYTHONUNBUFFERED": "1", **forwarded_env(env)}
     job_env["MXLARGE_JOB_ID"] = uuid.uuid4().hex[:12]
     words = render_command(command, job_env)
     if launcher == "ssh":
@@ -404,7 +477,7 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
             raise ValueError(f"the ssh backend runs 'cd {cwd}' unquoted on each host; run from "
                              f"a directory whose path has no spaces or shell metacharacters")
 
-    from dmlc_tracker import opts, tracker  # noqa: I001 - import late: only cluster jobs need it
+    from dmlc_tracker import opts, tracker  # late: only cluster jobs need dmlc_tracker
 
     backend = importlib.import_module(f"dmlc_tracker.{launcher}")
     args = opts.get_opts(["--cluster", launcher, "--num-workers", str(workers),
@@ -415,6 +488,13 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
             raise ValueError(f"extra option {key!r} is not a dmlc_tracker option this function "
                              f"lets you set")
         setattr(args, key, value)
+
+    if not args.host_ip:
+        args.host_ip = guess_host_ip()
+    elif not _is_ip(str(args.host_ip)):
+        # The scheduler binds DMLC_PS_ROOT_URI itself: same no-DNS rule as the hostfile.
+        raise ValueError(f"host_ip must be an IP address (the scheduler binds it), "
+                         f"got {args.host_ip!r}")
 
     if not _submit_lock.acquire(blocking=False):
         raise RuntimeError("another cluster_submit is running in this process")
@@ -430,13 +510,14 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
                                  for e in entries)
             else:
                 args.host_file = hostfile
-            return _submit(backend, tracker, args, launcher, grace, output, shutdown_timeout)
+            return _submit(backend, tracker, args, launcher, job_env["MXLARGE_JOB_ID"], grace,
+                           output, shutdown_timeout)
     finally:
         _submit_lock.release()
 
 
-def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, grace: float,
-            output: IO[str] | Any, shutdown_timeout: float) -> int:
+def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, job_id: str,
+            grace: float, output: IO[str] | Any, shutdown_timeout: float) -> int:
     sup = Supervisor(output)
     shim = _SubprocessShim(sup, launcher)
     stop = threading.Event()
@@ -450,13 +531,17 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
             errors.append(e)
 
     thread = threading.Thread(target=run_backend, name=f"dmlc-{launcher}-submit", daemon=True)
+    sup.sink.emit("launcher", f"job {job_id}: scheduler here at {args.host_ip}, "
+                              f"{args.num_servers} server(s), {args.num_workers} worker(s) via "
+                              f"dmlc_tracker {launcher}")
     try:
         with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
-                termination_signals(stop, received):
+                _scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
             thread.start()
             rc, message = _watch(sup, thread, errors, stop, received, shutdown_timeout)
             if message:
-                sup.sink.emit("launcher", message if rc == 0 else f"{message}; stopping the job")
+                failed = rc not in (0, None) and not stop.is_set()
+                sup.sink.emit("launcher", f"{message}; stopping the job" if failed else message)
             sup.teardown(grace)
             # With the scheduler gone, tracker.submit() returns within a poll interval.
             thread.join(timeout=grace + 10)

@@ -200,14 +200,18 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
                           env=_role_env(base, role=role, index=index, port=port, workers=workers,
                                         servers=servers, job_id=job_id))
 
+            sup.sink.emit("launcher", f"job {job_id}: scheduler on {LOOPBACK}:{port}, "
+                                      f"{servers} server(s), {workers} worker(s)")
             start("scheduler", 0)
             for i in range(servers):
                 start("server", i)
             for i in range(workers):
                 start("worker", i)
             outcome = _supervise(sup, stop, received, shutdown_timeout)
-            if outcome.exit_code != 0:
+            if outcome.failed_role is not None:
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job")
+            elif outcome.exit_code != 0:
+                sup.sink.emit("launcher", outcome.message)
             # Still inside the signal block: a second Ctrl-C must not interrupt the cleanup.
             sup.teardown(grace)
         return outcome

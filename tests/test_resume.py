@@ -133,3 +133,22 @@ def test_divergence_guard_stops_a_warmup_explosion(tmp_path):
     client, runs = _runs(tmp_path)
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
     assert "DivergenceError" in runs[0].data.tags["failure"]
+
+
+@pytest.mark.timeout(200)
+def test_divergence_on_a_launched_job_fails_fast(tmp_path):
+    """Ranks see different local losses, so one rank may stop while the others wait in
+    push/pull: the failing worker must still exit at once (fail-fast) and take the job down."""
+    cfg = tmp_path / "boom.yaml"
+    cfg.write_text(CONFIG.replace("base_lr: 0.05", "base_lr: 50.0")
+                   .replace("warmup: linear", "warmup: none"))
+    t0 = time.time()
+    r = _cli(["launch", str(cfg), "-n", "2", "-s", "1", "train.log_every=1",
+              "model.zero_gamma=false"], tmp_path, timeout=150)
+    took = time.time() - t0
+    assert r.returncode != 0
+    assert "training diverged at step" in r.stdout + r.stderr
+    assert took < 60, took
+    client, runs = _runs(tmp_path)
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert runs[0].data.tags["failed_role"] == "worker"

@@ -10,7 +10,8 @@ from mxlarge.schedulers import from_config
 from tests.datagen import make_imagenet
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENTS = sorted((ROOT / "experiments").rglob("*.yaml"))
+EXPERIMENTS = sorted([*(ROOT / "experiments/proxy").glob("*.yaml"),
+                      *(ROOT / "experiments/imagenet").glob("*.yaml")])
 IMAGENET = 1_281_167
 
 
@@ -20,12 +21,15 @@ def test_every_experiment_loads(path):
     assert cfg.name
 
 
-@pytest.mark.parametrize("name,workers,peak", [("baseline-256", 8, 0.1),
-                                               ("mxnet-128gpu-4k", 128, 1.6),
-                                               ("goyal-8k", 256, 3.2)])
-def test_imagenet_derived_numbers(name, workers, peak):
+@pytest.mark.parametrize("name,machines,peak", [("baseline-256", 1, 0.1),
+                                                ("mxnet-128gpu-4k", 16, 1.6),
+                                                ("goyal-8k", 32, 3.2)])
+def test_imagenet_derived_numbers(name, machines, peak):
+    """The real layouts: one worker per machine driving 8 GPUs, 32 images per GPU."""
     cfg = load_config(ROOT / f"experiments/imagenet/{name}.yaml")
-    assert cfg.dist.workers == workers and cfg.data.batch_size == 32
+    assert cfg.dist.workers == machines and cfg.dist.devices == 8
+    assert cfg.dist.device_type == "gpu" and cfg.data.batch_size == 32
+    workers = machines * 8
     assert cfg.model.name == "resnet50_v1b" and cfg.optim.weight_decay == 1e-4
     assert not cfg.optim.decay_bn_bias and cfg.model.zero_gamma
     d = derive(cfg, cfg.dist.workers, cfg.data.train_samples)
@@ -55,7 +59,8 @@ def test_imagenet_experiment_runs_two_steps_on_tiny_recordio(tmp_path, name):
          f"data.train_rec={paths['train_rec']}", f"data.val_rec={paths['val_rec']}",
          "data.train_samples=null", "data.num_classes=4", "data.batch_size=4",
          "data.image_size=32", "data.resize=36", "data.threads=1", "dist.kvstore=local",
-         "dist.workers=1", "train.max_steps=2", "train.progress=false", "tracking.enabled=false"],
+         "dist.workers=1", "dist.devices=1", "dist.device_type=cpu", "train.max_steps=2",
+         "train.progress=false", "tracking.enabled=false"],
         cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "done: 2 steps on 1 worker(s)" in r.stdout

@@ -39,17 +39,18 @@ def _load(path):
 
 
 def _dmlc_processes(marker: str) -> list[int]:
-    """PIDs of live processes with DMLC_ROLE whose environment mentions ``marker``."""
+    """PIDs of live processes with DMLC_ROLE whose environment or argv mentions ``marker``."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             env = (d / "environ").read_bytes()
+            argv = (d / "cmdline").read_bytes()
             state = (d / "stat").read_text().split()[2]
         except OSError:
             continue
-        if b"DMLC_ROLE=" in env and marker.encode() in env and state != "Z":
+        if b"DMLC_ROLE=" in env and marker.encode() in env + argv and state != "Z":
             found.append(int(d.name))
     return found
 
@@ -212,3 +213,26 @@ def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
         assert len(client.get_metric_history(run.info.run_id, f"images_per_sec_rank{rank}")) == 3
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "final.params", "training_curves.png"} <= arts
+
+
+@pytest.mark.timeout(240)
+def test_mxnet_tools_launch_py_runs_the_same_job(tmp_path):
+    """MXNet's own launch.py (through the 3.11 compatibility layer) with `mxlarge train` as the
+    command: scheduler and server roles start from that command, result as with mxlarge launch."""
+    cfg = tmp_path / "eq.yaml"
+    cfg.write_text(EQ_CONFIG)
+    ref = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "data.batch_size=16",
+                f"train.save_params={tmp_path}/ref.params"], tmp_path)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    cmd = (f"{sys.executable} -m mxlarge.cli train {cfg} "
+           f"train.save_params={tmp_path}/ml-{{rank}}.params")
+    r = subprocess.run([sys.executable, "-m", "mxlarge.launcher.mxnet_launch", "-n", "2", "-s",
+                        "1", "--launcher", "local", cmd], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    want = _load(tmp_path / "ref.params")
+    for rank in (0, 1):
+        got = _load(tmp_path / f"ml-{rank}.params")
+        assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= 1e-5
+    time.sleep(0.5)
+    assert _dmlc_processes(str(tmp_path)) == []

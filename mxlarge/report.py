@@ -1,9 +1,15 @@
 """Reporting: the numbers Goyal et al. report, and plots people would rather look at."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def final_error(val_errors: Sequence[float], last: int = 5) -> float:
@@ -36,3 +42,590 @@ def plot_training_curves(history: list[dict[str, float]], path: str | Path,
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep reports: `mxlarge report NAME` (the arithmetic is pure and works on plain lists/dicts)
+
+# Metrics logged once per epoch, all at the step at which the epoch ended (mxlarge.loop).
+EPOCH_KEYS = ("epoch", "val_error_top1", "val_accuracy", "train_seconds",
+              "images_per_sec_global", "train_loss")
+# Params that do not change what is trained or are the world size itself: two runs whose other
+# params are equal are "the same config" at different world sizes (for the speedup columns).
+_NOT_CONFIG = ("name", "train.seed", "train.progress", "train.log_every", "train.save_params",
+               "dist.workers", "dist.servers", "dist.kvstore", "dist.check_every")
+
+
+def epoch_rows(histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[dict[str, float]]:
+    """Joins per-epoch metric histories ``{key: [(step, value)]}`` into one row per epoch.
+
+    An epoch's metrics are all logged at the step at which it ended, so the rows are the steps
+    of the ``epoch`` metric; a row holds ``step`` and every key logged at that step (the last
+    value if one was logged twice). Keys logged per step (``lr``) must not be passed in.
+    """
+    steps = sorted({s for s, _ in histories.get("epoch", ())})
+    by_key = {k: dict(v) for k, v in histories.items()}
+    return [{"step": float(s), **{k: d[s] for k, d in by_key.items() if s in d}}
+            for s in steps]
+
+
+def run_final_error(rows: Sequence[Mapping[str, float]], last: int = 5) -> float | None:
+    """:func:`final_error` over the evaluated epochs (all of them if fewer than ``last``)."""
+    errors = [r["val_error_top1"] for r in rows if "val_error_top1" in r]
+    return final_error(errors, last) if errors else None
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean x̄ and the sample standard deviation s = sqrt(Σ(x − x̄)² / (n − 1)).
+
+    Returns:
+        ``(x̄, s)``; s is None for a single value (undefined with n − 1 = 0).
+    """
+    if not values:
+        raise ValueError("no values")
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def time_to_target(rows: Sequence[Mapping[str, float]],
+                   target: float) -> tuple[float, float | None] | None:
+    """The first evaluated epoch whose ``val_accuracy`` >= ``target``; no interpolation.
+
+    Accuracy is only known at evaluations, so the target counts as reached at the end of the
+    first epoch that shows it (interpolating between noisy evaluations would invent a time).
+
+    Returns:
+        ``(epoch, train_seconds)`` of that row (cumulative training seconds, evaluation
+        excluded; None if not logged), or None if the target is never reached.
+    """
+    for r in rows:
+        if "val_accuracy" in r and r["val_accuracy"] >= target:
+            return r.get("epoch", float("nan")), r.get("train_seconds")
+    return None
+
+
+def median_throughput(rows: Sequence[Mapping[str, float]],
+                      key: str = "images_per_sec_global") -> float | None:
+    """Median over epochs of the global images/s (robust to a slow first epoch)."""
+    values = [r[key] for r in rows if key in r]
+    return float(statistics.median(values)) if values else None
+
+
+def scaling(images_per_sec_k: float, images_per_sec_1: float, k: int) -> tuple[float, float]:
+    """Speedup S = ips(k) / ips(1) and scaling efficiency E = S / k (1.0 is linear scaling)."""
+    speedup = images_per_sec_k / images_per_sec_1
+    return speedup, speedup / k
+
+
+def convergence_speedup(seconds_1: float | None, seconds_k: float | None) -> float | None:
+    """Time-to-target(1 worker) / time-to-target(k workers); None if either is unknown."""
+    if seconds_1 is None or seconds_k is None or seconds_k <= 0:
+        return None
+    return seconds_1 / seconds_k
+
+
+def all_reached(values: Sequence[float | None]) -> tuple[float, float | None] | None:
+    """:func:`mean_std` of per-seed times to target, only if every seed reached the target.
+
+    A mean over the seeds that happened to reach it would flatter the label, so a partial
+    result is None (shown as "not reached").
+    """
+    if not values or any(v is None for v in values):
+        return None
+    return mean_std([float(v) for v in values])  # type: ignore[arg-type]
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Pointwise mean of ``[(x, y)]`` curves over the x present in every curve."""
+    if not curves:
+        return []
+    common = set.intersection(*({x for x, _ in c} for c in curves))
+    maps = [dict(c) for c in curves]
+    return [(x, statistics.fmean(m[x] for m in maps)) for x in sorted(common)]
+
+
+def config_fingerprint(params: Mapping[str, str]) -> str:
+    """sha256 of the params that define what is trained (world size, store, seed excluded)."""
+    kept = sorted((k, v) for k, v in params.items()
+                  if k not in _NOT_CONFIG and not k.startswith("tracking."))
+    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run of a sweep as read from MLflow (plain data).
+
+    Attributes:
+        rows: per-epoch metrics (:func:`epoch_rows`).
+        lr: ``[(step, lr)]`` as logged (every ``log_every`` steps and at each epoch end).
+    """
+
+    run_id: str
+    label: str
+    seed: int
+    status: str = "FINISHED"
+    start_time: int = 0
+    world_size: int | None = None
+    global_batch: int | None = None
+    peak_lr: float | None = None
+    config_hash: str = ""
+    fingerprint: str = ""
+    rows: tuple[Mapping[str, float], ...] = ()
+    lr: tuple[tuple[int, float], ...] = ()
+
+
+def select_runs(runs: Sequence[RunData]) -> tuple[list[RunData], list[str]]:
+    """The newest FINISHED run per (label, seed), and notes on every run left out.
+
+    A cell re-run after a failure, or with a changed config, leaves older runs behind; they
+    are named in the notes rather than silently averaged in.
+    """
+    used: dict[tuple[str, int], RunData] = {}
+    for r in sorted(runs, key=lambda r: -r.start_time):
+        if r.status == "FINISHED" and (r.label, r.seed) not in used:
+            used[(r.label, r.seed)] = r
+    notes = []
+    for r in sorted(runs, key=lambda r: (r.label, r.seed, r.start_time)):
+        if used.get((r.label, r.seed)) is r:
+            continue
+        why = ("superseded by a newer FINISHED run" if (r.label, r.seed) in used
+               else "no FINISHED run for this seed: left out of every number")
+        notes.append(f"run {r.run_id[:8]} ({r.label}, seed {r.seed}) is {r.status}: {why}")
+    ordered = sorted(used.values(), key=lambda r: r.start_time)
+    return ordered, notes
+
+
+@dataclass(frozen=True)
+class LabelRow:
+    """The numbers of one label (group of seeds). Per-seed tuples follow ``seeds``."""
+
+    label: str
+    seeds: tuple[int, ...]
+    missing_seeds: tuple[int, ...]
+    world_size: int | None
+    global_batch: int | None
+    peak_lr: float | None
+    final_errors: tuple[float, ...]
+    epochs_to_target: tuple[float | None, ...]
+    seconds_to_target: tuple[float | None, ...]
+    images_per_sec: float | None
+    reference: str | None
+    speedup: float | None
+    efficiency: float | None
+    conv_speedup: float | None
+    configs: int = 1        # distinct configs (seed aside) among the seeds: 1 expected
+
+
+@dataclass(frozen=True)
+class Summary:
+    best_accuracy: float | None
+    best_run: str | None
+    target_fraction: float
+    target: float | None
+    rows: tuple[LabelRow, ...]
+
+
+def _common(values: Sequence[Any]) -> Any:
+    """The value all runs of a label share, or None if they differ."""
+    distinct = set(values)
+    return values[0] if len(distinct) == 1 else None
+
+
+def summarize(runs: Sequence[RunData], target_fraction: float,
+              missing: Mapping[str, Sequence[int]] | None = None,
+              order: Sequence[str] = ()) -> Summary:
+    """Per-label numbers of a sweep's selected runs (see :func:`render_markdown` for the rules).
+
+    target = ``target_fraction`` × max over runs and epochs of ``val_accuracy``. The reference
+    of a label is the first label in sweep order with world size 1 and the same
+    :func:`config_fingerprint` (the label itself when it has world size 1).
+
+    Args:
+        runs: the selected FINISHED runs (:func:`select_runs`).
+        target_fraction: the target as a fraction of the best accuracy.
+        missing: label -> seeds without a FINISHED run; a label whose every seed failed still
+            gets a row (with no numbers), so a failure is visible in the table.
+        order: labels in sweep order (others follow in order of appearance).
+    """
+    best = max(((r["val_accuracy"], run) for run in runs for r in run.rows
+                if "val_accuracy" in r), key=lambda t: t[0], default=(None, None))
+    target = best[0] * target_fraction if best[0] is not None else None
+    labels: dict[str, list[RunData]] = {}
+    for run in runs:
+        labels.setdefault(run.label, []).append(run)
+    stats = {}
+    for label, group in labels.items():
+        group = sorted(group, key=lambda r: r.seed)
+        ttt = [time_to_target(r.rows, target) if target is not None else None for r in group]
+        ips = [v for v in (median_throughput(r.rows) for r in group) if v is not None]
+        stats[label] = dict(
+            group=group, ttt=ttt, ips=statistics.fmean(ips) if ips else None,
+            world_size=_common([r.world_size for r in group]),
+            fingerprint=_common([r.fingerprint for r in group]))
+    rows = []
+    names = list(dict.fromkeys([*order, *labels, *(missing or {})]))
+    for label in names:
+        if label not in stats:
+            if label in (missing or {}):
+                rows.append(LabelRow(
+                    label=label, seeds=(), missing_seeds=tuple(sorted(missing[label])),
+                    world_size=None, global_batch=None, peak_lr=None, final_errors=(),
+                    epochs_to_target=(), seconds_to_target=(), images_per_sec=None,
+                    reference=None, speedup=None, efficiency=None, conv_speedup=None))
+            continue
+        s = stats[label]
+        group = s["group"]
+        ref = next((name for name, o in stats.items()
+                    if o["world_size"] == 1 and o["fingerprint"] is not None
+                    and o["fingerprint"] == s["fingerprint"]), None)
+        if s["world_size"] == 1 and s["fingerprint"] is not None:
+            ref = label
+        speedup = efficiency = conv = None
+        if ref is not None and s["world_size"] is not None:
+            o = stats[ref]
+            if s["ips"] is not None and o["ips"]:
+                speedup, efficiency = scaling(s["ips"], o["ips"], s["world_size"])
+            mine = all_reached([t[1] if t else None for t in s["ttt"]])
+            theirs = all_reached([t[1] if t else None for t in o["ttt"]])
+            conv = convergence_speedup(theirs[0] if theirs else None, mine[0] if mine else None)
+        errors = [e for e in (run_final_error(r.rows) for r in group) if e is not None]
+        rows.append(LabelRow(
+            label=label, seeds=tuple(r.seed for r in group),
+            missing_seeds=tuple(sorted((missing or {}).get(label, ()))),
+            world_size=s["world_size"], global_batch=_common([r.global_batch for r in group]),
+            peak_lr=_common([r.peak_lr for r in group]), final_errors=tuple(errors),
+            epochs_to_target=tuple(t[0] if t else None for t in s["ttt"]),
+            seconds_to_target=tuple(t[1] if t else None for t in s["ttt"]),
+            images_per_sec=s["ips"], reference=ref, speedup=speedup, efficiency=efficiency,
+            conv_speedup=conv, configs=len({r.fingerprint for r in group})))
+    return Summary(best_accuracy=best[0], best_run=best[1].run_id if best[1] else None,
+                   target_fraction=target_fraction, target=target, rows=tuple(rows))
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+
+
+def _pm(stat: tuple[float, float | None] | None, scale: float = 1.0, digits: int = 2) -> str:
+    if stat is None:
+        return "n/a"
+    mean, std = stat
+    sd = f"{std * scale:.{digits}f}" if std is not None else "n/a"
+    return f"{mean * scale:.{digits}f} ± {sd}"
+
+
+def _reached(values: Sequence[float | None], digits: int) -> str:
+    hit = sum(v is not None for v in values)
+    if hit == 0:
+        return "not reached"
+    if hit < len(values):
+        return f"not reached by {len(values) - hit} of {len(values)} seeds"
+    return _pm(all_reached(values), digits=digits)
+
+
+def _ratio(row: LabelRow, value: float | None, fmt: str) -> str:
+    if row.reference is None:
+        return "n/a (no 1-worker run)"
+    if row.reference == row.label:
+        return "ref."
+    return fmt.format(value) if value is not None else "n/a"
+
+
+def markdown_table(summary: Summary) -> str:
+    """The per-label table (GitHub markdown)."""
+    head = ("| label | workers | global batch | peak LR | seeds | final error % (mean ± std) "
+            "| epochs to target | train s to target | images/s | speedup | efficiency "
+            "| conv.-adjusted speedup |")
+    lines = [head, "|" + "---|" * 12]
+    for r in summary.rows:
+        if not r.seeds:
+            lines.append(f"| {r.label} | n/a | n/a | n/a | none FINISHED (failed or unfinished: "
+                         f"{','.join(map(str, r.missing_seeds))}) |" + " n/a |" * 7)
+            continue
+        seeds = ",".join(map(str, r.seeds))
+        if r.missing_seeds:
+            seeds += f" (no FINISHED run: {','.join(map(str, r.missing_seeds))})"
+        err = _pm(mean_std(r.final_errors), scale=100) if r.final_errors else "n/a"
+        lines.append(
+            f"| {r.label} | {r.world_size if r.world_size is not None else 'mixed'} "
+            f"| {r.global_batch if r.global_batch is not None else 'mixed'} "
+            f"| {f'{r.peak_lr:.4g}' if r.peak_lr is not None else 'mixed'} | {seeds} | {err} "
+            f"| {_reached(r.epochs_to_target, 1)} | {_reached(r.seconds_to_target, 1)} "
+            f"| {f'{r.images_per_sec:.0f}' if r.images_per_sec is not None else 'n/a'} "
+            f"| {_ratio(r, r.speedup, '{:.2f}×')} | {_ratio(r, r.efficiency, '{:.0%}')} "
+            f"| {_ratio(r, r.conv_speedup, '{:.2f}×')} |")
+    return "\n".join(lines)
+
+
+def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes: Sequence[str],
+                    meta: Mapping[str, str], images: Sequence[str]) -> str:
+    """report.md: the table, how each number is computed, the per-run numbers and the plots."""
+    s = summary
+    if s.target is None:
+        target = "no run logged `val_accuracy`: no target."
+    else:
+        target = (f"target = {s.target_fraction:g} × best validation accuracy in the sweep "
+                  f"({s.best_accuracy:.4f}, run {s.best_run[:8] if s.best_run else '?'}) = "
+                  f"**{s.target:.4f}**.")
+    out = [f"# Sweep `{name}`", "",
+           f"{len(runs)} FINISHED run(s) from experiment `{meta.get('experiment', '')}` at "
+           f"`{meta.get('uri', '')}`; written {meta.get('written', '')}"
+           + (f"; summary run `{meta['summary_run']}`." if meta.get("summary_run") else "."),
+           "", target, "", markdown_table(s), "",
+           "## How the numbers are computed", "",
+           "- **final error**: per run, the median of the last 5 evaluated epochs' "
+           "`val_error_top1` (all of them if fewer than 5), as in Goyal et al.; then mean ± "
+           "**sample** standard deviation (n − 1) over seeds (± n/a with one seed).",
+           "- **epochs / train s to target**: per run, the first evaluated epoch whose "
+           "`val_accuracy` ≥ target (no interpolation between evaluations), and the cumulative "
+           "`train_seconds` at its end (training steps only: evaluation, start-up and logging "
+           "are excluded); mean ± sample std over seeds, shown only if every seed reached the "
+           "target, else \"not reached\".",
+           "- **images/s**: per run, the median over epochs of `images_per_sec_global`; mean "
+           "over seeds.",
+           "- **speedup** = images/s ÷ images/s of the 1-worker run (tag `world_size` = 1) of "
+           "the same config (all params equal except world size, store, seed and logging); "
+           "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
+           "(1 worker) ÷ train s to target (k workers). \"ref.\" marks the 1-worker run itself; "
+           "n/a when there is none or a time to target is missing.",
+           "- Each (label, seed) uses its newest FINISHED run; runs left out are listed below.",
+           ""]
+    mixed = [r.label for r in s.rows if r.configs > 1]
+    if mixed:
+        out += [f"**Warning**: labels whose seeds ran different configs (params other than "
+                f"the seed, world size and logging differ): {', '.join(mixed)}.", ""]
+    out += ["## Runs", "", "| label | seed | run | final error % | best accuracy "
+            "| epoch to target | train s to target | images/s |", "|" + "---|" * 8]
+    for r in runs:
+        fe = run_final_error(r.rows)
+        best = max((x["val_accuracy"] for x in r.rows if "val_accuracy" in x), default=None)
+        t = time_to_target(r.rows, s.target) if s.target is not None else None
+        ips = median_throughput(r.rows)
+        secs = "not reached" if t is None else (f"{t[1]:.1f}" if t[1] is not None else "n/a")
+        out.append(f"| {r.label} | {r.seed} | `{r.run_id[:8]}` "
+                   f"| {f'{100 * fe:.2f}' if fe is not None else 'n/a'} "
+                   f"| {f'{best:.4f}' if best is not None else 'n/a'} "
+                   f"| {f'{t[0]:g}' if t else 'not reached'} "
+                   f"| {secs} "
+                   f"| {f'{ips:.0f}' if ips is not None else 'n/a'} |")
+    out += ["", "## Runs left out", ""] + ([f"- {n}" for n in notes] or ["none"]) + [""]
+    out += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images] + [""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
+    out: dict[str, list[RunData]] = {}
+    for r in runs:
+        out.setdefault(r.label, []).append(r)
+    return out
+
+
+def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
+    """Validation top-1 error vs epoch, mean over seeds, one curve per label (Goyal Fig. 2)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (label, group) in enumerate(_by_label(runs).items()):
+        curve = mean_curve([[(x["epoch"], 100 * x["val_error_top1"]) for x in r.rows
+                             if "epoch" in x and "val_error_top1" in x] for r in group])
+        if curve:
+            ax.plot(*zip(*curve), label=f"{label} (n={len(group)})", lw=2.2 if i == 0 else 1.4,
+                    color="black" if i == 0 else None)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation top-1 error (%), mean over seeds")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(title or "validation error")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
+    """Final error vs global batch: one dot per seed, mean ± sample std per label.
+
+    Labels are dodged sideways by a factor 2^(0.05·i) so that those sharing a batch stay
+    readable; the axis is log2, so the true batch is the nearest tick.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    groups = _by_label(runs)
+    for i, (label, group) in enumerate(groups.items()):
+        dodge = 2 ** (0.05 * (i - (len(groups) - 1) / 2))
+        pts = [(r.global_batch * dodge, 100 * e) for r in group
+               if r.global_batch is not None and (e := run_final_error(r.rows)) is not None]
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        dots = ax.scatter(xs, ys, s=14, alpha=0.5)
+        mean, std = mean_std(ys)
+        ax.errorbar([statistics.median(xs)], [mean], yerr=[std or 0.0], fmt="o", capsize=4,
+                    color=dots.get_facecolor()[0], label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # a diverged label at 60 % must not flatten the 1-4 % differences
+    ax.set_xlabel("global batch (tag global_batch)")
+    ax.set_ylabel("final top-1 error (%)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(title or "final error vs global batch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
+    """Per label, for its lowest seed: training loss (per epoch) and the LR (per step) vs step."""
+    plt = _pyplot()
+    groups = _by_label(runs)
+    cols = min(3, max(1, len(groups)))
+    nrows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.3 * nrows), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.axis("off")
+    for ax, (label, group) in zip(axes.flat, groups.items()):
+        run = min(group, key=lambda r: r.seed)
+        loss = [(x["step"], x["train_loss"]) for x in run.rows if "train_loss" in x]
+        if loss:
+            ax.plot(*zip(*loss), marker="o", ms=2.5, color="tab:blue")
+        ax.set_ylabel("training loss", color="tab:blue")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        twin = ax.twinx()
+        if run.lr:
+            twin.plot(*zip(*sorted(dict(run.lr).items())), color="tab:red", lw=1)
+        twin.set_ylabel("learning rate", color="tab:red")
+        ax.set_title(f"{label}, seed {run.seed}", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading MLflow and writing the report
+
+
+def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
+    """Every run tagged ``sweep=name`` (summary runs excluded), histories for FINISHED ones."""
+    from mxlarge import tracking
+
+    out = []
+    for rec in tracking.find_runs(uri, experiment, {"sweep": name}):
+        tags, params = rec["tags"], rec["params"]
+        if tags.get("summary") == "true" or "sweep_label" not in tags or "seed" not in tags:
+            continue
+        finished = rec["status"] == "FINISHED"
+        rows: list[dict[str, float]] = []
+        lr: list[tuple[int, float]] = []
+        if finished:
+            rows = epoch_rows({k: tracking.metric_history(uri, rec["run_id"], k)
+                               for k in EPOCH_KEYS})
+            lr = tracking.metric_history(uri, rec["run_id"], "lr")
+        out.append(RunData(
+            run_id=rec["run_id"], label=tags["sweep_label"], seed=int(tags["seed"]),
+            status=rec["status"], start_time=int(rec["start_time"]),
+            world_size=_int_tag(tags.get("world_size")),
+            global_batch=_int_tag(tags.get("global_batch")),
+            peak_lr=float(tags["peak_lr"]) if "peak_lr" in tags else None,
+            config_hash=tags.get("config_hash", ""), fingerprint=config_fingerprint(params),
+            rows=tuple(rows), lr=tuple(lr)))
+    return out
+
+
+def _int_tag(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
+                 experiment: str = "mxlarge", uri: str | None = None) -> Path:
+    """Writes report.md, report.json and PNGs of sweep ``name`` into ``out_dir`` and logs them
+    to a new summary run (tags ``sweep=name``, ``summary=true``). Returns report.md's path.
+
+    Raises:
+        ConfigError: if MLflow holds no FINISHED run of the sweep.
+    """
+    from mxlarge import tracking
+    from mxlarge.config import Config, ConfigError
+
+    uri = uri or tracking.tracking_uri(Config())
+    runs = load_sweep_runs(uri, experiment, name)
+    used, notes = select_runs(runs)
+    if not used:
+        raise ConfigError(f"no FINISHED run tagged sweep={name} in experiment '{experiment}' "
+                          f"at {uri} ({len(runs)} unfinished)")
+    missing: dict[str, list[int]] = {}
+    for r in runs:
+        if not any(u.label == r.label and u.seed == r.seed for u in used):
+            missing.setdefault(r.label, []).append(r.seed)
+    missing = {k: sorted(set(v)) for k, v in missing.items()}
+    order = [r.label for r in sorted(runs, key=lambda r: r.start_time)]
+    summary = summarize(used, target_fraction, missing, order)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = tracking.create_plain_run(
+        uri, experiment, {"sweep": name, "summary": "true", "mlflow.runName": f"{name} report"},
+        {"target_fraction": target_fraction, "target_accuracy": summary.target,
+         "runs_used": len(used), "labels": ", ".join(r.label for r in summary.rows)})
+    ok = False
+    try:
+        images = ["val_error.png", "final_error_vs_batch.png", "loss_lr.png"]
+        plot_val_error(used, out / images[0], f"{name}: validation error")
+        plot_error_vs_batch(used, out / images[1], f"{name}: final error vs global batch")
+        plot_loss_lr(used, out / images[2], f"{name}: training loss and LR (one seed per label)")
+        meta = {"experiment": experiment, "uri": uri, "summary_run": run_id,
+                "written": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        (out / "report.md").write_text(render_markdown(name, summary, used, notes, meta, images))
+        (out / "report.json").write_text(json.dumps(
+            {"sweep": name, **meta, "summary": dataclasses.asdict(summary), "notes": notes,
+             "runs": {r.run_id: {"label": r.label, "seed": r.seed} for r in used}},
+            indent=2, default=str))
+        tracking.log_artifacts(uri, run_id, [out / "report.md", out / "report.json",
+                                             *(out / i for i in images)])
+        ok = True
+    finally:
+        tracking.end_run(uri, run_id, ok)
+    return out / "report.md"
+
+
+def report_command(args: Any) -> int:
+    """``mxlarge report NAME [--out DIR] [--target-fraction F] [--experiment E]``."""
+    import re
+
+    from mxlarge import tracking
+    from mxlarge.config import Config, ConfigError
+
+    if getattr(args, "overrides", None):
+        raise ConfigError(f"report: unexpected arguments {' '.join(args.overrides)}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
+        raise ConfigError(f"report: NAME = {args.name!r}: expected a sweep name (letters, "
+                          "digits, '.', '_', '-')")
+    if not 0 < args.target_fraction <= 1:
+        raise ConfigError(f"report: --target-fraction = {args.target_fraction}: expected a "
+                          "number in (0, 1]")
+    uri = tracking.tracking_uri(Config())
+    try:
+        tracking.check_reachable(uri)
+    except RuntimeError as exc:
+        raise ConfigError(str(exc)) from None
+    path = write_report(args.name, args.out or Path("reports") / args.name,
+                        args.target_fraction, args.experiment, uri)
+    text = path.read_text()
+    start = text.index("| label |")
+    print(text[start:text.index("\n\n", start)])
+    print(f"report: {path} (and PNGs beside it), logged to a summary run in {uri}")
+    return 0

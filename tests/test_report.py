@@ -1,0 +1,227 @@
+"""The report's arithmetic on hand-made run histories, with closed-form expectations."""
+import dataclasses
+import math
+
+import pytest
+
+from mxlarge.report import (
+    RunData,
+    all_reached,
+    config_fingerprint,
+    convergence_speedup,
+    epoch_rows,
+    final_error,
+    markdown_table,
+    mean_curve,
+    mean_std,
+    median_throughput,
+    plot_error_vs_batch,
+    plot_loss_lr,
+    plot_val_error,
+    render_markdown,
+    run_final_error,
+    scaling,
+    select_runs,
+    summarize,
+    time_to_target,
+)
+
+PARAMS = {"data.batch_size": "32", "optim.base_lr": "0.1", "dist.workers": "1",
+          "dist.kvstore": "local", "train.seed": "0", "name": "x", "tracking.uri": "None"}
+
+
+def rows(acc, seconds=None, ips=None, err=None):
+    """Per-epoch rows: epoch e (1-based) at step 10·e."""
+    out = []
+    for i, a in enumerate(acc):
+        r = {"epoch": float(i + 1), "step": float(10 * (i + 1))}
+        if a is not None:
+            r["val_accuracy"] = a
+            r["val_error_top1"] = 1 - a if err is None else err[i]
+        if seconds is not None:
+            r["train_seconds"] = seconds[i]
+        if ips is not None:
+            r["images_per_sec_global"] = ips[i]
+        out.append(r)
+    return tuple(out)
+
+
+def run(label, seed, acc, seconds=None, ips=None, world=1, batch=32, params=None, t=0,
+        status="FINISHED", run_id=None):
+    p = dict(PARAMS if params is None else params)
+    return RunData(run_id=run_id or f"{label}-{seed}-{t}".ljust(32, "0"), label=label, seed=seed,
+                   status=status, start_time=t, world_size=world, global_batch=batch,
+                   peak_lr=0.1, fingerprint=config_fingerprint(p),
+                   rows=rows(acc, seconds, ips) if status == "FINISHED" else ())
+
+
+def test_epoch_rows_join_epoch_metrics_by_step_and_skip_unevaluated_epochs():
+    hist = {"epoch": [(10, 1.0), (20, 2.0), (30, 3.0)],
+            "val_accuracy": [(10, 0.5), (30, 0.7)],          # eval_every = 2 (+ last epoch)
+            "train_seconds": [(10, 1.5), (20, 3.0), (30, 4.5)]}
+    got = epoch_rows(hist)
+    assert got == [{"step": 10.0, "epoch": 1.0, "val_accuracy": 0.5, "train_seconds": 1.5},
+                   {"step": 20.0, "epoch": 2.0, "train_seconds": 3.0},
+                   {"step": 30.0, "epoch": 3.0, "val_accuracy": 0.7, "train_seconds": 4.5}]
+    assert epoch_rows({}) == []
+
+
+def test_final_error_is_the_median_of_the_last_five_epochs():
+    r = rows([None] * 7)
+    errors = [0.5, 0.4, 0.3, 0.2, 0.1, 0.3, 0.2]
+    r = tuple({**x, "val_error_top1": e} for x, e in zip(r, errors))
+    assert run_final_error(r) == pytest.approx(0.2)          # median(.3,.2,.1,.3,.2)
+    assert final_error(errors) == pytest.approx(0.2)         # unchanged public function
+
+
+def test_final_error_with_fewer_than_five_epochs_uses_all_and_none_without_evaluations():
+    r = tuple({"epoch": float(i), "val_error_top1": e} for i, e in enumerate([0.4, 0.2, 0.3]))
+    assert run_final_error(r) == pytest.approx(0.3)
+    assert run_final_error(r[:2]) == pytest.approx(0.3)      # median of two = their mean
+    assert run_final_error(rows([None, None])) is None
+
+
+def test_mean_std_is_the_sample_standard_deviation():
+    mean, std = mean_std([1.0, 2.0, 3.0])
+    assert mean == 2.0 and std == pytest.approx(1.0)         # population would be 0.8165
+    assert mean_std([4.0]) == (4.0, None)
+    with pytest.raises(ValueError):
+        mean_std([])
+
+
+def test_time_to_target_is_the_first_epoch_reaching_it_without_interpolation():
+    r = rows([0.5, 0.8, 0.79, 0.95], seconds=[10.0, 20.0, 30.0, 40.0])
+    assert time_to_target(r, 0.8) == (2.0, 20.0)             # >= counts; a later dip is ignored
+    assert time_to_target(r, 0.9) == (4.0, 40.0)             # 0.9 lies between 0.79 and 0.95
+    assert time_to_target(r, 0.96) is None                   # never reached
+    assert time_to_target(rows([0.9]), 0.5) == (1.0, None)   # no train_seconds logged
+
+
+def test_time_to_target_skips_epochs_without_evaluation():
+    r = rows([None, 0.9], seconds=[5.0, 9.0])
+    assert time_to_target(r, 0.1) == (2.0, 9.0)
+
+
+def test_throughput_scaling_and_convergence_speedup():
+    assert median_throughput(rows([0.1] * 4, ips=[100, 300, 200, 1000])) == 250
+    assert median_throughput(rows([0.1])) is None
+    speedup, eff = scaling(1800.0, 1000.0, 2)
+    assert speedup == pytest.approx(1.8) and eff == pytest.approx(0.9)
+    assert convergence_speedup(100.0, 40.0) == pytest.approx(2.5)
+    assert convergence_speedup(None, 40.0) is None and convergence_speedup(100.0, None) is None
+
+
+def test_all_reached_refuses_a_partial_mean():
+    assert all_reached([10.0, None]) is None
+    assert all_reached([]) is None
+    mean, std = all_reached([10.0, 20.0])
+    assert mean == 15.0 and std == pytest.approx(math.sqrt(50.0))
+
+
+def test_mean_curve_averages_over_the_epochs_every_seed_has():
+    assert mean_curve([[(1, 2.0), (2, 4.0), (3, 6.0)], [(1, 4.0), (2, 8.0)]]) == [(1, 3.0),
+                                                                                  (2, 6.0)]
+    assert mean_curve([]) == []
+
+
+def test_config_fingerprint_ignores_world_size_seed_and_logging_only():
+    other_k = {**PARAMS, "dist.workers": "4", "dist.kvstore": "dist_sync", "train.seed": "3",
+               "name": "y", "tracking.uri": "sqlite:///a.db"}
+    assert config_fingerprint(other_k) == config_fingerprint(PARAMS)
+    assert config_fingerprint({**PARAMS, "data.batch_size": "64"}) != config_fingerprint(PARAMS)
+
+
+def test_select_runs_keeps_the_newest_finished_run_per_seed_and_names_the_rest():
+    old = run("a", 0, [0.5], t=1)
+    new = run("a", 0, [0.6], t=3)
+    failed_then_ok = run("a", 1, [0.1], t=2, status="FAILED")
+    ok = run("a", 1, [0.7], t=4)
+    only_failed = run("b", 0, [0.1], t=5, status="FAILED")
+    used, notes = select_runs([old, new, failed_then_ok, ok, only_failed])
+    assert used == [new, ok]
+    assert len(notes) == 3
+    assert any(old.run_id[:8] in n and "superseded" in n for n in notes)
+    assert any(only_failed.run_id[:8] in n and "no FINISHED run" in n for n in notes)
+
+
+def scaling_sweep():
+    """a: 1 worker (reference); b: same config on 2 workers; c: another config on 2 workers;
+    d: a 1-worker label whose seed 1 never reaches the target; e: reaches it never."""
+    other = {**PARAMS, "data.batch_size": "64"}
+    return [
+        run("a", 0, [0.6, 0.95, 1.0], seconds=[10, 20, 30], ips=[100, 100, 100], t=0),
+        run("a", 1, [0.5, 0.99, 0.99], seconds=[12, 24, 36], ips=[100, 120, 80], t=1),
+        run("b", 0, [0.7, 0.99, 0.99], seconds=[6, 12, 18], ips=[180, 180, 180], world=2,
+            batch=64, t=2),
+        run("b", 1, [0.8, 0.99, 0.99], seconds=[5, 10, 15], ips=[180, 180, 180], world=2,
+            batch=64, t=3),
+        run("c", 0, [0.99, 0.99], seconds=[1, 2], ips=[500, 500], world=2, batch=128,
+            params=other, t=4),
+        run("d", 0, [0.99], seconds=[3], ips=[50], params=other | {"optim.base_lr": "0.2"},
+            t=5),
+        run("d", 1, [0.2], seconds=[3], ips=[50], params=other | {"optim.base_lr": "0.2"},
+            t=6),
+        run("e", 0, [0.1, 0.2], seconds=[3, 6], ips=[10, 10], t=7,
+            params=other | {"optim.base_lr": "0.3"}),
+    ]
+
+
+def test_summarize_target_speedup_efficiency_and_convergence_speedup():
+    s = summarize(scaling_sweep(), 0.99)
+    assert s.best_accuracy == 1.0 and s.target == pytest.approx(0.99)
+    by = {r.label: r for r in s.rows}
+    a, b, c, d, e = (by[k] for k in "abcde")
+    assert [r.label for r in s.rows] == list("abcde")
+    # a: target 0.99 first reached at epoch 3 (seed 0: 30 s) and epoch 2 (seed 1: 24 s)
+    assert a.epochs_to_target == (3.0, 2.0) and a.seconds_to_target == (30, 24)
+    assert a.reference == "a" and a.speedup == pytest.approx(1.0)
+    assert a.final_errors == pytest.approx((0.05, 0.01))      # median of 3 epochs each
+    # b: same config on 2 workers: ips 180 vs mean(100, 100) = 100
+    assert b.reference == "a"
+    assert b.images_per_sec == pytest.approx(180.0)
+    assert b.speedup == pytest.approx(1.8) and b.efficiency == pytest.approx(0.9)
+    # time to target: a = mean(30, 24) = 27 s; b = mean(12, 10) = 11 s
+    assert b.conv_speedup == pytest.approx(27 / 11)
+    # c: a config without a 1-worker run: n/a
+    assert c.reference is None and c.speedup is None and c.conv_speedup is None
+    # d: 1-worker, but seed 1 never reaches the target
+    assert d.seconds_to_target == (3, None) and d.reference == "d"
+    assert e.seconds_to_target == (None,)
+
+
+def test_markdown_shows_not_reached_and_missing_reference_as_words():
+    s = summarize(scaling_sweep(), 0.99, missing={"f": [0, 1]}, order=["f", "a"])
+    table = markdown_table(s)
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
+    assert list(lines) == ["f", "a", "b", "c", "d", "e"]
+    assert "n/a (no 1-worker run)" in lines["c"]
+    assert "1.80×" in lines["b"] and "90%" in lines["b"] and f"{27 / 11:.2f}×" in lines["b"]
+    assert lines["d"].count("not reached by 1 of 2 seeds") == 2
+    e_cells = [x.strip() for x in lines["e"].split("|")]
+    assert e_cells[7:9] == ["not reached", "not reached"]
+    assert "none FINISHED" in lines["f"] and "0,1" in lines["f"]
+    assert "| 3.00 ± 2.83 |" in lines["a"]  # errors 5 % and 1 %: mean 3, sample std 2√2
+
+
+def test_render_markdown_states_the_rules():
+    runs = scaling_sweep()
+    text = render_markdown("s", summarize(runs, 0.99), runs, ["run x left out"],
+                           {"experiment": "mxlarge", "uri": "sqlite:///m.db"}, ["val_error.png"])
+    assert "**sample** standard deviation" in text and "no interpolation" in text
+    assert "![val_error](val_error.png)" in text and "- run x left out" in text
+
+
+def test_summarize_without_any_accuracy_has_no_target():
+    r = run("a", 0, [None, None], seconds=[1, 2], ips=[5, 5])
+    s = summarize([r], 0.99)
+    assert s.target is None and s.rows[0].epochs_to_target == (None,)
+    assert "no target" in render_markdown("s", s, [r], [], {}, [])
+
+
+def test_plots_are_written(tmp_path):
+    runs = list(scaling_sweep())
+    runs[0] = dataclasses.replace(runs[0], lr=((1, 0.1), (10, 0.2), (20, 0.02)))
+    for fn, name in ((plot_val_error, "v.png"), (plot_error_vs_batch, "b.png"),
+                     (plot_loss_lr, "l.png")):
+        fn(runs, tmp_path / name, "t")
+        assert (tmp_path / name).stat().st_size > 1000

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.datagen import make_imagenet
+from tests.helpers import dmlc_processes
 
 GOOD = """
 name: bad
@@ -24,20 +25,6 @@ dist: {kvstore: local}
 def _snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in root.rglob("*")}
-
-
-def _job_processes(marker: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                env = (d / "environ").read_bytes()
-                state = (d / "stat").read_text().split()[2]
-            except OSError:
-                continue
-            if b"DMLC_ROLE=" in env and marker.encode() in env and state != "Z":
-                out.append(int(d.name))
-    return out
 
 
 def _check(tmp_path, args, fragments, code=2, prepare=None):
@@ -58,7 +45,7 @@ def _check(tmp_path, args, fragments, code=2, prepare=None):
         assert frag in r.stderr, r.stderr[-1500:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert _snapshot(tmp_path) == before
-    assert _job_processes(str(tmp_path)) == []
+    assert dmlc_processes(str(tmp_path)) == []
     return r
 
 

@@ -10,50 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-import mxnet as mx
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.helpers import BN_CONFIG, EQ_CONFIG, cli, dmlc_processes, load_params
+
 HERE = Path(__file__).resolve().parent
-
-EQ_CONFIG = """
-name: eq
-data: {dataset: digits, batch_size: 8, augment: true}
-model: {name: small_plain, width: 4}
-optim: {base_lr: 0.05, reference_batch: 16, warmup: linear, warmup_epochs: 0.08,
-        decay: step, decay_epochs: [0.12], momentum: 0.9, weight_decay: 0.0005}
-train: {epochs: 1, max_steps: 12, progress: false}
-dist: {kvstore: dist_sync, workers: 2, check_every: 1}
-tracking: {enabled: false}
-"""
-
-
-def _cli(args, cwd, timeout=180):
-    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _load(path):
-    return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
-
-
-def _dmlc_processes(marker: str) -> list[int]:
-    """PIDs of live processes with DMLC_ROLE whose environment or argv mentions ``marker``."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            env = (d / "environ").read_bytes()
-            argv = (d / "cmdline").read_bytes()
-            state = (d / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if b"DMLC_ROLE=" in env and marker.encode() in env + argv and state != "Z":
-            found.append(int(d.name))
-    return found
-
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("k", [2, 3])
@@ -63,16 +26,16 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
     first-step init/push race would show up."""
     cfg = tmp_path / "eq.yaml"
     cfg.write_text(EQ_CONFIG)
-    ref = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
+    ref = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
                 f"data.batch_size={8 * k}", f"train.save_params={tmp_path}/ref.params"], tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    want = _load(tmp_path / "ref.params")
+    want = load_params(tmp_path / "ref.params")
     for attempt in range(3):
         out = tmp_path / f"k{k}-{attempt}"
-        r = _cli(["launch", str(cfg), "-n", str(k), "-s", "1",
+        r = cli(["launch", str(cfg), "-n", str(k), "-s", "1",
                   f"train.save_params={out}-{{rank}}.params"], tmp_path)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        ranks = [_load(f"{out}-{rank}.params") for rank in range(k)]
+        ranks = [load_params(f"{out}-{rank}.params") for rank in range(k)]
         for got in ranks:
             assert got.keys() == want.keys()
             diff = max(float(np.abs(got[n] - want[n]).max()) for n in want)
@@ -82,18 +45,15 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
                 np.testing.assert_array_equal(other[n], ranks[0][n])
 
 
-BN_CONFIG = EQ_CONFIG.replace("small_plain, width: 4", "small_resnet, width: 4")
-
-
 @pytest.mark.timeout(300)
 def test_bn_net_weights_identical_statistics_local_and_reduced(tmp_path):
     cfg = tmp_path / "bn.yaml"
     cfg.write_text(BN_CONFIG)
-    r = _cli(["launch", str(cfg), "-n", "2", "-s", "1", "dist.bn_stats=reduce",
+    r = cli(["launch", str(cfg), "-n", "2", "-s", "1", "dist.bn_stats=reduce",
               f"train.save_params={tmp_path}/bn-{{rank}}.params"], tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    shared = [_load(tmp_path / f"bn-{i}.params") for i in range(2)]
-    local = [_load(tmp_path / f"bn-{i}.params.local") for i in range(2)]
+    shared = [load_params(tmp_path / f"bn-{i}.params") for i in range(2)]
+    local = [load_params(tmp_path / f"bn-{i}.params.local") for i in range(2)]
     stats = [n for n in local[0] if "running_" in n]
     trained = [n for n in local[0] if "running_" not in n]
     assert stats and any(n.endswith("gamma") for n in trained)
@@ -160,7 +120,7 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
         deadline = time.time() + 90
         target = None
         while time.time() < deadline and target is None:
-            for pid in _dmlc_processes(str(tmp_path)):
+            for pid in dmlc_processes(str(tmp_path)):
                 try:
                     env_b = Path(f"/proc/{pid}/environ").read_bytes()
                 except OSError:
@@ -182,7 +142,7 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     assert took < 30, took
     assert f"{victim}" in out and "signal 9" in out, out[-2000:]
     time.sleep(0.5)
-    assert _dmlc_processes(str(tmp_path)) == []
+    assert dmlc_processes(str(tmp_path)) == []
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
@@ -193,7 +153,7 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
 def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
     """What `make demo` does, shortened: one run, params and rank-suffixed throughput."""
     demo = HERE.parent / "experiments/proxy/digits-largebatch.yaml"
-    r = _cli(["launch", str(demo), "-n", "2", "-s", "1", "train.epochs=3",
+    r = cli(["launch", str(demo), "-n", "2", "-s", "1", "train.epochs=3",
               "optim.decay_epochs=[1,2]", "optim.warmup_epochs=1", "train.progress=false"],
              tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -221,7 +181,7 @@ def test_mxnet_tools_launch_py_runs_the_same_job(tmp_path):
     command: scheduler and server roles start from that command, result as with mxlarge launch."""
     cfg = tmp_path / "eq.yaml"
     cfg.write_text(EQ_CONFIG)
-    ref = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "data.batch_size=16",
+    ref = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "data.batch_size=16",
                 f"train.save_params={tmp_path}/ref.params"], tmp_path)
     assert ref.returncode == 0, ref.stderr[-2000:]
     cmd = (f"{sys.executable} -m mxlarge.cli train {cfg} "
@@ -230,9 +190,9 @@ def test_mxnet_tools_launch_py_runs_the_same_job(tmp_path):
                         "1", "--launcher", "local", cmd], cwd=tmp_path, capture_output=True,
                        text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    want = _load(tmp_path / "ref.params")
+    want = load_params(tmp_path / "ref.params")
     for rank in (0, 1):
-        got = _load(tmp_path / f"ml-{rank}.params")
+        got = load_params(tmp_path / f"ml-{rank}.params")
         assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= 1e-5
     time.sleep(0.5)
-    assert _dmlc_processes(str(tmp_path)) == []
+    assert dmlc_processes(str(tmp_path)) == []

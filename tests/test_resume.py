@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.helpers import cli, dmlc_processes
+
 CONFIG = """
 name: rs
 data: {dataset: digits, batch_size: 64, augment: true}
@@ -22,10 +24,6 @@ dist: {kvstore: local, workers: 2}
 """
 
 
-def _cli(args, cwd, timeout=240):
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def _same(a: Path, b: Path):
@@ -47,13 +45,13 @@ def test_four_epochs_equal_two_plus_resume_plus_two(tmp_path, verb):
     cfg.write_text(CONFIG)
     extra = ["-n", "2", "-s", "1"] if verb == "launch" else []
     spe = 1400 // (64 * (2 if verb == "launch" else 1))
-    a = _cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/a"], tmp_path)
+    a = cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/a"], tmp_path)
     assert a.returncode == 0, a.stdout[-2000:] + a.stderr[-2000:]
-    b1 = _cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/b",
+    b1 = cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/b",
                f"train.max_steps={2 * spe}"], tmp_path)
     assert b1.returncode == 0, b1.stdout[-2000:] + b1.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["epoch-0001", "epoch-0002"]
-    b2 = _cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/b", "--resume"],
+    b2 = cli([verb, str(cfg), *extra, f"train.checkpoint_dir={tmp_path}/b", "--resume"],
               tmp_path)
     assert b2.returncode == 0, b2.stdout[-2000:] + b2.stderr[-2000:]
     for name in ["model.params", "momentum.nd", "bn-0.nd"] + (["bn-1.nd"] if extra else []):
@@ -70,26 +68,12 @@ def test_four_epochs_equal_two_plus_resume_plus_two(tmp_path, verb):
         assert steps == [spe, 2 * spe, 3 * spe, 4 * spe]
 
 
-def _dmlc(marker):
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                env = (d / "environ").read_bytes()
-                state = (d / "stat").read_text().split()[2]
-            except OSError:
-                continue
-            if b"DMLC_ROLE=worker" in env and marker.encode() in env and state != "Z":
-                out.append(int(d.name))
-    return out
-
-
 @pytest.mark.timeout(400)
 def test_killed_worker_then_resume_finishes_like_an_uninterrupted_run(tmp_path):
     cfg = tmp_path / "r.yaml"
     cfg.write_text(CONFIG.replace("epochs: 4", "epochs: 6").replace("decay_epochs: [3]",
                                                                     "decay_epochs: [4]"))
-    ref = _cli(["launch", str(cfg), "-n", "2", "-s", "1", f"train.checkpoint_dir={tmp_path}/a"],
+    ref = cli(["launch", str(cfg), "-n", "2", "-s", "1", f"train.checkpoint_dir={tmp_path}/a"],
                tmp_path)
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
@@ -101,7 +85,7 @@ def test_killed_worker_then_resume_finishes_like_an_uninterrupted_run(tmp_path):
         while time.time() < deadline and not (tmp_path / "b/epoch-0001/meta.json").exists():
             time.sleep(0.2)
         assert (tmp_path / "b/epoch-0001/meta.json").exists()
-        victims = _dmlc(str(tmp_path))
+        victims = dmlc_processes(str(tmp_path), "worker")
         assert victims
         os.kill(victims[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
@@ -110,7 +94,7 @@ def test_killed_worker_then_resume_finishes_like_an_uninterrupted_run(tmp_path):
             proc.kill()
     assert proc.returncode != 0, out[-2000:]
     assert not (tmp_path / "b/epoch-0006").exists()
-    again = _cli(["launch", str(cfg), "-n", "2", "-s", "1", f"train.checkpoint_dir={tmp_path}/b",
+    again = cli(["launch", str(cfg), "-n", "2", "-s", "1", f"train.checkpoint_dir={tmp_path}/b",
                   "--resume"], tmp_path)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     for name in ("model.params", "momentum.nd", "bn-0.nd", "bn-1.nd"):
@@ -124,7 +108,7 @@ def test_divergence_guard_stops_a_warmup_explosion(tmp_path):
     cfg = tmp_path / "boom.yaml"
     cfg.write_text(CONFIG.replace("base_lr: 0.05", "base_lr: 50.0")
                    .replace("warmup: linear", "warmup: none"))
-    r = _cli(["train", str(cfg), "train.log_every=1", "model.zero_gamma=false",
+    r = cli(["train", str(cfg), "train.log_every=1", "model.zero_gamma=false",
               f"train.checkpoint_dir={tmp_path}/ck"], tmp_path)
     assert r.returncode == 1
     assert "training diverged at step" in r.stderr and "lr 200" in r.stderr  # 50 x 64/16
@@ -143,7 +127,7 @@ def test_divergence_on_a_launched_job_fails_fast(tmp_path):
     cfg.write_text(CONFIG.replace("base_lr: 0.05", "base_lr: 50.0")
                    .replace("warmup: linear", "warmup: none"))
     t0 = time.time()
-    r = _cli(["launch", str(cfg), "-n", "2", "-s", "1", "train.log_every=1",
+    r = cli(["launch", str(cfg), "-n", "2", "-s", "1", "train.log_every=1",
               "model.zero_gamma=false"], tmp_path, timeout=150)
     took = time.time() - t0
     assert r.returncode != 0

@@ -4,8 +4,6 @@ Real launched dist_sync runs, the one-process simulation of K workers and one wo
 CPU devices must be the same computation: same weights and the same per-worker (per-device) BN
 running statistics.
 """
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -16,32 +14,15 @@ from mxlarge.gns import NoiseScale, unbiased
 from mxlarge.loop import TrainLoop
 from mxlarge.schedulers import Constant
 from mxlarge.trainer import Trainer
+from tests.helpers import BN_CONFIG, EQ_CONFIG, cli, load_params
 
-BN_CONFIG = """
-name: sim
-data: {dataset: digits, batch_size: 8, augment: true}
-model: {name: small_resnet, width: 4}
-optim: {base_lr: 0.05, reference_batch: 16, warmup: linear, warmup_epochs: 0.08,
-        decay: step, decay_epochs: [0.12], momentum: 0.9, weight_decay: 0.0005}
-train: {epochs: 1, max_steps: 12, progress: false}
-dist: {kvstore: dist_sync, workers: 2, check_every: 1}
-tracking: {enabled: false}
-"""
-
-
-def _cli(args, cwd, timeout=240):
-    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _load(path):
-    return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
+PLAIN = EQ_CONFIG
 
 
 def _assert_same(a_prefix, b_prefix, units, tol=1e-5):
     for u in range(units):
         for suffix in (".params", ".params.local"):
-            a, b = _load(f"{a_prefix}-{u}{suffix}"), _load(f"{b_prefix}-{u}{suffix}")
+            a, b = load_params(f"{a_prefix}-{u}{suffix}"), load_params(f"{b_prefix}-{u}{suffix}")
             assert a.keys() == b.keys()
             diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
             assert diff <= tol, (u, suffix, diff)
@@ -52,16 +33,17 @@ def _assert_same(a_prefix, b_prefix, units, tol=1e-5):
 def test_simulation_equals_real_launched_workers(tmp_path, k):
     cfg = tmp_path / "sim.yaml"
     cfg.write_text(BN_CONFIG)
-    real = _cli(["launch", str(cfg), "-n", str(k), "-s", "1",
+    real = cli(["launch", str(cfg), "-n", str(k), "-s", "1",
                  f"train.save_params={tmp_path}/real-{{rank}}.params"], tmp_path)
     assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
-    sim = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
+    sim = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
                 f"dist.simulate_workers={k}", f"train.save_params={tmp_path}/sim-{{rank}}.params"],
                tmp_path)
     assert sim.returncode == 0, sim.stderr[-2000:]
     _assert_same(tmp_path / "real", tmp_path / "sim", k)
     # the per-worker statistics really are per worker
-    a, b = _load(f"{tmp_path}/sim-0.params.local"), _load(f"{tmp_path}/sim-1.params.local")
+    a = load_params(f"{tmp_path}/sim-0.params.local")
+    b = load_params(f"{tmp_path}/sim-1.params.local")
     assert any(not np.array_equal(a[n], b[n]) for n in a if "running_" in n)
 
 
@@ -77,35 +59,34 @@ def test_devices_workers_and_simulation_agree(tmp_path):
                 "dist.simulate_workers=2"],
     }
     for name, args in runs.items():
-        r = _cli(args + [f"train.save_params={tmp_path}/{name}-{{rank}}.params"], tmp_path)
+        r = cli(args + [f"train.save_params={tmp_path}/{name}-{{rank}}.params"], tmp_path)
         assert r.returncode == 0, name + r.stdout[-2000:] + r.stderr[-2000:]
     _assert_same(tmp_path / "real", tmp_path / "dev", 2)
     _assert_same(tmp_path / "real", tmp_path / "sim", 2)
 
 
-PLAIN = BN_CONFIG.replace("small_resnet, width: 4", "small_plain, width: 4")
 
 
 @pytest.mark.timeout(400)
 def test_two_workers_two_devices_equal_one_process(tmp_path):
     cfg = tmp_path / "plain.yaml"
     cfg.write_text(PLAIN)
-    r = _cli(["launch", str(cfg), "-n", "2", "-s", "1", "dist.devices=2",
+    r = cli(["launch", str(cfg), "-n", "2", "-s", "1", "dist.devices=2",
               f"train.save_params={tmp_path}/wd-{{rank}}.params"], tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    ref = _cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "data.batch_size=32",
+    ref = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "data.batch_size=32",
                 f"train.save_params={tmp_path}/one-{{rank}}.params"], tmp_path)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    want = _load(f"{tmp_path}/one-0.params")
+    want = load_params(f"{tmp_path}/one-0.params")
     for unit in range(4):  # 2 workers x 2 devices, all identical to the one-process weights
-        got = _load(f"{tmp_path}/wd-{unit}.params.local")
+        got = load_params(f"{tmp_path}/wd-{unit}.params.local")
         assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= 1e-5
 
 
 def test_show_prints_the_layout(tmp_path):
     cfg = tmp_path / "plain.yaml"
     cfg.write_text(PLAIN)
-    r = _cli(["show", str(cfg), "dist.workers=16", "dist.devices=8", "data.batch_size=4"],
+    r = cli(["show", str(cfg), "dist.workers=16", "dist.devices=8", "data.batch_size=4"],
              tmp_path)
     assert r.returncode == 0, r.stderr
     assert "workers: 16" in r.stdout and "devices_per_worker: 8" in r.stdout
@@ -115,9 +96,9 @@ def test_show_prints_the_layout(tmp_path):
 def test_simulation_config_rules(tmp_path):
     cfg = tmp_path / "plain.yaml"
     cfg.write_text(PLAIN)
-    r = _cli(["train", str(cfg), "dist.simulate_workers=2"], tmp_path)  # kvstore is dist_sync
+    r = cli(["train", str(cfg), "dist.simulate_workers=2"], tmp_path)  # kvstore is dist_sync
     assert r.returncode == 2 and "dist.simulate_workers = 2" in r.stderr
-    r = _cli(["train", str(cfg), "dist.kvstore=local", "train.gns_every=1"], tmp_path)
+    r = cli(["train", str(cfg), "dist.kvstore=local", "train.gns_every=1"], tmp_path)
     assert r.returncode == 2 and "2 or more workers" in r.stderr
 
 

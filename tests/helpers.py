@@ -1,0 +1,52 @@
+"""Shared test helpers: run the CLI, read parameter files, find a job's processes."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+
+# A 12-step run through warmup and a decay, with momentum; digits; no BN (small_plain).
+EQ_CONFIG = """
+name: eq
+data: {dataset: digits, batch_size: 8, augment: true}
+model: {name: small_plain, width: 4}
+optim: {base_lr: 0.05, reference_batch: 16, warmup: linear, warmup_epochs: 0.08,
+        decay: step, decay_epochs: [0.12], momentum: 0.9, weight_decay: 0.0005}
+train: {epochs: 1, max_steps: 12, progress: false}
+dist: {kvstore: dist_sync, workers: 2, check_every: 1}
+tracking: {enabled: false}
+"""
+# The same with BatchNorm (small_resnet).
+BN_CONFIG = EQ_CONFIG.replace("small_plain, width: 4", "small_resnet, width: 4")
+
+
+def cli(args, cwd, timeout=240, env=None):
+    """``python -m mxlarge.cli ARGS`` in ``cwd``; MLflow goes to ``cwd/mlruns.db`` by default."""
+    full = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def load_params(path):
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
+
+
+def dmlc_processes(marker: str, role: str | None = None) -> list[int]:
+    """Live processes with ``DMLC_ROLE`` (= ``role`` if given) whose environment or argv
+    mentions ``marker``."""
+    want = f"DMLC_ROLE={role or ''}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes()
+            argv = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if want in env and marker.encode() in env + argv and state != "Z":
+            found.append(int(d.name))
+    return found

@@ -342,8 +342,10 @@ class ProgressHook(Hook):
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
         from tqdm.auto import tqdm
         if self.bar is None:
+            # disable=None: no bar when not on a terminal (a launched worker's prefixed
+            # output would be one long line of carriage returns); the epoch line remains
             self.bar = tqdm(total=self.steps, desc=f"epoch {out.epoch + 1}/{self.epochs}",
-                            leave=False, dynamic_ncols=True)
+                            leave=False, dynamic_ncols=True, disable=None)
         self.bar.update(1)
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:

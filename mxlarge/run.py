@@ -52,8 +52,24 @@ def contexts(devices: int = 1, device_type: str = "cpu") -> list:
     return [make(i) for i in range(devices)]
 
 
-def build(cfg: Config, source: str = "<config>", kv: Any = None):
-    """Everything a run needs, in dependency order; returns a namespace-like dict."""
+@dataclass
+class Built:
+    """What :func:`build` makes: the parts of one run on this rank."""
+
+    net: Any
+    data: Any
+    trainer: Any
+    derived: Any
+    schedule: Any
+    ctx: list
+    init_report: Any
+    rank: int
+    workers: int
+
+
+def build(cfg: Config, source: str = "<config>", kv: Any = None) -> Built:
+    """Everything a run needs, in dependency order: store (rank, world size), scaling, data
+    shard, net with Goyal init, schedule, trainer."""
     import mxnet as mx
     import numpy as np
 
@@ -96,8 +112,8 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None):
                       kvstore=kv if kv is not None else cfg.dist.kvstore,
                       compression=compression, bn_stats=cfg.dist.bn_stats,
                       simulate_workers=simulated)
-    return dict(net=net, data=data, trainer=trainer, derived=derived, schedule=schedule,
-                ctx=ctx, init_report=init_report, rank=rank, workers=workers)
+    return Built(net=net, data=data, trainer=trainer, derived=derived, schedule=schedule,
+                 ctx=ctx, init_report=init_report, rank=rank, workers=workers)
 
 
 def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> RunResult:
@@ -121,12 +137,12 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> R
         meta = checkpoint.read_meta(ckpt)
     # Building first validates the model and the data before any file is written.
     b = build(cfg, source)
-    trainer, data, derived = b["trainer"], b["data"], b["derived"]
-    rank = b["rank"]
-    layout = checkpoint.Layout(b["workers"], cfg.dist.devices, cfg.dist.simulate_workers)
+    trainer, data, derived = b.trainer, b.data, b.derived
+    rank = b.rank
+    layout = checkpoint.Layout(b.workers, cfg.dist.devices, cfg.dist.simulate_workers)
     start_epoch = 0
     if ckpt is not None:
-        checkpoint.restore(ckpt, meta, rank=rank, net=b["net"], trainer=trainer, layout=layout)
+        checkpoint.restore(ckpt, meta, rank=rank, net=b.net, trainer=trainer, layout=layout)
         start_epoch = meta["epoch"]
         _warn_config_changes(meta["config"], dump_yaml(cfg), rank)
     uri = None
@@ -148,9 +164,9 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> R
     final = L.FinalParamsHook(rank, cfg.train.save_params, tmpdir.name)
     hooks.append(final)
     if cfg.tracking.enabled:
-        tags = {"world_size": b["workers"], "global_batch": derived.global_batch,
+        tags = {"world_size": b.workers, "global_batch": derived.global_batch,
                 "peak_lr": derived.peak_lr, "kvstore": cfg.dist.kvstore,
-                "zero_gamma_blocks": len(b["init_report"].zero_gamma),
+                "zero_gamma_blocks": len(b.init_report.zero_gamma),
                 **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
         if rank == 0:
             hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every, final,
@@ -167,14 +183,14 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> R
     if cfg.train.gns_every:
         from mxlarge.gns import NoiseScale
         gns = NoiseScale(cfg.data.batch_size, derived.global_batch, cfg.train.gns_decay)
-    loop = L.TrainLoop(net=b["net"], trainer=trainer, train_source=data.train,
+    loop = L.TrainLoop(net=b.net, trainer=trainer, train_source=data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
-                       ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps, gns=gns,
+                       ctx=b.ctx, hooks=hooks, max_steps=cfg.train.max_steps, gns=gns,
                        gns_every=cfg.train.gns_every, step=meta["step"] if meta else 0)
     try:
         loop.run(start_epoch)
     finally:
         tmpdir.cleanup()
     return RunResult(run_id=mlflow_hook.run_id if mlflow_hook else run_id, rank=rank,
-                     num_workers=b["workers"], steps=loop.step, history=loop.history,
+                     num_workers=b.workers, steps=loop.step, history=loop.history,
                      seconds=time.perf_counter() - t0)

@@ -37,13 +37,13 @@ def main():
     cfg = load_config(sys.argv[1])
     outdir = sys.argv[2]
     b = build(cfg)
-    trainer = b["trainer"]
+    trainer = b.trainer
     rec = Recording(trainer.store.kv)
     trainer.store.kv = rec
-    hooks = [L.EvalHook(b["data"].val, batch_size=64, every=1)]
-    loop = L.TrainLoop(net=b["net"], trainer=trainer, train_source=b["data"].train,
+    hooks = [L.EvalHook(b.data.val, batch_size=64, every=1)]
+    loop = L.TrainLoop(net=b.net, trainer=trainer, train_source=b.data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
-                       ctx=b["ctx"], hooks=hooks, max_steps=cfg.train.max_steps)
+                       ctx=b.ctx, hooks=hooks, max_steps=cfg.train.max_steps)
     loop.run()
     roles = [{"name": r.name, "pushed": r.pushed, "local_stat": r.local_stat}
              for r in trainer.roles]

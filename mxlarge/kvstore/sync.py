@@ -21,7 +21,7 @@ anyway); anything else is pushed as a copy.
 
 Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; small
 collective vectors (checksums, scalar sums) use the keys from ``AUX_KEY`` on (MXNet refuses
-mixed int/str keys).
+mixed int/str keys). All stay below 215,331 (see ``MAX_KEY``).
 """
 from __future__ import annotations
 
@@ -34,8 +34,11 @@ from mxlarge.errors import ReplicaMismatch
 from mxlarge.kvstore.roles import ParamRole
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
-STAT_KEY = 1_000_000
-AUX_KEY = 2_000_000
+# MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C int:
+# keys above 215,330 overflow it and fail `ps_key < krs[server].end()` with 2+ servers.
+STAT_KEY = 100_000
+AUX_KEY = 200_000
+MAX_KEY = 2**31 // 9973 - 1
 SCALARS = 8  # length of the scalar-sum vector
 
 
@@ -97,6 +100,8 @@ class SyncStore:
 
     def _init_keys(self) -> None:
         kv = self.kv
+        if len(self.params) >= STAT_KEY:
+            raise ValueError(f"{len(self.params)} parameters: at most {STAT_KEY - 1} supported")
         keys, values = [], []
         for i, p in enumerate(self.params):
             keys.append(i)

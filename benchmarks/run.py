@@ -1,0 +1,191 @@
+"""Runs every benchmark and writes ``benchmarks/results/latest.json`` and ``latest.md``.
+
+Usage::
+
+    make bench                                    # = .venv/bin/python -m benchmarks.run
+    .venv/bin/python -m benchmarks.run --only trainer_overhead,scale_model
+    .venv/bin/python -m benchmarks.run --quick    # fewer rounds (a smoke run, noisier)
+
+Every figure is a ratio of two measurements taken back to back in the same run
+(:mod:`benchmarks.common`), quoted as min / median / max over the rounds; a target is met when
+the median is on the right side of it. Every ratio is printed with PASS, MISS or info (no
+target). A missed target does not change the exit status; a benchmark that crashes does
+(exit 1, after the others have run and the results have been written).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import BenchResult, machine_info, md_table
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+TITLES = {
+    "trainer_overhead": "1. Trainer overhead (mxlarge.Trainer vs bare gluon.Trainer)",
+    "dist_step": "2 and 4. dist_sync cost per step, and overlap of pushes with backward",
+    "bandwidth": "3. Push/pull bandwidth vs raw loopback TCP",
+    "input_pipeline": "5. Input pipeline: RecordIO decode vs training speed",
+    "scale_model": "6. Scale model vs MXNet's published 128-GPU table",
+    "gns_cost": "7. Cost of the gradient-noise-scale estimator",
+}
+
+
+def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
+    """name → (progress-bar length, callable(log, bar) → BenchResult)."""
+    from benchmarks import (
+        bandwidth,
+        dist_step,
+        gns_cost,
+        input_pipeline,
+        scale_model,
+        trainer_overhead,
+    )
+
+    # Rounds: short rounds, many of them, so that each A/B pair sits close in time.
+    r1, r2, r2w, rb, rt = (3, 3, 3, 3, 3) if quick else (21, 21, 7, 9, 5)
+    return {
+        "trainer_overhead": (2 * r1, lambda log, bar: trainer_overhead.run(
+            reps=r1, steps=3, bar=bar)),
+        "dist_step": (dist_step.rounds_needed(r2, r2w), lambda log, bar: dist_step.run(
+            reps_1w=r2, reps_2w=r2w, log=log, bar=bar)),
+        "bandwidth": ((len(bandwidth.CONFIGS) * rb + bandwidth.WARMUP_REPS) * 2,
+                      lambda log, bar: bandwidth.run(reps=rb, log=log, bar=bar)),
+        "input_pipeline": (2 * rt, lambda log, bar: input_pipeline.run(reps=rt, bar=bar)),
+        "scale_model": (1, lambda log, bar: scale_model.run()),
+        "gns_cost": (3 * rt, lambda log, bar: gns_cost.run(reps=rt, bar=bar)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="", help="comma-separated benchmark names")
+    p.add_argument("--quick", action="store_true", help="fewer rounds (smoke run)")
+    p.add_argument("--out", default=str(RESULTS), help="directory for latest.json/.md/.log")
+    opts = p.parse_args(argv)
+    # MXNet 1.9.1 and GluonCV warn about NumPy aliases and distutils at import time.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="gluoncv")
+    from tqdm.auto import tqdm
+
+    plan = _plan(opts.quick)
+    names = [n for n in plan if not opts.only or n in opts.only.split(",")]
+    unknown = set(filter(None, opts.only.split(","))) - set(plan)
+    if unknown:
+        p.error(f"unknown benchmark(s) {sorted(unknown)}; expected some of {list(plan)}")
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    info = machine_info()
+    info["loadavg_start"] = os.getloadavg()
+    t_start = time.perf_counter()
+    results: dict[str, BenchResult] = {}
+    crashes: dict[str, str] = {}
+    with open(out / "run.log", "w") as log:
+        for name in names:
+            total, fn = plan[name]
+            bar = tqdm(total=total, desc=f"{name:17s}", unit="round", dynamic_ncols=True)
+            t0 = time.perf_counter()
+            try:
+                res = fn(log, bar)
+                res.seconds = time.perf_counter() - t0
+                results[name] = res
+            except Exception:  # noqa: BLE001 - report, keep going, fail the exit status
+                crashes[name] = traceback.format_exc()
+                log.write(f"=== {name} crashed\n{crashes[name]}\n")
+            finally:
+                bar.close()
+    info["loadavg_end"] = os.getloadavg()
+    info["wall_seconds"] = time.perf_counter() - t_start
+    info["quick"] = opts.quick
+
+    write_json(out / "latest.json", info, results, crashes)
+    (out / "latest.md").write_text(render_md(info, results, crashes))
+    print_summary(results, crashes, out)
+    return 1 if crashes else 0
+
+
+def write_json(path: Path, info: dict[str, Any], results: dict[str, BenchResult],
+               crashes: dict[str, str]) -> None:
+    payload = {
+        "machine": info,
+        "benchmarks": {n: {"seconds": r.seconds, "ratios": [x.as_dict() for x in r.ratios],
+                           "details": r.details} for n, r in results.items()},
+        "crashed": crashes,
+    }
+    path.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def render_md(info: dict[str, Any], results: dict[str, BenchResult],
+              crashes: dict[str, str]) -> str:
+    load0 = ", ".join(f"{v:.1f}" for v in info["loadavg_start"])
+    load1 = ", ".join(f"{v:.1f}" for v in info["loadavg_end"])
+    lines = [
+        "# Benchmark results",
+        "",
+        f"- date: {info['date']}; wall time {info['wall_seconds'] / 60:.1f} min"
+        + (" (`--quick`)" if info["quick"] else ""),
+        f"- machine: {info['cores']} cores ({info['cores_usable']} usable), {info['cpu']}; "
+        f"{info['platform']}",
+        f"- load average (1, 5, 15 min) at start: {load0}; at end: {load1} (the machine is "
+        "shared: other jobs ran during the benchmarks)",
+        f"- python {info['python']}, mxnet {info['mxnet']}, numpy {info['numpy']}, "
+        f"gluoncv {info['gluoncv']}",
+        "",
+        "Every figure is a ratio of two things measured back to back in the same run, once per "
+        "round, with the order reversed every other round (A B, B A, ...); min / median / max "
+        "are over the rounds. A target is met (PASS) when the median meets it; MISS otherwise; "
+        "`info` has no target. Absolute numbers in the sections below are context only: they "
+        "move with the load of this shared 2-core machine, the ratios much less.",
+        "",
+        "## Summary",
+        "",
+    ]
+    rows = []
+    for res in results.values():
+        for r in res.ratios:
+            rows.append([f"`{r.key}`", r.title, r.fmt(min(r.values)), r.fmt(r.median),
+                         r.fmt(max(r.values)), len(r.values), r.target_text(),
+                         f"**{r.status}**" if r.status != "info" else "info"])
+    lines.append(md_table(["key", "ratio", "min", "median", "max", "rounds", "target",
+                           "status"], rows))
+    if crashes:
+        lines += ["", "**Crashed:** " + ", ".join(crashes) + " (tracebacks in latest.json)."]
+    for name, res in results.items():
+        lines += ["", f"## {TITLES.get(name, name)}", "", f"({res.seconds:.0f} s)", ""]
+        for r in res.ratios:
+            if r.note:
+                lines.append(f"- `{r.key}`: {r.note}")
+        lines += ["", res.markdown]
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(results: dict[str, BenchResult], crashes: dict[str, str], out: Path) -> None:
+    print()
+    for res in results.values():
+        for r in res.ratios:
+            print(f"{r.status:4s}  {r.key:30s} median {r.fmt(r.median):>7s}  "
+                  f"(min {r.fmt(min(r.values))}, max {r.fmt(max(r.values))}, "
+                  f"{len(r.values)} rounds)  target {r.target_text()}")
+    for name in crashes:
+        print(f"CRASH {name}: see {out / 'run.log'}")
+    print(f"\nwrote {out / 'latest.json'} and {out / 'latest.md'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

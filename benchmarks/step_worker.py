@@ -1,0 +1,126 @@
+"""Worker script of benchmarks 2 and 4: training-step time on dist_sync vs the local store.
+
+Started by :func:`mxlarge.launcher.run_local` as every role of the job (``python -m
+benchmarks.step_worker ...``): a scheduler or server serves its role inside ``import mxnet``
+(the first non-stdlib import below) and exits there; only a worker gets to :func:`main`'s work.
+
+Each worker builds two copies of the same net from the same seed:
+
+* ``dist``: ``mxlarge.Trainer`` on the job's ``dist_sync`` store, stepped through
+  ``TrainLoop.train_step`` — mxlarge's way: backward() returns as soon as its operators are
+  queued, and each gradient's push (priority −i, last layers first) starts when the engine has
+  produced that gradient, overlapping the rest of backward;
+* ``dist_waitall`` (same net and store): the same step with ``mx.nd.waitall()`` between backward
+  and the pushes, so no communication overlaps computation;
+* ``local``: ``mxlarge.Trainer`` with the local store (no push/pull at all).
+
+Modes run in interleaved rounds (:func:`benchmarks.common.interleave`), every worker in
+lockstep (a barrier before each round). Every worker prints one ``BENCH_RESULT`` JSON line with
+seconds per step for every round and how many cores the worker process kept busy (CPU seconds
+÷ wall seconds, all its threads); ``dist_waitall`` also records its forward+backward part (up
+to the waitall) so that the communication + update part is known.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import mxnet as mx
+
+from benchmarks.common import emit_progress, emit_result, interleave
+from benchmarks.models import build_net, recipe_loop, recipe_trainer, synthetic_batches
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--net", default="cifar_resnet20_v1")
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=2, help="steps per round")
+    p.add_argument("--reps", type=int, default=9, help="rounds")
+    p.add_argument("--modes", default="local,dist,dist_waitall")
+    return p.parse_args(argv)
+
+
+def work(opts: argparse.Namespace) -> None:
+    from mxnet import autograd
+
+    from mxlarge.kvstore import sync
+
+    kv = sync.create("dist_sync")
+    rank = kv.rank
+    modes = opts.modes.split(",")
+    batches = synthetic_batches(4, opts.batch, opts.size, opts.classes, seed=rank)
+
+    net_d = build_net(opts.net, opts.classes, opts.size, seed=0)
+    loop_d = recipe_loop(net_d, recipe_trainer(net_d, kv))
+    net_l = build_net(opts.net, opts.classes, opts.size, seed=0)
+    loop_l = recipe_loop(net_l, recipe_trainer(net_l, "local"))
+    fwd_bwd: list[float] = []  # dist_waitall: time to the end of backward, per step
+
+    def overlap_step(loop: Any, x: Any, y: Any) -> None:
+        loop.train_step(x, y)
+        loop.step += 1
+
+    def waitall_step(loop: Any, x: Any, y: Any) -> None:
+        t0 = time.perf_counter()
+        t = loop.trainer
+        with autograd.record():
+            loss = loop.loss_fn(loop.net(x), y)
+        autograd.backward([loss])
+        mx.nd.waitall()  # every gradient exists before the first push is issued
+        fwd_bwd.append(time.perf_counter() - t0)
+        t.allreduce_grads()
+        t.update(x.shape[0], loop.step)
+        loop.step += 1
+
+    steps = {"local": (overlap_step, loop_l), "dist": (overlap_step, loop_d),
+             "dist_waitall": (waitall_step, loop_d)}
+
+    cores: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds ÷ wall seconds
+
+    def timed(mode: str) -> float:
+        step_fn, loop = steps[mode]
+        kv._barrier()  # all workers start the round together (outside the timer)
+        mx.nd.waitall()
+        c0, t0 = time.process_time(), time.perf_counter()
+        for s in range(opts.steps):
+            step_fn(loop, *batches[s % len(batches)])
+        mx.nd.waitall()
+        wall = time.perf_counter() - t0
+        cores[mode].append((time.process_time() - c0) / wall)
+        return wall / opts.steps
+
+    for mode in modes:  # warm-up: graph build, static allocation, optimizer states
+        step_fn, loop = steps[mode]
+        for s in range(2):
+            step_fn(loop, *batches[s % len(batches)])
+    mx.nd.waitall()
+    fwd_bwd.clear()
+
+    t = interleave({m: (lambda m=m: timed(m)) for m in modes}, opts.reps,
+                   progress=emit_progress if rank == 0 else None)
+    per_round = opts.steps
+    fb = [sum(fwd_bwd[i:i + per_round]) / per_round for i in range(0, len(fwd_bwd), per_round)]
+    emit_result({"rank": rank, "workers": kv.num_workers,
+                 "servers": int(os.environ.get("DMLC_NUM_SERVER", "0")),
+                 "sec_per_step": t, "worker_cores_busy": cores,
+                 "dist_waitall_fwd_bwd": fb, "batch": opts.batch,
+                 "steps_per_round": opts.steps, "net": opts.net})
+
+
+def main(argv: list[str] | None = None) -> int:
+    if os.environ.get("DMLC_ROLE", "worker") != "worker":
+        return 0  # not reached for ps-lite roles: they exit inside `import mxnet`
+    opts = _parse(argv)
+    from mxlarge.launcher.worker import fail_fast
+    with fail_fast():
+        work(opts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -94,6 +94,20 @@ class BenchResult:
     seconds: float = 0.0
 
 
+def worker_main(parse: Callable[[list[str] | None], Any], work: Callable[[Any], None],
+                argv: list[str] | None = None) -> int:
+    """Entry point of a benchmark worker script run as every role of a launched job."""
+    import os
+
+    if os.environ.get("DMLC_ROLE", "worker") != "worker":
+        return 0  # not reached for ps-lite roles: they exit inside `import mxnet`
+    opts = parse(argv)
+    from mxlarge.launcher.worker import fail_fast
+    with fail_fast():
+        work(opts)
+    return 0
+
+
 def ratios_of(a: Sequence[float], b: Sequence[float]) -> list[float]:
     """``a[i] / b[i]`` for each round i (same length: one pair per round)."""
     if len(a) != len(b) or not a:

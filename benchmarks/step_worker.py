@@ -29,7 +29,7 @@ from typing import Any
 
 import mxnet as mx
 
-from benchmarks.common import emit_progress, emit_result, interleave
+from benchmarks.common import emit_progress, emit_result, interleave, worker_main
 from benchmarks.models import build_net, recipe_loop, recipe_trainer, synthetic_batches
 
 
@@ -113,13 +113,7 @@ def work(opts: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if os.environ.get("DMLC_ROLE", "worker") != "worker":
-        return 0  # not reached for ps-lite roles: they exit inside `import mxnet`
-    opts = _parse(argv)
-    from mxlarge.launcher.worker import fail_fast
-    with fail_fast():
-        work(opts)
-    return 0
+    return worker_main(_parse, work, argv)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,22 @@ _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:
+    """Validates a job's shape; returns the command as a list.
+
+    Raises:
+        ValueError: empty command, fewer than 1 worker or 1 server.
+    """
+    command = list(command)
+    if not command:
+        raise ValueError("command is empty")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1 for a dist_sync job, got {servers}")
+    return command
+
+
 def describe_status(status: int) -> str:
     """Describe a Popen-style return code: ``status 3`` or ``signal 9 (SIGKILL)``."""
     if status < 0:

@@ -62,6 +62,7 @@ from typing import IO, Any
 from mxlarge.launcher._supervise import (
     POLL_INTERVAL,
     Supervisor,
+    check_job,
     describe_status,
     exit_code_for,
     termination_signals,
@@ -448,13 +449,7 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
         raise ValueError("use mxlarge.launcher.run_local for local jobs")
     if launcher not in SUPPORTED:
         raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(SUPPORTED)}")
-    command = list(command)
-    if not command:
-        raise ValueError("command is empty")
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if servers < 1:
-        raise ValueError(f"servers must be >= 1 for a dist_sync job, got {servers}")
+    command = check_job(command, workers, servers)
     if launcher == "slurm" and hostfile is not None:
         raise ValueError("the slurm launcher takes its nodes from the allocation; "
                          "pass hostfile=None")

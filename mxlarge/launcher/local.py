@@ -33,6 +33,7 @@ from typing import IO, Any
 from mxlarge.launcher._supervise import (
     POLL_INTERVAL,
     Supervisor,
+    check_job,
     describe_status,
     exit_code_for,
     termination_signals,
@@ -174,13 +175,7 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
         ValueError: on invalid arguments.
         PortInUseError: if ``port`` is given and already in use; nothing has been started.
     """
-    command = list(command)
-    if not command:
-        raise ValueError("command is empty")
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if servers < 1:
-        raise ValueError(f"servers must be >= 1 for a dist_sync job, got {servers}")
+    command = check_job(command, workers, servers)
     if grace < 0 or shutdown_timeout < 0:
         raise ValueError("grace and shutdown_timeout must be >= 0")
     base = _job_env(env)

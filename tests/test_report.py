@@ -225,3 +225,35 @@ def test_plots_are_written(tmp_path):
                      (plot_loss_lr, "l.png")):
         fn(runs, tmp_path / name, "t")
         assert (tmp_path / name).stat().st_size > 1000
+
+
+# -- gradient noise scale ---------------------------------------------------------------------
+
+def test_noise_scale_stages_skip_the_start_and_take_thirds():
+    from mxlarge.report import noise_scale_stages
+    # 10 wild first points (skipped: first 10% of 100), then thirds of 30 at 10, 20, 40
+    pts = [(i, 5000.0) for i in range(10)] + [(10 + i, v) for i, v in
+                                               enumerate([10.0] * 30 + [20.0] * 30 + [40.0] * 30)]
+    assert noise_scale_stages(pts) == (10.0, 20.0, 40.0)
+    assert noise_scale_stages([(0, 1.0), (1, 2.0)]) is None
+    assert noise_scale_stages([(i, float("inf")) for i in range(20)]) is None
+
+
+def test_noise_scale_verdicts():
+    from mxlarge.report import FAR_ABOVE, noise_scale_verdict
+    assert noise_scale_verdict(16, (64.0, 100.0, 700.0)) == "below B_simple throughout"
+    assert "above B_simple early/middle" in noise_scale_verdict(256, (64.0, 100.0, 700.0))
+    far = noise_scale_verdict(int(FAR_ABOVE * 64) + 1, (64.0, 100.0, 700.0))
+    assert far.startswith("far above") and "early" in far and "late" not in far
+
+
+def test_noise_scale_section_in_markdown():
+    from mxlarge.report import RunData, noise_scale_markdown
+    pts = tuple((i, 50.0) for i in range(40))
+    runs = [RunData(run_id="a" * 32, label="16x", seed=0, global_batch=256, gns=pts),
+            RunData(run_id="b" * 32, label="base", seed=0, global_batch=16)]
+    text = "\n".join(noise_scale_markdown(runs))
+    assert "## Gradient noise scale" in text
+    assert "| 16x | 0 | 256 | 50 | 50 | 50 | above B_simple early/middle/late" in text
+    assert "| base |" not in text  # no measurement, no row
+    assert noise_scale_markdown(runs[1:]) == []

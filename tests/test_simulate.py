@@ -157,3 +157,28 @@ def test_gns_estimate_within_20_percent_of_closed_form(k):
     loop.run()
     est = ns.metrics()["gns_b_simple"]
     assert est == pytest.approx(prob.analytic(), rel=0.2), (est, prob.analytic())
+
+
+@pytest.mark.timeout(300)
+def test_noise_scale_of_real_workers_equals_simulation(tmp_path):
+    """The estimator sees the same per-worker and summed gradients in a launched 2-worker job as
+    in the 2-worker simulation, so the logged estimates agree."""
+    from mlflow.tracking import MlflowClient
+
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text(BN_CONFIG.replace("tracking: {enabled: false}", "")
+                   .replace("max_steps: 12", "max_steps: 12, gns_every: 3, log_every: 3"))
+    real = cli(["launch", str(cfg), "-n", "2", "-s", "1", "name=real"], tmp_path)
+    assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
+    sim = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
+               "dist.simulate_workers=2", "name=sim"], tmp_path)
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns.db")
+    runs = {r.data.tags["mlflow.runName"]: r.info.run_id for r in
+            client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])}
+    for key in ("gns_g2", "gns_trace"):
+        a = [(m.step, m.value) for m in client.get_metric_history(runs["real"], key)]
+        b = [(m.step, m.value) for m in client.get_metric_history(runs["sim"], key)]
+        assert [s for s, _ in a] == [1, 4, 7, 10] == [s for s, _ in b]
+        for (_, x), (_, y) in zip(sorted(a), sorted(b)):
+            assert x == pytest.approx(y, rel=1e-4), key

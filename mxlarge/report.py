@@ -39,6 +39,12 @@ def plot_training_curves(history: list[dict[str, float]], path: str | Path,
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    _save(fig, path)
+
+
+def _save(fig: Any, path: str | Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -508,9 +514,7 @@ def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(title or "validation error")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
@@ -540,9 +544,7 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(title or "final error vs global batch")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
@@ -569,9 +571,7 @@ def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> 
         ax.set_title(f"{label}, seed {run.seed}", fontsize=9)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -600,9 +600,7 @@ def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "")
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:

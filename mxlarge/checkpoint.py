@@ -122,15 +122,8 @@ def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, traine
     with trainer.evaluation_stats():
         if rank == 0:
             net.save_parameters(str(tmp / "model.params"))
-    devices = trainer.num_devices
-    if trainer.virtual_stats:
-        for j in range(trainer.simulated_workers):
-            with trainer.worker_stats(j):
-                save_device_params(net, str(tmp / f"bn-{j}.nd"), 0, stats_only=True)
-    else:
-        for d in range(devices):
-            save_device_params(net, str(tmp / f"bn-{rank * devices + d}.nd"), d,
-                               stats_only=True)
+    for unit, device in trainer.each_unit():
+        save_device_params(net, str(tmp / f"bn-{unit}.nd"), device, stats_only=True)
     if rank == 0:
         mx.nd.save(str(tmp / "momentum.nd"), trainer.state_arrays())
     trainer.store.barrier()
@@ -159,7 +152,7 @@ def _retain(root: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def restore(path: Path, meta: dict[str, Any], *, rank: int, net: Any, trainer: Any,
+def restore(path: Path, meta: dict[str, Any], *, net: Any, trainer: Any,
             layout: Layout) -> None:
     """Loads weights, per-unit BN statistics and momentum into a freshly built run.
 
@@ -199,16 +192,8 @@ def restore(path: Path, meta: dict[str, Any], *, rank: int, net: Any, trainer: A
         trainer.load_states(str(path / "momentum.nd"))
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
-    devices = trainer.num_devices
-    if trainer.virtual_stats:
-        for j in range(trainer.simulated_workers):
-            stats = mx.nd.load(str(path / f"bn-{j}.nd"))
-            with trainer.worker_stats(j):
-                _load_stats(params, stats, 0)
-    else:
-        for d in range(devices):
-            stats = mx.nd.load(str(path / f"bn-{rank * devices + d}.nd"))
-            _load_stats(params, stats, d)
+    for unit, device in trainer.each_unit():
+        _load_stats(params, mx.nd.load(str(path / f"bn-{unit}.nd")), device)
     mx.nd.waitall()
 
 

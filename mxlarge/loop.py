@@ -37,7 +37,9 @@ class StepOutput:
     lr: float
     loss: mx.nd.NDArray     # per-sample losses of this worker's batch (lazy: read only to log)
     images: int             # images this worker processed
-    gns: dict[str, float] | None = None  # gradient-noise-scale metrics on measuring steps
+    # per-step metrics for trackers: the noise scale on measuring steps, and whatever hooks
+    # registered earlier add (the training loss on logging steps)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,17 +103,17 @@ class TrainLoop:
                 parts.append(part)
             loss = mx.nd.concat(*parts, dim=0)
         t.allreduce_grads()
-        gns = None
+        metrics: dict[str, float] = {}
         if measure:
             n_small = data.shape[0] // (t.num_devices * k)
             b_big = n_small * t.world_size
             total, count = t.store.sum_scalars([sum(small), len(small)])
             sq_small = total / count / n_small ** 2
             sq_big = t.grad_sq(0) / b_big ** 2
-            gns = self.gns.update(sq_small, sq_big)
+            metrics.update(self.gns.update(sq_small, sq_big))
         lr = t.learning_rate(self.step)
         t.update(data.shape[0], self.step)
-        return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], gns)
+        return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics)
 
     def run(self, start_epoch: int = 0) -> None:
         error: BaseException | None = None
@@ -155,7 +157,6 @@ class LossHook(Hook):
         self.early: float | None = None
         self.sum = 0.0
         self.count = 0
-        self.last: dict[str, float] = {}
 
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
         if (out.step + 1) % self.every and out.step + 1 != loop.max_steps:
@@ -173,7 +174,7 @@ class LossHook(Hook):
                                   f"{self.factor:g} x its early value {self.early:.4g}")
         self.sum += loss
         self.count += 1
-        self.last = {"train_loss": loss, "lr": out.lr}
+        out.metrics["train_loss_step"] = loss
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         if self.count:
@@ -272,27 +273,18 @@ class FinalParamsHook(Hook):
         if error is not None:
             return
         trainer = loop.trainer
-        # Every gradient contributor (virtual worker, or device of a worker) writes the file its
-        # one-device real counterpart would: number = rank · devices + device, or j.
-        devices = trainer.num_devices
-        units = (list(range(trainer.simulated_workers)) if trainer.virtual_stats
-                 else [self.rank * devices + d for d in range(devices)])
+        # Every gradient contributor (virtual worker, or device of a worker) writes the files
+        # its one-device real counterpart would (see Trainer.each_unit).
         with trainer.evaluation_stats():
             if self.rank == 0 and self.tmpdir is not None:
                 self.path = f"{self.tmpdir}/final.params"
                 loop.net.save_parameters(self.path)
             if self.template:
-                for u in units:
-                    loop.net.save_parameters(self.template.format(rank=u))
-        if not self.template:
-            return
-        for j, u in enumerate(units):
-            target = self.template.format(rank=u) + ".local"
-            if trainer.virtual_stats:
-                with trainer.worker_stats(j):
-                    save_device_params(loop.net, target, 0)
-            else:
-                save_device_params(loop.net, target, j)
+                for unit in trainer.unit_ids():
+                    loop.net.save_parameters(self.template.format(rank=unit))
+        if self.template:
+            for unit, device in trainer.each_unit():
+                save_device_params(loop.net, self.template.format(rank=unit) + ".local", device)
 
 
 def save_device_params(net: mx.gluon.Block, path: str, device: int,
@@ -317,18 +309,15 @@ class CheckpointHook(Hook):
         self.config_yaml, self.seed, self.layout = config_yaml, seed, layout
         self.run_id = run_id  # a callable: the MLflow run may only exist after before_train
         self.rank = rank
-        self.last: str | None = None
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         done = epoch + 1
         if done % self.every and done != loop.epochs:
             return
         from mxlarge import checkpoint
-        path = checkpoint.save(self.root, epoch=done, step=loop.step, rank=self.rank,
-                               net=loop.net, trainer=loop.trainer, config_yaml=self.config_yaml,
-                               seed=self.seed, layout=self.layout, run_id=self.run_id(),
-                               keep_last=self.keep_last)
-        self.last = str(path)
+        checkpoint.save(self.root, epoch=done, step=loop.step, rank=self.rank, net=loop.net,
+                        trainer=loop.trainer, config_yaml=self.config_yaml, seed=self.seed,
+                        layout=self.layout, run_id=self.run_id(), keep_last=self.keep_last)
 
 
 class ProgressHook(Hook):

@@ -142,7 +142,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> R
     layout = checkpoint.Layout(b.workers, cfg.dist.devices, cfg.dist.simulate_workers)
     start_epoch = 0
     if ckpt is not None:
-        checkpoint.restore(ckpt, meta, rank=rank, net=b.net, trainer=trainer, layout=layout)
+        checkpoint.restore(ckpt, meta, net=b.net, trainer=trainer, layout=layout)
         start_epoch = meta["epoch"]
         _warn_config_changes(meta["config"], dump_yaml(cfg), rank)
     uri = None
@@ -163,22 +163,23 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> R
     tmpdir = tempfile.TemporaryDirectory(prefix="mxlarge-")
     final = L.FinalParamsHook(rank, cfg.train.save_params, tmpdir.name)
     hooks.append(final)
-    if cfg.tracking.enabled:
+    mlflow_hook = None
+    if cfg.tracking.enabled and rank == 0:
         tags = {"world_size": b.workers, "global_batch": derived.global_batch,
                 "peak_lr": derived.peak_lr, "kvstore": cfg.dist.kvstore,
                 "zero_gamma_blocks": len(b.init_report.zero_gamma),
                 **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
-        if rank == 0:
-            hooks.append(tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every, final,
-                                             owns_run=owns_run))
-        if run_id is not None:
-            hooks.append(tracking.RankThroughputHook(uri, run_id, rank))
-    mlflow_hook = next((h for h in hooks if type(h).__name__ == "MLflowHook"), None)
+        mlflow_hook = tracking.MLflowHook(cfg, uri, run_id, tags, cfg.train.log_every, final,
+                                          owns_run=owns_run)
     if cfg.train.checkpoint_every:
-        # before the MLflow hook, so that a metric logged for an epoch has its checkpoint
-        hooks.insert(len(hooks) - (1 if mlflow_hook else 0), L.CheckpointHook(
+        # before the MLflow hook: an epoch's metrics are logged once its checkpoint exists
+        hooks.append(L.CheckpointHook(
             ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last, dump_yaml(cfg),
             cfg.train.seed, layout, lambda: mlflow_hook.run_id if mlflow_hook else run_id, rank))
+    if mlflow_hook is not None:
+        hooks.append(mlflow_hook)
+    if cfg.tracking.enabled and run_id is not None:
+        hooks.append(tracking.RankThroughputHook(uri, run_id, rank))
     gns = None
     if cfg.train.gns_every:
         from mxlarge.gns import NoiseScale

@@ -104,6 +104,7 @@ class MLflowHook(Hook):
         self.tags = {k: str(v) for k, v in tags.items()}
         self.log_every = log_every
         self.final_params = final_params  # a FinalParamsHook, registered before this hook
+        # registered after the LossHook, whose per-step loss arrives in StepOutput.metrics
 
     def before_train(self, loop: TrainLoop) -> None:
         if self.run_id is None:
@@ -119,14 +120,11 @@ class MLflowHook(Hook):
             client(self.uri).log_artifact(self.run_id, str(path))
 
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
+        metrics = dict(out.metrics)
         if (out.step + 1) % self.log_every == 0:
-            loss_hook = next((h for h in loop.hooks if hasattr(h, "last")), None)
-            metrics = {"lr": out.lr}
-            if loss_hook is not None and loss_hook.last:
-                metrics["train_loss_step"] = loss_hook.last["train_loss"]
+            metrics["lr"] = out.lr
+        if metrics:
             log_metrics(self.uri, self.run_id, metrics, out.step + 1)
-        if out.gns:
-            log_metrics(self.uri, self.run_id, out.gns, out.step + 1)
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         log_metrics(self.uri, self.run_id, metrics, loop.step)

@@ -85,6 +85,13 @@ class Trainer:
                 self.params[i].grad_req = "add"
             self.virtual_stats = [{i: self.params[i].data().copy() for i in self.store.stats}
                                   for _ in range(self.simulated_workers)]
+        # The update's arguments per device, gathered once: Gluon keeps these arrays for the
+        # life of the parameters (loading weights copies into them), and grad_req is final here.
+        self._update_args = [
+            ([self.params[i].list_data()[d] for i in self.pushed],
+             [self.params[i].list_grad()[d] for i in self.pushed],
+             [self.states[i][d] for i in self.pushed])
+            for d in range(len(self.params[0].list_ctx()) if self.params else 0)]
 
     # -- facts ----------------------------------------------------------------------------------
     @property
@@ -124,11 +131,8 @@ class Trainer:
             step: updates applied so far.
         """
         rescale = 1.0 / (batch_size * self.num_workers)
-        for d in range(self.num_devices):
-            self.updater.apply(step, self.pushed,
-                               [self.params[i].list_data()[d] for i in self.pushed],
-                               [self.params[i].list_grad()[d] for i in self.pushed],
-                               [self.states[i][d] for i in self.pushed], rescale)
+        for weights, grads, states in self._update_args:
+            self.updater.apply(step, self.pushed, weights, grads, states, rescale)
 
     def step(self, batch_size: int, step: int) -> None:
         """``allreduce_grads()`` then ``update(batch_size, step)``."""
@@ -174,6 +178,27 @@ class Trainer:
             mx.nd.waitall()
             for i, value in bank.items():
                 self.params[i].data().copyto(value)
+
+    def each_unit(self) -> Iterator[tuple[int, int]]:
+        """Every gradient contributor this process holds, with its own BN statistics in place.
+
+        Yields ``(unit, device)``: a virtual worker j is unit j on device 0 (inside
+        :meth:`worker_stats`), device d of rank r is unit r·devices + d: the number the
+        contributor's one-device real counterpart would have as its rank.
+        """
+        if self.virtual_stats:
+            for j in range(self.simulated_workers):
+                with self.worker_stats(j):
+                    yield j, 0
+        else:
+            for d in range(self.num_devices):
+                yield self.rank * self.num_devices + d, d
+
+    def unit_ids(self) -> list[int]:
+        """The unit numbers of :meth:`each_unit`, without swapping statistics."""
+        if self.virtual_stats:
+            return list(range(self.simulated_workers))
+        return [self.rank * self.num_devices + d for d in range(self.num_devices)]
 
     # -- BN statistics --------------------------------------------------------------------------
     def shared_stats(self) -> dict[int, mx.nd.NDArray]:

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from mxlarge.schedulers import epochs_to_steps, scaled_lr
+
 DATASETS = ("digits", "synthetic", "imagenet", "cifar10")
 KVSTORES = ("local", "device", "dist_sync", "dist_device_sync")
 
@@ -423,23 +425,6 @@ class Derived:
     warmup_lr: float
     warmup_steps: int
     decay_steps: tuple[int, ...]
-
-
-def scaled_lr(base_lr: float, reference_batch: int, global_batch: int, rule: str) -> float:
-    """LR scaling rule: linear η = η_ref·B/B_ref, sqrt η = η_ref·sqrt(B/B_ref), or none."""
-    ratio = global_batch / reference_batch
-    if rule == "linear":
-        return base_lr * ratio
-    if rule == "sqrt":
-        return base_lr * math.sqrt(ratio)
-    if rule == "none":
-        return base_lr
-    raise ValueError(f"unknown scaling rule {rule!r}")
-
-
-def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
-    """The single place where epochs become steps: round(epochs · steps_per_epoch)."""
-    return int(round(epochs * steps_per_epoch))
 
 
 def derive(cfg: Config, workers: int, train_samples: int, source: str = "<config>") -> Derived:

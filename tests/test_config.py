@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mxlarge.config import ConfigError, derive, load_config, scaled_lr
+from mxlarge.config import ConfigError, derive, load_config
+from mxlarge.schedulers import scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = """

@@ -14,13 +14,14 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from mxlarge.config import Config, Derived, epochs_to_steps
+if TYPE_CHECKING:  # config imports this module for derive(); no import cycle at run time
+    from mxlarge.config import Config, Derived
 
 __all__ = [
     "Schedule", "Constant", "Linear", "MultiStep", "Cosine", "Polynomial", "Join",
-    "goyal", "from_config",
+    "goyal", "from_config", "scaled_lr", "epochs_to_steps",
 ]
 
 
@@ -130,6 +131,23 @@ class Join:
         return self.schedules[i](step - start)
 
 
+def scaled_lr(base_lr: float, reference_batch: int, global_batch: int, rule: str) -> float:
+    """LR scaling rule: linear η = η_ref·B/B_ref, sqrt η = η_ref·sqrt(B/B_ref), or none."""
+    ratio = global_batch / reference_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    if rule == "none":
+        return base_lr
+    raise ValueError(f"unknown scaling rule {rule!r}")
+
+
+def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
+    """The single place where epochs become steps: round(epochs · steps_per_epoch)."""
+    return int(round(epochs * steps_per_epoch))
+
+
 def goyal(peak_lr: float, warmup_lr: float, warmup_steps: int, decay_steps: tuple[int, ...],
           factor: float = 0.1, warmup: str = "linear") -> Schedule:
     """Goyal et al.'s schedule: warmup per iteration, then step decay.
@@ -166,11 +184,3 @@ def from_config(cfg: Config, derived: Derived) -> Schedule:
     first = (Linear(derived.warmup_lr, derived.peak_lr, w) if o.warmup == "linear"
              else Constant(derived.warmup_lr))
     return Join((first, main), (w,))
-
-
-def lr_at(schedule: Schedule, steps: list[int]) -> list[float]:
-    return [schedule(s) for s in steps]
-
-
-def steps_from_epochs(epochs: list[float], steps_per_epoch: int) -> list[int]:
-    return [epochs_to_steps(e, steps_per_epoch) for e in epochs]

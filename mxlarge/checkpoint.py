@@ -42,10 +42,6 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def config_hash(config_yaml: str) -> str:
-    return hashlib.sha256(config_yaml.encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class Layout:
     workers: int
@@ -107,10 +103,11 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, trainer: Any,
-         config_yaml: str, seed: int, layout: Layout, run_id: str | None, keep_last: int) -> Path:
+         config: Any, seed: int, layout: Layout, run_id: str | None, keep_last: int) -> Path:
     """Writes checkpoint ``epoch`` (collective: every rank calls it)."""
     import mxnet as mx
 
+    from mxlarge.config import config_sha256, dump_yaml
     from mxlarge.loop import save_device_params
 
     final = epoch_dir(root, epoch)
@@ -132,7 +129,7 @@ def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, traine
         meta = {"format": FORMAT, "epoch": epoch, "step": step, "seed": seed,
                 "layout": {"workers": layout.workers, "devices": layout.devices,
                            "simulated_workers": layout.simulated_workers},
-                "config_sha256": config_hash(config_yaml), "config": config_yaml,
+                "config_sha256": config_sha256(config), "config": dump_yaml(config),
                 "run_id": run_id, "files": files}
         (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1))
         os.replace(tmp / "meta.json.tmp", tmp / "meta.json")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import math
 import types
 import typing
@@ -405,6 +406,11 @@ def checkpoint_root(cfg: Config) -> str:
 
 def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def config_sha256(cfg: Config) -> str:
+    """SHA-256 of the resolved config's YAML: equal iff the configs are equal."""
+    return hashlib.sha256(dump_yaml(cfg).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

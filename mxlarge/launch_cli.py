@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mxlarge.config import ConfigError, load_config
+from mxlarge.config import Config, ConfigError, load_config
 
 
 def _abs_sqlite(uri: str) -> str:
@@ -21,6 +21,13 @@ def _abs_sqlite(uri: str) -> str:
     if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
         return prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
+
+
+def launch_overrides(cfg: Config, workers: int, servers: int) -> list[str]:
+    """What launching adds to a config: a dist store and the world it runs in."""
+    # launching means distributed: a local store would train k unsynchronised copies
+    extra = [] if cfg.dist.kvstore.startswith("dist") else ["dist.kvstore=dist_sync"]
+    return [*extra, f"dist.workers={workers}", f"dist.servers={servers}"]
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -34,10 +41,7 @@ def launch(args: argparse.Namespace) -> int:
         raise ConfigError(f"-n/--workers = {workers}: expected an integer >= 1")
     if servers < 1:
         raise ConfigError(f"-s/--servers = {servers}: expected an integer >= 1")
-    if not cfg.dist.kvstore.startswith("dist"):
-        # launching means distributed: a local store would train k unsynchronised copies
-        overrides.append("dist.kvstore=dist_sync")
-    overrides += [f"dist.workers={workers}", f"dist.servers={servers}"]
+    overrides += launch_overrides(cfg, workers, servers)
     cfg = load_config(args.config, overrides)
     # Fail on a batch that cannot fit before starting any process.
     if cfg.data.train_samples is None:

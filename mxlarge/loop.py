@@ -303,10 +303,10 @@ def save_device_params(net: mx.gluon.Block, path: str, device: int,
 class CheckpointHook(Hook):
     """Writes an exact checkpoint every ``every`` epochs and after the last (every rank)."""
 
-    def __init__(self, root: str, every: int, keep_last: int, config_yaml: str, seed: int,
+    def __init__(self, root: str, every: int, keep_last: int, config: Any, seed: int,
                  layout: Any, run_id: Any, rank: int):
         self.root, self.every, self.keep_last = root, every, keep_last
-        self.config_yaml, self.seed, self.layout = config_yaml, seed, layout
+        self.config, self.seed, self.layout = config, seed, layout
         self.run_id = run_id  # a callable: the MLflow run may only exist after before_train
         self.rank = rank
 
@@ -316,7 +316,7 @@ class CheckpointHook(Hook):
             return
         from mxlarge import checkpoint
         checkpoint.save(self.root, epoch=done, step=loop.step, rank=self.rank, net=loop.net,
-                        trainer=loop.trainer, config_yaml=self.config_yaml, seed=self.seed,
+                        trainer=loop.trainer, config=self.config, seed=self.seed,
                         layout=self.layout, run_id=self.run_id(), keep_last=self.keep_last)
 
 

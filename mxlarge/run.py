@@ -174,7 +174,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None) -> R
     if cfg.train.checkpoint_every:
         # before the MLflow hook: an epoch's metrics are logged once its checkpoint exists
         hooks.append(L.CheckpointHook(
-            ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last, dump_yaml(cfg),
+            ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last, cfg,
             cfg.train.seed, layout, lambda: mlflow_hook.run_id if mlflow_hook else run_id, rank))
     if mlflow_hook is not None:
         hooks.append(mlflow_hook)

@@ -27,7 +27,6 @@ is the hash of the config the workers run.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import os
 import re
 import subprocess
@@ -41,7 +40,8 @@ from typing import Any
 
 import yaml
 
-from mxlarge.config import Config, ConfigError, derive, dump_yaml, load_config
+from mxlarge.config import Config, ConfigError, config_sha256, derive, load_config
+from mxlarge.launch_cli import launch_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("train", "launch")
@@ -242,11 +242,6 @@ def load_sweep(path: str | Path) -> Sweep:
 # the grid
 
 
-def config_hash(cfg: Config) -> str:
-    """sha256 hex digest of the resolved config's YAML (``dump_yaml``): equal iff same config."""
-    return hashlib.sha256(dump_yaml(cfg).encode()).hexdigest()
-
-
 def cell_overrides(sweep: Sweep, run: SweepRun, cli: Sequence[str], seed: int) -> list[str]:
     """sweep overrides + run overrides + command-line overrides + ``train.seed=<seed>``.
 
@@ -261,12 +256,6 @@ def cell_overrides(sweep: Sweep, run: SweepRun, cli: Sequence[str], seed: int) -
             raise ConfigError(f"{sweep.source}: override {item!r} for '{run.label}': the seed "
                               "comes from 'seeds'")
     return [*given, f"train.seed={seed}"]
-
-
-def launch_overrides(cfg: Config, workers: int, servers: int) -> list[str]:
-    """What ``mxlarge launch`` adds to the overrides (see :func:`mxlarge.launch_cli.launch`)."""
-    extra = [] if cfg.dist.kvstore.startswith("dist") else ["dist.kvstore=dist_sync"]
-    return [*extra, f"dist.workers={workers}", f"dist.servers={servers}"]
 
 
 def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
@@ -304,7 +293,7 @@ def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
             cells.append(Cell(index=len(cells), label=run.label, seed=seed, config=run.config,
                               config_path=run.config_path, overrides=tuple(overrides),
                               workers=workers, servers=servers, cfg=cfg,
-                              config_hash=config_hash(cfg)))
+                              config_hash=config_sha256(cfg)))
     return cells
 
 

@@ -30,6 +30,7 @@ Every attribute is a plain Python value so the object survives MXNet's protocol-
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,7 +84,10 @@ class LargeBatchSGD(mxopt.Optimizer):
         return self.momentum * self.lr_at(step) / prev if prev > 0 else self.momentum
 
     def wd_for(self, index: int) -> float:
-        return 0.0 if index in self.no_decay else float(self.wd)
+        # no_decay is sorted: a binary search keeps the per-step weight-decay lookup O(log n)
+        j = bisect.bisect_left(self.no_decay, index)
+        decayed = j == len(self.no_decay) or self.no_decay[j] != index
+        return float(self.wd) if decayed else 0.0
 
     # -- MXNet optimizer protocol --------------------------------------------------------------
     def create_state(self, index: int, weight: nd.NDArray) -> nd.NDArray | None:

@@ -52,3 +52,11 @@ def dmlc_processes(marker: str, role: str | None = None) -> list[int]:
         if want in env and marker.encode() in env + argv and state != "Z":
             found.append(int(d.name))
     return found
+
+
+def write_yaml(path: Path, tree: dict) -> Path:
+    """Writes ``tree`` as YAML (keys in order) and returns ``path``."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path

@@ -2,25 +2,15 @@
 from pathlib import Path
 
 import pytest
-import yaml
 
 from mxlarge.cli import main
 from mxlarge.config import ConfigError
 from mxlarge.sweep import cell_overrides, expand, load_sweep
+from tests.helpers import write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "experiments/proxy/digits-baseline.yaml"       # relative to the repository root
 LARGE = "experiments/proxy/digits-largebatch.yaml"
-
-
-@pytest.fixture
-def uri(mlflow_uri) -> str:
-    return mlflow_uri
-
-
-def write(path: Path, tree: dict) -> Path:
-    path.write_text(yaml.safe_dump(tree, sort_keys=False))
-    return path
 
 
 @pytest.mark.parametrize("tree,message", [
@@ -46,7 +36,7 @@ def test_bad_sweep_file_exits_2_naming_file_and_key(tmp_path, capsys, monkeypatc
                                                     message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
-    path = write(tmp_path / "bad.yaml", tree)
+    path = write_yaml(tmp_path / "bad.yaml", tree)
     assert main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and message in err, err

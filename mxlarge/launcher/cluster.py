@@ -170,7 +170,7 @@ def guess_host_ip() -> str:
 
 
 @contextlib.contextmanager
-def _scheduler_address(tracker: ModuleType, host_ip: str) -> Iterator[None]:
+def scheduler_address(tracker: ModuleType, host_ip: str) -> Iterator[None]:
     """Make ``tracker.submit`` use ``host_ip`` even when the backend does not pass it.
 
     dmlc's mpi and slurm backends call ``tracker.submit`` without ``hostIP``, so ``--host-ip``
@@ -531,7 +531,7 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
                               f"dmlc_tracker {launcher}")
     try:
         with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
-                _scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
+                scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
             thread.start()
             rc, message = _watch(sup, thread, errors, stop, received, shutdown_timeout)
             if message:

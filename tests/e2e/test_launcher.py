@@ -706,7 +706,7 @@ def test_pinned_dmlc_tracker_facts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert not hasattr(threading.Thread, "isAlive")
     assert threading.Thread.setDaemon is set_daemon
 
-    # Only the ssh backend passes --host-ip on to the tracker (hence _scheduler_address).
+    # Only the ssh backend passes --host-ip on to the tracker (hence scheduler_address).
     assert "hostIP=args.host_ip" in inspect.getsource(ssh)
     assert "hostIP" not in inspect.getsource(mpi) and "hostIP" not in inspect.getsource(slurm)
 
@@ -757,3 +757,39 @@ def test_forwarded_env_and_quoting() -> None:
     argv = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
                           check=True).stdout
     assert argv.strip() == repr(["env", "K=v w", "python", "-c", "print('hi there')"])
+
+
+@pytest.mark.timeout(120)
+def test_mxnet_launch_py_local_job_listens_on_loopback_only(marker: str) -> None:
+    """MXNet's launch.py through mxlarge.launcher.mxnet_launch: dmlc's local backend would
+    put the scheduler on this host's outward address; every listening socket of the job,
+    scheduler included, must be on loopback."""
+    env = {**os.environ, MARKER_VAR: marker}
+    for k in ("DMLC_NODE_HOST", "DMLC_INTERFACE"):
+        env.pop(k, None)
+    proc = subprocess.Popen(
+        [PY, "-m", "mxlarge.launcher.mxnet_launch", "-n", "2", "-s", "1", "--launcher", "local",
+         f"{PY} {WORKER} --sleep 20"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    out = Collector()
+    reader = threading.Thread(target=lambda: [out.write(line) for line in proc.stdout or []],
+                              daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: out.count(r"kv_worker ready") == 2, 90, "both workers ready")
+        procs = marked_processes(marker)
+        roles = {pid: e.get("DMLC_ROLE") for pid, e in procs.items()}
+        sockets = listening_sockets(list(procs))
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert rc == 0, out.text()
+    listening_roles = sorted(roles[pid] for pid, _, _ in sockets)
+    assert listening_roles == ["scheduler", "server", "worker", "worker"], (sockets, roles)
+    assert all(ipaddress.ip_address(addr).is_loopback for _, addr, _ in sockets), sockets
+    assert_no_leftovers(marker)

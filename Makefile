@@ -1,10 +1,11 @@
-# Two commands on a fresh machine: `make demo` and `make test` (each sets up .venv first).
+# On a fresh machine: `make demo`, `make test` and, as root, `make test-cluster` (each sets up
+# .venv first).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mxlarge-installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-cluster bench lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +19,12 @@ demo: $(STAMP)
 	$(BIN)/mxlarge launch experiments/proxy/digits-largebatch.yaml -n 2 -s 1
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/cluster
+
+# Real ssh, Open MPI and Slurm jobs across network-namespace hosts on this machine (root; installs
+# its Debian packages when missing). See tests/cluster/testbed.py and launch/README.md.
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -q tests/cluster
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run

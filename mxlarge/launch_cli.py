@@ -89,18 +89,18 @@ def launch(args: argparse.Namespace) -> int:
     print(f"mxlarge: job: {plan.world.describe()}, peak LR {plan.peak_lr:.6g}, "
           f"{plan.total_steps} steps", flush=True)
     ok = False
-    fail_tags: dict[str, str] = {}
+    end_tags: dict[str, str] = {}
     try:
         if args.launcher == "local":
             try:
                 outcome = launcher.run_local(command, workers=workers, servers=servers,
                                              port=args.port, env=env)
             except launcher.PortInUseError as exc:
-                fail_tags = {"failure": str(exc)}
+                end_tags = {"failure": str(exc)}
                 raise InputError(str(exc)) from None
             ok = outcome.exit_code == 0
             if not ok:
-                fail_tags = {"failed_role": str(outcome.failed_role),
+                end_tags = {"failed_role": str(outcome.failed_role),
                              "failed_rank": str(outcome.failed_rank),
                              "failed_status": str(outcome.failed_status),
                              "failure": outcome.message}
@@ -108,20 +108,25 @@ def launch(args: argparse.Namespace) -> int:
             code = outcome.exit_code
         else:
             try:
-                code = launcher.cluster_submit(args.launcher, command, workers=workers,
-                                               servers=servers, hostfile=args.hostfile, env=env)
+                result = launcher.cluster_run(args.launcher, command, workers=workers,
+                                              servers=servers, hostfile=args.hostfile, env=env)
             except (ValueError, NotImplementedError, FileNotFoundError) as exc:
-                fail_tags = {"failure": str(exc)}
+                end_tags = {"failure": str(exc)}
                 raise InputError(str(exc)) from None
+            code = result.exit_code
             ok = code == 0
+            # Cluster jobs: where they ran, and which process on which host failed.
+            end_tags = {"hosts": ",".join(result.hosts)}
             if not ok:
-                fail_tags = {"failure": f"{args.launcher} job exited with {code}"}
-                print(f"mxlarge: job failed with exit code {code}", file=sys.stderr, flush=True)
+                end_tags.update(failed_role=str(result.failed_role),
+                                 failed_rank=str(result.failed_rank),
+                                 failed_host=str(result.failed_host), failure=result.message)
+                print(f"mxlarge: job failed: {result.message}", file=sys.stderr, flush=True)
         return 0 if ok else (code if code else 1)
     finally:
         if owned is not None:
-            owned.end(ok, fail_tags)
+            owned.end(ok, end_tags)
             print(f"mxlarge: MLflow run {owned.run_id} {'FINISHED' if ok else 'FAILED'} "
                   f"(mlflow ui --backend-store-uri {owned.uri})", flush=True)
         elif run is not None:
-            run.tag(fail_tags)
+            run.tag(end_tags)

@@ -13,6 +13,8 @@ package does not import MXNet.
 from mxlarge.launcher.cluster import (
     SUPPORTED,
     UNSUPPORTED,
+    ClusterOutcome,
+    cluster_run,
     cluster_submit,
     forwarded_env,
     tracker_compat,
@@ -22,8 +24,10 @@ from mxlarge.launcher.local import Outcome, PortInUseError, free_port, run_local
 __all__ = [
     "SUPPORTED",
     "UNSUPPORTED",
+    "ClusterOutcome",
     "Outcome",
     "PortInUseError",
+    "cluster_run",
     "cluster_submit",
     "forwarded_env",
     "free_port",

@@ -198,10 +198,11 @@ class Supervisor:
 
     Args:
         output: text stream that receives every child's output, one ``[label] line`` per line.
+        sink: a :class:`LineSink` (subclass) to use instead of a plain one on ``output``.
     """
 
-    def __init__(self, output: IO[str] | Any) -> None:
-        self.sink = LineSink(output)
+    def __init__(self, output: IO[str] | Any, sink: LineSink | None = None) -> None:
+        self.sink = LineSink(output) if sink is None else sink
         self.children: list[Child] = []
         self._exit_order: list[Child] = []
         self._recorded: set[int] = set()

@@ -28,6 +28,22 @@ Supervision
     backend started, which ends the tracker too. Remote processes started through ``ssh`` do
     not get a signal when their ssh client dies (no tty); see ``launch/README.md``.
 
+Command-line fixes (checked on real sshd/Open MPI/Slurm, ``tests/cluster``)
+    * ``ssh`` runs with ``-tt``: sshd signals a command only through its terminal, so without
+      one the remote workers and servers of a failed job would outlive their killed ``ssh``
+      clients (a server whose worker died waits forever). With a pty, killing the client hangs
+      the terminal up and the remote process group gets SIGHUP.
+    * ``srun --share --exclusive=user`` (dmlc's step flags) is refused by Slurm >= 20.11
+      (``unrecognized option '--share'``), and without ``--overlap`` the server step waits for
+      the worker step to end, which never happens. Where srun knows ``--overlap``, the two
+      flags become ``--overlap``: both steps run side by side in the allocation.
+
+Failure report
+    :func:`cluster_run` returns a :class:`ClusterOutcome` naming the role, rank and host of the
+    first process that failed: for ssh from the process itself (one ssh client per process),
+    for mpirun and srun from the report those tools print about the failed rank
+    (``mpirun noticed that process rank R ... on node H``, ``srun: error: H: task R: ...``).
+
 Environment forwarding
     ``ssh`` forwards only a handful of variables (not PYTHONPATH), ``mpirun`` only its ``-x``
     list. So the variables of :func:`forwarded_env` are put on the command line itself, as
@@ -61,6 +77,8 @@ from typing import IO, Any
 
 from mxlarge.launcher._supervise import (
     POLL_INTERVAL,
+    Child,
+    LineSink,
     Supervisor,
     check_job,
     describe_status,
@@ -108,6 +126,14 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SHELL_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")
 _SSH_TARGET = re.compile(r"^ssh .*?StrictHostKeyChecking=no (\S+) -p (\S+)")
+_SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
+# What mpirun (Open MPI 4) and srun print about the rank that failed (a signal; an exit code).
+_TOOL_REPORTS = {
+    "mpi": (re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) "
+                       r"exited on signal"),
+            re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]")),
+    "slurm": (re.compile(r"srun: error: (?P<host>[^:\s]+): tasks? (?P<rank>\d+)[-,\d]*: "),),
+}
 
 
 # --------------------------------------------------------------------------- compatibility
@@ -342,12 +368,14 @@ def check_hosts(path: str | None, launcher: str, workers: int, servers: int) -> 
 class _SubprocessShim:
     """Stands in for the ``subprocess`` module inside dmlc_tracker modules during a submit."""
 
-    def __init__(self, sup: Supervisor, launcher: str) -> None:
+    def __init__(self, sup: Supervisor, launcher: str, srun_overlap: bool = False) -> None:
         self._sup = sup
         self._launcher = launcher
+        self._srun_overlap = srun_overlap
         self._pid = os.getpid()
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.hosts: dict[int, str] = {}  # child pid -> ssh target
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
@@ -359,15 +387,28 @@ class _SubprocessShim:
             return subprocess.check_call(args, shell=shell, env=env, executable=executable,
                                          **kwargs)
         role, index, label = self._describe(args, env)
+        if isinstance(args, str):
+            args = self._fix_command(args)
         try:
             child = self._sup.spawn(role, index, args, env=env, shell=shell,
                                     executable=executable, label=label)
         except RuntimeError:
             return 0  # teardown has begun; starting more would only be killed again
+        target = _SSH_TARGET.match(args) if isinstance(args, str) else None
+        if self._launcher == "ssh" and target:
+            self.hosts[child.pid] = target.group(1)
         # Deliberately no CalledProcessError: in dmlc's daemon threads it would only print a
         # traceback. The supervisor has seen the exit and acts on it.
         child.wait_exit()
         return 0
+
+    def _fix_command(self, command: str) -> str:
+        """The ``-tt`` and ``--overlap`` fixes of the module docstring."""
+        if self._launcher == "ssh" and command.startswith("ssh "):
+            return "ssh -tt " + command[len("ssh "):]
+        if self._launcher == "slurm" and self._srun_overlap:
+            return command.replace(_SRUN_DMLC_FLAGS, "srun --overlap ")
+        return command
 
     def _describe(self, args: Any, env: Mapping[str, str] | None) -> tuple[str, int | None, str]:
         if env is not None and env.get("DMLC_ROLE") == "scheduler":
@@ -404,10 +445,89 @@ def _patched_subprocess(modules: Sequence[ModuleType], shim: _SubprocessShim) ->
 _submit_lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class ClusterOutcome:
+    """How a cluster job ended.
+
+    Attributes:
+        exit_code: 0 on success; the exit code of the first local process (scheduler, ``ssh``,
+            ``mpirun``, ``srun``) seen to fail, 128 + n for a signal n (also when the launcher
+            itself was interrupted by signal n).
+        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"``; ``None`` on success or when
+            the launcher was interrupted.
+        failed_rank: launch index of the failed process within its role (ssh), or its rank in
+            the ``mpirun``/``srun`` of its role as the tool reported it; ``None`` if unknown.
+        failed_host: where it ran: the ssh target, the node mpirun/srun named, the scheduler
+            address; ``None`` if unknown.
+        message: one line, e.g. ``"worker 1 via ssh 10.0.0.2:22 exited with status 137"``.
+        hosts: the scheduler address, then the hosts the backend was given (ssh targets used,
+            the mpi hostfile's hosts, the Slurm allocation's nodes), without repeats.
+    """
+
+    exit_code: int
+    failed_role: str | None
+    failed_rank: int | None
+    failed_host: str | None
+    message: str
+    hosts: tuple[str, ...]
+
+
+class _ReportSink(LineSink):
+    """A :class:`LineSink` that also keeps the first failed rank/host mpirun or srun reports."""
+
+    def __init__(self, output: IO[str] | Any, launcher: str) -> None:
+        super().__init__(output)
+        self._patterns = _TOOL_REPORTS.get(launcher, ())
+        self.reports: dict[str, tuple[int, str | None]] = {}  # label -> (rank, host)
+
+    def emit(self, label: str, text: str) -> None:
+        super().emit(label, text)
+        if label in self.reports:
+            return
+        for pattern in self._patterns:
+            m = pattern.search(text)
+            if m:
+                self.reports[label] = (int(m.group("rank")), m.groupdict().get("host"))
+                return
+
+
+def srun_has_overlap() -> bool:
+    """Whether this ``srun`` has ``--overlap`` (Slurm >= 20.11)."""
+    try:
+        r = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--overlap" in r.stdout
+
+
+def _slurm_nodes() -> list[str]:
+    """The nodes of the current Slurm allocation, expanded by ``scontrol`` where possible."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    if not nodelist:
+        return []
+    try:
+        r = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return [nodelist]
+    return r.stdout.split() if r.returncode == 0 and r.stdout.split() else [nodelist]
+
+
 def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, servers: int,
                    hostfile: str | None, env: Mapping[str, str] | None = None,
                    extra: Mapping[str, Any] | None = None, grace: float = 10.0,
                    output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0) -> int:
+    """:func:`cluster_run` that returns only the exit code."""
+    return cluster_run(launcher, command, workers=workers, servers=servers, hostfile=hostfile,
+                       env=env, extra=extra, grace=grace, output=output,
+                       shutdown_timeout=shutdown_timeout).exit_code
+
+
+def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers: int,
+                hostfile: str | None, env: Mapping[str, str] | None = None,
+                extra: Mapping[str, Any] | None = None, grace: float = 10.0,
+                output: IO[str] | Any = sys.stdout,
+                shutdown_timeout: float = 60.0) -> ClusterOutcome:
     """Run ``command`` as a dist_sync job through dmlc_tracker's ``launcher`` backend.
 
     The scheduler runs on this host (that is how dmlc_tracker works), servers and workers where
@@ -434,8 +554,7 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
         shutdown_timeout: seconds the remaining processes may take to exit after the scheduler.
 
     Returns:
-        0 if every process started here exited 0, else a non-zero exit code (that of the first
-        failure, 128 + n for a signal n).
+        The :class:`ClusterOutcome`.
 
     Raises:
         ValueError: invalid arguments, hostfile missing/empty/too short.
@@ -505,16 +624,19 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
                                  for e in entries)
             else:
                 args.host_file = hostfile
+            hosts = _slurm_nodes() if launcher == "slurm" else [e.host for e in entries or ()]
             return _submit(backend, tracker, args, launcher, job_env["MXLARGE_JOB_ID"], grace,
-                           output, shutdown_timeout)
+                           output, shutdown_timeout, hosts)
     finally:
         _submit_lock.release()
 
 
 def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, job_id: str,
-            grace: float, output: IO[str] | Any, shutdown_timeout: float) -> int:
-    sup = Supervisor(output)
-    shim = _SubprocessShim(sup, launcher)
+            grace: float, output: IO[str] | Any, shutdown_timeout: float,
+            hosts: list[str]) -> ClusterOutcome:
+    sink = _ReportSink(output, launcher)
+    sup = Supervisor(output, sink=sink)
+    shim = _SubprocessShim(sup, launcher, srun_overlap=launcher == "slurm" and srun_has_overlap())
     stop = threading.Event()
     received: list[int] = []
     errors: list[BaseException] = []
@@ -533,10 +655,10 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
         with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
                 scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
             thread.start()
-            rc, message = _watch(sup, thread, errors, stop, received, shutdown_timeout)
+            rc, message, failed = _watch(sup, thread, errors, stop, received, shutdown_timeout)
             if message:
-                failed = rc not in (0, None) and not stop.is_set()
-                sup.sink.emit("launcher", f"{message}; stopping the job" if failed else message)
+                bad = rc not in (0, None) and not stop.is_set()
+                sup.sink.emit("launcher", f"{message}; stopping the job" if bad else message)
             sup.teardown(grace)
             # With the scheduler gone, tracker.submit() returns within a poll interval.
             thread.join(timeout=grace + 10)
@@ -545,17 +667,27 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
     if rc is None:
         err = errors[0]
         raise RuntimeError(f"dmlc_tracker {launcher}.submit failed: {err!r}") from err
-    return rc
+    used = [args.host_ip, *(shim.hosts.values() if launcher == "ssh" else hosts)]
+    role = rank = host = None
+    if failed is not None:
+        role = failed.role
+        if role == "scheduler":
+            rank, host = 0, args.host_ip
+        elif launcher == "ssh":
+            rank, host = failed.index, shim.hosts.get(failed.pid)
+        else:
+            rank, host = sink.reports.get(failed.label, (None, None))
+    return ClusterOutcome(rc, role, rank, host, message, tuple(dict.fromkeys(used)))
 
 
 def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],
            stop: threading.Event, received: list[int],
-           shutdown_timeout: float) -> tuple[int | None, str]:
+           shutdown_timeout: float) -> tuple[int | None, str, Child | None]:
     done_at: float | None = None
     while True:
         if stop.is_set():
             sig = received[0] if received else signal.SIGTERM
-            return 128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down"
+            return 128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down", None
         sup.poll()
         failed = sup.first_failure()
         if failed is not None:
@@ -563,19 +695,19 @@ def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException
             hint = " (ssh could not connect?)" if failed.status == 255 and "ssh" in \
                 failed.label else ""
             return (exit_code_for(failed.status),
-                    f"{failed.label} exited with {describe_status(failed.status)}{hint}")
+                    f"{failed.label} exited with {describe_status(failed.status)}{hint}", failed)
         if not thread.is_alive():
             if errors:
-                return None, ""
+                return None, "", None
             if not sup.children:
-                return 1, "dmlc_tracker started no process"
+                return 1, "dmlc_tracker started no process", None
             if sup.all_exited():
-                return 0, f"job finished: all {len(sup.children)} processes exited 0"
+                return 0, f"job finished: all {len(sup.children)} processes exited 0", None
             now = time.monotonic()
             if done_at is None:
                 done_at = now
             elif now - done_at > shutdown_timeout:
                 hung = ", ".join(c.label for c in sup.children if c.status is None)
                 return 1, (f"{hung} still running {shutdown_timeout:g} s after the scheduler "
-                           f"exited")
+                           f"exited"), None
         time.sleep(POLL_INTERVAL)

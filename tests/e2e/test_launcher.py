@@ -429,6 +429,8 @@ rest = []
 while i < len(args):
     if args[i] == "-o":
         i += 2
+    elif args[i] == "-tt":
+        i += 1
     elif args[i] == "-p":
         port = args[i + 1]; i += 2
     elif host is None:
@@ -533,13 +535,14 @@ def test_ssh_backend_runs_a_real_job_over_loopback(fakes: Path, tmp_path: Path,
                        DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1")
     ssh = calls(fakes, "ssh")
     assert len(ssh) == 3
-    # ssh -o StrictHostKeyChecking=no HOST -p PORT 'REMOTE COMMAND'
-    assert all(c["argv"][2] == "127.0.0.1" and c["argv"][3] == "-p" for c in ssh), ssh
+    # ssh -tt -o StrictHostKeyChecking=no HOST -p PORT 'REMOTE COMMAND' (-tt: see cluster.py)
+    assert all(c["argv"][:2] == ["-tt", "-o"] for c in ssh), ssh
+    assert all(c["argv"][3] == "127.0.0.1" and c["argv"][4] == "-p" for c in ssh), ssh
     remote = [c["argv"][-1] for c in ssh]
     # dmlc: process i goes to host line i % len(hosts), the server first, so it gets line 0.
-    ports = {re.search(r"export DMLC_ROLE=(\w+);", c["argv"][-1]).group(1) + c["argv"][4]
+    ports = {re.search(r"export DMLC_ROLE=(\w+);", c["argv"][-1]).group(1) + c["argv"][5]
              for c in ssh}
-    assert sorted(c["argv"][4] for c in ssh) == ["22", "2222", "2222"]
+    assert sorted(c["argv"][5] for c in ssh) == ["22", "2222", "2222"]
     assert "server2222" in ports
     assert sorted(re.search(r"export DMLC_ROLE=(\w+);", r).group(1) for r in remote) == \
         ["server", "worker", "worker"]
@@ -623,7 +626,7 @@ def test_slurm_sbatch_template_runs_a_real_job(fakes: Path, marker: str) -> None
         assert re.search(rf"^\[workers via srun\] kv_worker sum OK rank={rank}$", text, re.M)
     assert_workers_saw(text, PYTHONPATH=os.environ["PYTHONPATH"], MLFLOW_RUN_ID="run-slurm",
                        DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1")
-    srun = {c["env"]["DMLC_ROLE"]: c for c in calls(fakes, "srun")}
+    srun = {c["env"]["DMLC_ROLE"]: c for c in calls(fakes, "srun") if c["argv"] != ["--help"]}
     assert set(srun) == {"worker", "server"}
     for role, n in (("worker", "2"), ("server", "1")):
         argv, denv = srun[role]["argv"], srun[role]["env"]

@@ -453,12 +453,13 @@ class ClusterOutcome:
         exit_code: 0 on success; the exit code of the first local process (scheduler, ``ssh``,
             ``mpirun``, ``srun``) seen to fail, 128 + n for a signal n (also when the launcher
             itself was interrupted by signal n).
-        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"``; ``None`` on success or when
-            the launcher was interrupted.
+        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"``; ``"launcher"`` when the
+            launcher itself got SIGINT/SIGTERM/SIGHUP first (``scancel`` of a batch job);
+            ``None`` on success.
         failed_rank: launch index of the failed process within its role (ssh), or its rank in
             the ``mpirun``/``srun`` of its role as the tool reported it; ``None`` if unknown.
         failed_host: where it ran: the ssh target, the node mpirun/srun named, the scheduler
-            address; ``None`` if unknown.
+            address (also for the launcher); ``None`` if unknown.
         message: one line, e.g. ``"worker 1 via ssh 10.0.0.2:22 exited with status 137"``.
         hosts: the scheduler address, then the hosts the backend was given (ssh targets used,
             the mpi hostfile's hosts, the Slurm allocation's nodes), without repeats.
@@ -677,6 +678,8 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
             rank, host = failed.index, shim.hosts.get(failed.pid)
         else:
             rank, host = sink.reports.get(failed.label, (None, None))
+    elif stop.is_set():  # e.g. scancel: Slurm's SIGTERM reached the launcher first
+        role, rank, host = "launcher", 0, args.host_ip
     return ClusterOutcome(rc, role, rank, host, message, tuple(dict.fromkeys(used)))
 
 

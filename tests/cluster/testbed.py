@@ -291,11 +291,11 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
                 pass
         namespaces = _our_namespaces()
         leftovers: list[str] = []
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15  # slurmd may wait for a step daemon on a loaded box
         while time.monotonic() < deadline and _pids_in(namespaces):
             time.sleep(0.1)
         for ns, pids in _pids_in(namespaces).items():
-            leftovers.append(f"{ns}: {' '.join(map(str, pids))}")
+            leftovers.append(f"{ns}: {', '.join(f'{p} {_cmdline(p)}' for p in pids)}")
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -330,6 +330,13 @@ def _pids_in(namespaces: list[str]) -> dict[str, list[int]]:
         if pids:
             out[ns] = pids
     return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
 
 
 def _write_exe(path: Path, text: str) -> None:

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.cluster.observe import Observer, start
 from tests.cluster.testbed import Testbed
+from tests.datagen import make_imagenet
 from tests.helpers import EQ_CONFIG, cli, load_params
 
 PY = sys.executable  # the project venv's absolute path: what every host runs
@@ -81,13 +82,15 @@ def check_placement(tb: Testbed, obs: Observer, scheduler_host: str, hosts: set[
         assert p.listen <= {own, "127.0.0.1"}, p  # ... and nowhere else (no 0.0.0.0)
 
 
-def check_run(work: Path, hosts: str | None) -> None:
+def check_run(work: Path, hosts: str | None):  # type: ignore[no-untyped-def]
+    """The job's one MLflow run, FINISHED, with ``hosts`` as its tag (if given)."""
     client = MlflowClient(tracking_uri=f"sqlite:///{work}/mlruns.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1, runs
     assert runs[0].info.status == "FINISHED"
     if hosts is not None:
         assert runs[0].data.tags["hosts"] == hosts
+    return runs[0]
 
 
 def run_job(tb: Testbed, work: Path, argv: list[str], host: str = "h0",
@@ -181,3 +184,32 @@ def test_mxnet_launch_py_over_ssh(testbed: Testbed, work: Path,
     check_weights(work, reference)
     check_run(work, None)
 
+
+
+@pytest.mark.timeout(400)
+def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed, work: Path) -> None:
+    """experiments/imagenet/mxnet-128gpu-4k.yaml as its layout runs (one worker process per
+    machine driving several devices, dist_device_sync, one server per machine), shrunk to fit:
+    3 hosts x 2 CPU devices x 2 images of 32 px, generated RecordIO, 3 steps."""
+    paths = make_imagenet(work, num_train=48, num_val=8, num_classes=4)
+    hosts = work / "hosts"
+    hosts.write_text("".join(f"{testbed.addr(h)}\n" for h in testbed.hosts))
+    argv = [PY, "-m", "mxlarge.cli", "launch",
+            str(REPO / "experiments/imagenet/mxnet-128gpu-4k.yaml"), "-n", "3", "-s", "3",
+            "--launcher", "ssh", "-H", str(hosts),
+            f"data.train_rec={paths['train_rec']}", f"data.val_rec={paths['val_rec']}",
+            "data.train_samples=null", "data.num_classes=4", "data.batch_size=2",
+            "data.image_size=32", "data.resize=36", "data.threads=1", "dist.devices=2",
+            "dist.device_type=cpu", "train.max_steps=3", "train.progress=false",
+            f"tracking.uri=sqlite:///{work}/mlruns.db"]
+    obs = run_job(testbed, work, argv, timeout=360)
+    workers = obs.by_role("worker")
+    assert sorted(p.host for p in workers) == testbed.hosts  # one worker per host
+    assert sorted(p.host for p in obs.by_role("server")) == testbed.hosts
+    for p in obs.procs.values():
+        assert p.host is not None and p.listen <= {testbed.addr(p.host), "127.0.0.1"}, p
+    text = (work / "job.log").read_text()
+    assert "done: 3 steps on 3 worker(s) x 2 devices" in text, text[-3000:]
+    run = check_run(work, ",".join(testbed.addr(h) for h in testbed.hosts))
+    assert run.data.params["dist.kvstore"] == "dist_device_sync"
+    assert run.data.tags["global_batch"] == str(3 * 2 * 2)

@@ -668,7 +668,10 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
     if rc is None:
         err = errors[0]
         raise RuntimeError(f"dmlc_tracker {launcher}.submit failed: {err!r}") from err
-    used = [args.host_ip, *(shim.hosts.values() if launcher == "ssh" else hosts)]
+    if launcher == "ssh":  # in hostfile order (dmlc's threads start the clients in any order)
+        contacted = set(shim.hosts.values())
+        hosts = [h for h in hosts if h in contacted]
+    used = [args.host_ip, *hosts]
     role = rank = host = None
     if failed is not None:
         role = failed.role

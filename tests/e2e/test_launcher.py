@@ -796,3 +796,22 @@ def test_mxnet_launch_py_local_job_listens_on_loopback_only(marker: str) -> None
     assert listening_roles == ["scheduler", "server", "worker", "worker"], (sockets, roles)
     assert all(ipaddress.ip_address(addr).is_loopback for _, addr, _ in sockets), sockets
     assert_no_leftovers(marker)
+
+
+def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
+    """The lines are what Open MPI 4.1.4 and Slurm 22.05 printed on the namespace testbed
+    (tests/cluster) for a rank killed with SIGKILL or exiting 3; the first report counts."""
+    from mxlarge.launcher.cluster import _ReportSink
+
+    mpi = _ReportSink(Collector(), "mpi")
+    mpi.emit("servers via mpirun", "mpirun noticed that process rank 1 with PID 0 on node h2 "
+                                   "exited on signal 9 (Killed).")
+    mpi.emit("servers via mpirun", "mpirun noticed that process rank 0 with PID 0 on node h1 "
+                                   "exited on signal 15 (Terminated).")
+    mpi.emit("workers via mpirun", "  Process name: [[37071,1],1]")
+    assert mpi.reports == {"servers via mpirun": (1, "h2"), "workers via mpirun": (1, None)}
+    slurm = _ReportSink(Collector(), "slurm")
+    slurm.emit("workers via srun", "srun: error: h2: task 1: Killed")
+    slurm.emit("servers via srun", "srun: error: h1: tasks 0-1: Exited with exit code 3")
+    slurm.emit("other via srun", "srun: error: Unable to create step for job 4: busy")
+    assert slurm.reports == {"workers via srun": (1, "h2"), "servers via srun": (0, "h1")}

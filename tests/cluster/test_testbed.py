@@ -4,11 +4,14 @@ from __future__ import annotations
 import errno
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.testbed import NET, Testbed
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def on(tb: Testbed, host: str, *cmd: str, cwd: Path | None = None,
@@ -52,3 +55,16 @@ def test_ssh_mpirun_and_slurm_reach_every_host(testbed: Testbed) -> None:
     assert sorted(out.split()) == testbed.hosts
     out = on(testbed, "h0", "srun", "-N", "3", "-n", "3", "hostname")
     assert sorted(out.split()) == testbed.hosts
+
+
+def test_without_root_it_says_what_it_needs(testbed: Testbed) -> None:
+    """One clear line and exit status 2, nothing created (run as nobody)."""
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        sys.executable, "-m", "tests.cluster.testbed", "--root",
+                        str(testbed.root / "work" / "not-root"), "up"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "testbed: error: the cluster testbed needs root: it creates network namespaces and runs "
+        "sshd, munged, slurmctld and slurmd"]
+    assert not (testbed.root / "work" / "not-root").exists()

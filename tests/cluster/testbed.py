@@ -113,10 +113,10 @@ class Testbed:
 
     def up(self) -> None:
         """Bring the cluster up, or leave it as it is if it is already up and healthy."""
+        ensure_packages()  # first: without root, its message names the missing packages too
         if os.geteuid() != 0:
             raise TestbedError("the cluster testbed needs root: it creates network namespaces "
                                "and runs sshd, munged, slurmctld and slurmd")
-        ensure_packages()
         if self.healthy():
             return
         self.down()

@@ -21,7 +21,7 @@ anyway); anything else is pushed as a copy.
 
 Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; small
 collective vectors (checksums, scalar sums) use the keys from ``AUX_KEY`` on (MXNet refuses
-mixed int/str keys). All stay below 215,331 (see ``MAX_KEY``).
+mixed int/str keys). All stay below 215,330 (see ``MAX_KEY``).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from mxlarge.kvstore.roles import ParamRole
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
 # MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C int:
-# keys above 215,330 overflow it and fail `ps_key < krs[server].end()` with 2+ servers.
+# keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with 2 servers.
 STAT_KEY = 100_000
 AUX_KEY = 200_000
 MAX_KEY = 2**31 // 9973 - 1

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from mxlarge.errors import DivergenceError, InputError, ReplicaMismatch
 
@@ -96,10 +97,15 @@ def _show(args: argparse.Namespace) -> int:
         raise InputError(f"--lr-at {args.lr_at!r}: expected comma-separated integers") from None
     if any(s < 0 for s in steps):
         raise InputError(f"--lr-at {args.lr_at!r}: steps must be >= 0")
-    roles = _role_counts(cfg)
+    roles, init = _built_net_facts(cfg)
+    if init.warning():
+        print(f"mxlarge: warning: {init.warning()}", file=sys.stderr, flush=True)
     out = {"config": to_dict(cfg),
            "plan": {**p.summary(), "lr_at": {str(s): p.schedule(s) for s in steps}},
-           "param_roles": roles}
+           "param_roles": roles,
+           "zero_gamma": {"blocks": len(init.zero_gamma),
+                          "residual_blocks": init.residual_blocks,
+                          "skipped": [f"{name} ({kind})" for name, kind in init.skipped]}}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -114,11 +120,14 @@ def _show(args: argparse.Namespace) -> int:
             print(f"{k}: {v}")
     for k, v in roles.items():
         print(f"params {k}: {v}")
+    print(f"zero_gamma: {len(init.zero_gamma)} of {init.residual_blocks} residual blocks"
+          + (f" (skipped: {len(init.skipped)})" if init.skipped else ""))
     return 0
 
 
-def _role_counts(cfg) -> dict[str, int]:
-    """Builds the net (no data needed) to count parameter roles."""
+def _built_net_facts(cfg) -> tuple[dict[str, int], Any]:
+    """Builds and initialises the net (no data needed): parameter role counts and the
+    :class:`~mxlarge.nets.init.InitReport`."""
     import mxnet as mx
 
     from mxlarge import nets
@@ -127,8 +136,8 @@ def _role_counts(cfg) -> dict[str, int]:
     shape = {"digits": (1, 8, 8), "cifar10": (3, 32, 32)}.get(
         cfg.data.dataset, (3, cfg.data.image_size, cfg.data.image_size))
     net = nets.build_net(cfg.model, cfg.data.num_classes)
-    nets.initialize(net, cfg.model, seed=0, ctx=[mx.cpu()], input_shape=shape)
-    return role_counts(param_roles(net.collect_params(), cfg.optim.decay_bn_bias))
+    report = nets.initialize(net, cfg.model, seed=0, ctx=[mx.cpu()], input_shape=shape)
+    return role_counts(param_roles(net.collect_params(), cfg.optim.decay_bn_bias)), report
 
 
 def _load(args: argparse.Namespace):

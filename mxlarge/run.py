@@ -7,6 +7,7 @@ number of workers is checked against it, never used to re-derive it.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -95,6 +96,8 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None) -> Built:
     net = nets.build_net(cfg.model, data.num_classes)
     init_report = nets.initialize(net, cfg.model, seed=cfg.train.seed, ctx=ctx,
                                   input_shape=data.input_shape)
+    if rank == 0 and init_report.warning():
+        print(f"mxlarge: warning: {init_report.warning()}", file=sys.stderr, flush=True)
     if cfg.model.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     o = cfg.optim

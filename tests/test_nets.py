@@ -123,6 +123,10 @@ def test_zero_gamma_block_starts_as_its_shortcut(zoo, name, path, has_down, trai
 def test_preactivation_blocks_are_skipped():
     net, report = _built("cifar_resnet20_v2", CIFAR)
     assert report.residual_blocks == 9 and report.zero_gamma == ()
+    assert [kind for _, kind in report.skipped] == ["CIFARBasicBlockV2"] * 9
+    assert report.warning().startswith("zero-gamma applies to 0 of 9 residual blocks; skipped "
+                                       "9 x CIFARBasicBlockV2")
+    assert _built("cifar_resnet20_v1", CIFAR)[1].warning() is None
     assert all(last_branch_batchnorm(b) is None for b in residual_blocks(net))
     # Why: zeroing the last BN of a v2 branch (BN - relu - conv) would kill it for good. The
     # BN output is 0, relu'(0) = 0 in MXNet, so gamma, beta and the conv get no gradient.

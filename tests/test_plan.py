@@ -81,3 +81,17 @@ def test_noise_scale_of_one_contributor_is_refused():
         plan_for(cfg)
     assert plan_for(load_config(ROOT / "experiments/proxy/digits-baseline.yaml",
                                 ["train.gns_every=1", "dist.simulate_workers=2"]))
+
+
+def test_show_warns_on_stderr_when_zero_gamma_skips_blocks(tmp_path, capsys):
+    """Pre-activation blocks are left as built: `show` says so where the user looks."""
+    cfg = tmp_path / "v2.yaml"
+    cfg.write_text("model: {name: cifar_resnet20_v2}\n")
+    assert main(["show", str(cfg), "--json"]) == 0
+    out = capsys.readouterr()
+    assert "mxlarge: warning: zero-gamma applies to 0 of 9 residual blocks" in out.err
+    assert json.loads(out.out)["zero_gamma"]["blocks"] == 0
+    cfg.write_text("model: {name: cifar_resnet20_v1}\n")
+    assert main(["show", str(cfg)]) == 0
+    out = capsys.readouterr()
+    assert "warning" not in out.err and "zero_gamma: 9 of 9 residual blocks" in out.out

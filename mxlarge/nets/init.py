@@ -33,17 +33,20 @@ the BN kept only if its output goes straight into an addition with an operand th
 depend on it (the shortcut), possibly through a linear op such as an SE gate's
 ``broadcast_mul``.
 
-Pre-activation (v2) blocks fail this test, and are skipped on purpose: their branch is
-``... BN - relu - conv`` so the last BN is followed by a convolution. Zeroing it would not give an
-identity block in a trainable way: the BN output would be exactly 0 where MXNet's relu has
-zero gradient, so :math:`\gamma`, :math:`\beta` and the last convolution would all receive zero
-gradient and the branch would stay dead forever. The recipe targets v1 networks.
+Pre-activation (v2) blocks, blocks ending in a fused ``BatchNormReLU`` and BN-free blocks fail
+this test and are skipped (listed in :attr:`InitReport.skipped`; ``mxlarge train`` and
+``mxlarge show`` print :meth:`InitReport.warning` on stderr). Pre-activation blocks on purpose:
+their branch is ``... BN - relu - conv`` so the last BN is followed by a convolution. Zeroing it
+would not give an identity block in a trainable way: the BN output would be exactly 0 where
+MXNet's relu has zero gradient, so :math:`\gamma`, :math:`\beta` and the last convolution
+would all receive zero gradient and the branch would stay dead forever. The recipe targets v1
+networks.
 """
 from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -84,12 +87,27 @@ class InitReport:
         zero_gamma: parameter names of the gammas set to 0, one per residual block whose branch
             ends in a BatchNorm (empty when ``zero_gamma`` is off).
         residual_blocks: number of residual blocks detected (whether or not zeroed).
+        skipped: ``(block name, block type)`` of each residual block left as built although
+            ``zero_gamma`` is on: no BatchNorm with a learnable gamma feeds its residual
+            addition (pre-activation (v2), fused BN+ReLU or BN-free blocks).
     """
 
     he_convs: int
     final_dense: str | None
     zero_gamma: tuple[str, ...]
     residual_blocks: int
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def warning(self) -> str | None:
+        """One line for the user when some residual blocks were skipped, else ``None``."""
+        if not self.skipped:
+            return None
+        kinds = Counter(kind for _, kind in self.skipped)
+        listed = ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items()))
+        return (f"zero-gamma applies to {len(self.zero_gamma)} of {self.residual_blocks} "
+                f"residual blocks; skipped {listed}: no BatchNorm with a learnable gamma feeds "
+                "their residual addition (pre-activation (v2), fused BN+ReLU or BN-free blocks "
+                "keep gamma = 1)")
 
 
 def he_initializer() -> mx.init.Initializer:
@@ -136,7 +154,11 @@ def _trace(block: HybridBlock) -> tuple[list[dict], set[int]] | None:
         # A private NameManager keeps the global op-name counters untouched.
         with mx.name.NameManager():
             out = block(mx.sym.var("data"))
-    except Exception as exc:  # multi-input blocks, NDArray-only code, ...
+    # TypeError: a block that needs more inputs than one; AttributeError: NDArray-only code
+    # (``x.shape``, ``.asnumpy()`` on a Symbol); ValueError/NotImplementedError/MXNetError:
+    # ops or shapes that cannot be built symbolically. Anything else is a bug and propagates.
+    except (TypeError, AttributeError, ValueError, NotImplementedError,
+            mx.base.MXNetError) as exc:
         log.debug("cannot trace %s symbolically: %s", block.name, exc)
         return None
     if isinstance(out, (list, tuple)):
@@ -293,13 +315,12 @@ def initialize(net: Block, cfg: ModelConfig, *, seed: int, ctx=None,
 
     blocks = residual_blocks(net)
     zeroed: dict[int, nn.BatchNorm] = {}
+    skipped: list[tuple[str, str]] = []
     if cfg.zero_gamma:
         for block in blocks:
             bn = last_branch_batchnorm(block)
             if bn is None or _fix_gamma(bn):
-                log.info("zero-gamma: %s (%s) has no BatchNorm with a learnable gamma feeding "
-                         "its residual addition (pre-activation or BN-free block): skipped",
-                         block.name, type(block).__name__)
+                skipped.append((block.name, type(block).__name__))
             else:
                 zeroed[id(bn)] = bn
     final = _final_dense(net) if cfg.fc_init_std > 0 else None
@@ -354,6 +375,7 @@ def initialize(net: Block, cfg: ModelConfig, *, seed: int, ctx=None,
         final_dense=final.weight.name if final is not None else None,
         zero_gamma=tuple(bn.gamma.name for bn in zeroed.values()),
         residual_blocks=len(blocks),
+        skipped=tuple(skipped),
     )
     log.info("init %s: %d He convs, final dense %s, zero gamma in %d/%d residual blocks",
              net.name, report.he_convs, report.final_dense, len(report.zero_gamma),

@@ -72,15 +72,17 @@ class LineSink:
         self._lock = threading.Lock()
 
     def emit(self, label: str, text: str) -> None:
-        """Write one prefixed line; never raises (a closed or broken output must not stop the
-        pumps, or children would block on a full pipe)."""
+        """Write one prefixed line. A closed output (``ValueError``) or a broken one
+        (``OSError``: EPIPE, a full disk) drops the line instead of raising: the pumps must keep
+        draining the children's pipes, or the children would block on a full pipe. Any other
+        exception is a bug in the output object and propagates."""
         with self._lock:
             try:
                 self._out.write(f"[{label}] {text}\n")
                 flush = getattr(self._out, "flush", None)
                 if flush is not None:
                     flush()
-            except Exception:  # noqa: BLE001 - see docstring
+            except (OSError, ValueError):
                 pass
 
 

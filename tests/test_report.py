@@ -2,6 +2,7 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from mxlarge.report import (
@@ -218,13 +219,30 @@ def test_summarize_without_any_accuracy_has_no_target():
     assert "no target" in render_markdown("s", s, [r], [], {}, [])
 
 
-def test_plots_are_written(tmp_path):
+def _pixels(path):
+    from matplotlib.image import imread
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return imread(path)
+
+
+def test_plots_draw_the_data(tmp_path):
+    """Each plot is a PNG whose pixels are a function of the data: the same runs give the same
+    image, and changing what the plot shows (one run's accuracy, or its LR) changes it."""
     runs = list(scaling_sweep())
     runs[0] = dataclasses.replace(runs[0], lr=((1, 0.1), (10, 0.2), (20, 0.02)))
-    for fn, name in ((plot_val_error, "v.png"), (plot_error_vs_batch, "b.png"),
-                     (plot_loss_lr, "l.png")):
-        fn(runs, tmp_path / name, "t")
-        assert (tmp_path / name).stat().st_size > 1000
+    changed_acc = [dataclasses.replace(runs[0], rows=rows([0.2, 0.3, 0.4])), *runs[1:]]
+    changed_lr = [dataclasses.replace(runs[0], lr=((1, 0.1), (10, 0.05), (20, 0.3))), *runs[1:]]
+    for fn, variant in ((plot_val_error, changed_acc), (plot_error_vs_batch, changed_acc),
+                        (plot_loss_lr, changed_lr)):
+        a, again, other = (tmp_path / f"{fn.__name__}-{i}.png" for i in range(3))
+        fn(runs, a, "t")
+        fn(runs, again, "t")
+        fn(variant, other, "t")
+        img = _pixels(a)
+        assert img.shape[0] > 100 and img.shape[1] > 100
+        assert len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10  # not blank
+        np.testing.assert_array_equal(img, _pixels(again))
+        assert not np.array_equal(img, _pixels(other)), fn.__name__
 
 
 # -- gradient noise scale ---------------------------------------------------------------------

@@ -117,31 +117,9 @@ def run(reps: int = 5, iters: int = 4, log: IO[str] | None = None,
     big = sum(1 for s in shapes if _numel(s) > 10**6)
     md += (f"\n\n{len(shapes)} tensors, {sum(_numel(s) for s in shapes) / 1e6:.2f} M float32; "
            f"{big} of them have more than 1e6 elements (sliced over all servers under the "
-           "default bound).\n\n" + PROFILE_MD)
+           "default bound). Where the time goes (a perf profile): benchmarks/README.md.")
     return BenchResult("bandwidth", ratios, {"configs": details, "tensors": len(shapes),
                                              "warmup_discarded": warm["sec_per_iter"]}, md)
-
-
-#: A profile taken while writing this benchmark (``perf record -F 499 -g -p <worker>,<server>``
-#: over 8 s of 1 worker + 1 server push/pull loops; see the module docstring). Static text: the
-#: benchmark does not run perf.
-PROFILE_MD = """Where the time goes, 1 worker + 1 server (`perf record -F 499 -g` of both
-processes over 8 s of push/pull loops, taken while writing this benchmark; shares of each
-process's samples):
-
-| | server, defaults | server, malloc | worker, defaults | worker, malloc |
-|---|---|---|---|---|
-| libmxnet: `CopyFromToImpl<cpu,cpu>` 8-byte-move loop, rest | 29 % | 33 % | 7 % | 7 % |
-| kernel: socket copies (`_copy_to/from_iter`) | 17 % | 20 % | 30 % | 33 % |
-| kernel: TCP stack, scheduling, wake-ups | 24 % | 22 % | 34 % | 32 % |
-| user `memcpy` (ps-lite/ZeroMQ buffers) | 12 % | 13 % | 17 % | 20 % |
-| page faults, mmap/munmap of fresh buffers | 9 % | 0.2 % | 5 % | 0.3 % |
-| `memset` (zero-filled fresh buffers) | 5 % | 6 % | 0 % | 0.2 % |
-
-A raw TCP round trip costs only the two kernel rows. The server's copy loop, the per-request
-allocations and the user-space copies are MXNet 1.9.1 / ps-lite internals (mxlarge only decides
-what is pushed, in which order and with which priority); the allocation part can be removed
-from outside with glibc's malloc tunables (`*_malloc` rows above), the copies cannot."""
 
 
 def _numel(shape: list[int]) -> int:

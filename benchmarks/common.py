@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -92,6 +93,7 @@ class BenchResult:
     details: dict[str, Any] = field(default_factory=dict)
     markdown: str = ""
     seconds: float = 0.0
+    commit: str | None = None  # what was measured: ``git_commit()`` when the benchmark started
 
 
 def worker_main(parse: Callable[[list[str] | None], Any], work: Callable[[Any], None],
@@ -153,6 +155,19 @@ def emit_result(payload: Mapping[str, Any]) -> None:
 
 def emit_progress() -> None:
     print(PROGRESS_MARK, flush=True)
+
+
+def git_commit(repo: Path = Path(__file__).resolve().parents[1]) -> str | None:
+    """``HEAD`` of the checkout the benchmarks run from, with ``+dirty`` when tracked files
+    differ from it (the measured code is then not exactly that commit); ``None`` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty.strip() else "")
 
 
 def machine_info() -> dict[str, Any]:

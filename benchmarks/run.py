@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchResult, machine_info, md_table
+from benchmarks.common import BenchResult, git_commit, machine_info, md_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -95,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             total, fn = plan[name]
             bar = tqdm(total=total, desc=f"{name:17s}", unit="round", dynamic_ncols=True)
             t0 = time.perf_counter()
+            commit = git_commit()
             try:
                 res = fn(log, bar)
                 res.seconds = time.perf_counter() - t0
+                res.commit = commit
                 results[name] = res
             except Exception:  # noqa: BLE001 - report, keep going, fail the exit status
                 crashes[name] = traceback.format_exc()
@@ -118,8 +120,9 @@ def write_json(path: Path, info: dict[str, Any], results: dict[str, BenchResult]
                crashes: dict[str, str]) -> None:
     payload = {
         "machine": info,
-        "benchmarks": {n: {"seconds": r.seconds, "ratios": [x.as_dict() for x in r.ratios],
-                           "details": r.details} for n, r in results.items()},
+        "benchmarks": {n: {"commit": r.commit, "seconds": r.seconds,
+                           "ratios": [x.as_dict() for x in r.ratios], "details": r.details}
+                       for n, r in results.items()},
         "crashed": crashes,
     }
     path.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
@@ -147,11 +150,15 @@ def render_md(info: dict[str, Any], results: dict[str, BenchResult],
         f"- python {info['python']}, mxnet {info['mxnet']}, numpy {info['numpy']}, "
         f"gluoncv {info['gluoncv']}",
         "",
-        "Every figure is a ratio of two things measured back to back in the same run, once per "
-        "round, with the order reversed every other round (A B, B A, ...); min / median / max "
+        "Every figure except the scale model's (computed from benchmarks/scale_model.yaml, "
+        "no measurement) is a ratio of two things measured back to back in the same run, once "
+        "per round, with the order reversed every other round (A B, B A, ...); min / median / max "
         "are over the rounds. A target is met (PASS) when the median meets it; MISS otherwise; "
         "`info` has no target. Absolute numbers in the sections below are context only: they "
-        "move with the load of this shared 2-core machine, the ratios much less.",
+        "move with the load of this shared 2-core machine, the ratios much less. Each section "
+        "names the commit it measured. Everything in this file was measured or computed by "
+        "this run; static context (a perf profile, the scale model's sources) is in "
+        "benchmarks/README.md.",
         "",
         "## Summary",
         "",
@@ -161,18 +168,28 @@ def render_md(info: dict[str, Any], results: dict[str, BenchResult],
         for r in res.ratios:
             rows.append([f"`{r.key}`", r.title, r.fmt(min(r.values)), r.fmt(r.median),
                          r.fmt(max(r.values)), len(r.values), r.target_text(),
-                         f"**{r.status}**" if r.status != "info" else "info"])
+                         f"**{r.status}**" if r.status != "info" else "info",
+                         _short(res.commit)])
     lines.append(md_table(["key", "ratio", "min", "median", "max", "rounds", "target",
-                           "status"], rows))
+                           "status", "commit"], rows))
     if crashes:
         lines += ["", "**Crashed:** " + ", ".join(crashes) + " (tracebacks in latest.json)."]
     for name, res in results.items():
-        lines += ["", f"## {TITLES.get(name, name)}", "", f"({res.seconds:.0f} s)", ""]
+        lines += ["", f"## {TITLES.get(name, name)}", "",
+                  f"({res.seconds:.0f} s, commit {res.commit or 'unknown'})", ""]
         for r in res.ratios:
             if r.note:
                 lines.append(f"- `{r.key}`: {r.note}")
         lines += ["", res.markdown]
     return "\n".join(lines) + "\n"
+
+
+def _short(commit: str | None) -> str:
+    """``abc1234`` (``abc1234+dirty``) of a full commit id, ``unknown`` without one."""
+    if commit is None:
+        return "unknown"
+    head, _, dirty = commit.partition("+")
+    return head[:7] + (f"+{dirty}" if dirty else "")
 
 
 def print_summary(results: dict[str, BenchResult], crashes: dict[str, str], out: Path) -> None:

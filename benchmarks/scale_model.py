@@ -241,30 +241,10 @@ def markdown(p: Params) -> str:
         "the slowest of 16–256 GPUs) and host-side work per step, costs more than the bytes.",
         "", "What-if at 128 GPUs (no overlap): where the network would start to matter",
         "", md_table(["setup", "t_ps ms", "img/s", "efficiency"], what_if(p)),
-        "", SOURCES_MD,
+        "", "Sources of the published figures and the model's parameters: "
+        "benchmarks/README.md and benchmarks/scale_model.yaml.",
     ]
     return "\n".join(lines)
-
-
-SOURCES_MD = """Sources (details in `benchmarks/scale_model.yaml`):
-
-- Published table: apache/mxnet `example/image-classification/README.md`, "Scalability Results"
-  (v1.x, e.g. commit a2195610): "16x AWS P2.16xlarge with 256 GPUs in total", Inception-v3 batch
-  32 per GPU, model size 95 MB, `--kv-store dist_device_sync`. So a machine has 16 GPUs (8 K80
-  boards of 2 GK210 each): 128 GPUs are **8** p2.16xlarge, and the 16 machines are the 256-GPU row.
-- How it ran: `example/image-classification/benchmark.py`: up to 16 GPUs on one node with
-  `--kv-store device`, then 2–16 nodes with `dist_sync_device` launched as
-  `launch.py -n <nodes> -s <2·nodes>` (two servers per worker machine).
-- Network: AWS's March 2017 "GPU/FPGA briefing" (speakerdeck.com/porcaro33/gpu-fpga-briefing-plus-
-  march-plus-2017) lists p2.16xlarge at 20 Gbps network bandwidth "in a placement group" (used
-  here: the era of the table). AWS's current instance-type spec says 25 Gbit/s (as scraped from
-  docs.aws.amazon.com/ec2/latest/instancetypes/ac.html into aws/karpenter-provider-aws
-  `zz_generated.bandwidth.go`: `"p2.16xlarge": 25000` Mbit/s); the what-if table shows both. AWS
-  states instance bandwidth applies to inbound and outbound simultaneously
-  (docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth), i.e. per
-  direction, as the model assumes.
-- Not sourced (assumptions in the YAML): 12 GB/s effective PCIe 3.0 x16 per K80 board, and
-  backward = 2/3 of the step."""
 
 
 def run(path: str | Path = DEFAULT_YAML) -> BenchResult:

@@ -88,3 +88,10 @@ def test_the_run_identity_is_passed_not_read_from_the_environment():
         text = p.read_text()
         assert "MXLARGE_RUN_ID" not in text, p
         assert "os.environ[" not in text, p
+
+
+def test_kvstore_push_and_pull_happen_in_sync_py_only():
+    """README: `kvstore/sync.py` is the only push/pull (and the only `mx.kv.create`)."""
+    users = sorted(_module(p) for p in PKG.rglob("*.py")
+                   if re.search(r"\.(push|pull|pushpull|broadcast)\(|kv\.create\(", p.read_text()))
+    assert users == ["mxlarge.kvstore.sync"]

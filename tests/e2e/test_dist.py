@@ -17,13 +17,18 @@ from mlflow.tracking import MlflowClient
 from tests.helpers import BN_CONFIG, EQ_CONFIG, cli, dmlc_processes, load_params
 
 HERE = Path(__file__).resolve().parents[1]  # tests/: the worker scripts live there
+# k workers x n against one process with k·n: measured max |diff| 3.0e-8 (float rounding inside
+# the reductions, see tests/e2e/test_simulate.py); ~7x margin.
+ONE_PROCESS_TOL = 2e-7
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("k", [2, 3])
 def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
     """Weights after 12 steps through warmup and a decay, with momentum: k workers × n equal one
-    process with k·n (max abs diff <= 1e-5). Launched 3 times per k (6 in all) so that the
-    first-step init/push race would show up."""
+    process with k·n up to float rounding inside the reductions (measured max |diff| 3.0e-8 for
+    k = 2 and 3; asserted <= 2e-7, which a corrupted first pull or a wrong scale exceeds by
+    orders of magnitude), and the replicas are bitwise identical. Launched 3 times per k (6 in
+    all) so that the first-step init/push race would show up."""
     cfg = tmp_path / "eq.yaml"
     cfg.write_text(EQ_CONFIG)
     ref = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
@@ -39,7 +44,7 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
         for got in ranks:
             assert got.keys() == want.keys()
             diff = max(float(np.abs(got[n] - want[n]).max()) for n in want)
-            assert diff <= 1e-5, (attempt, diff)
+            assert diff <= ONE_PROCESS_TOL, (attempt, diff)
         for other in ranks[1:]:  # replicas identical bitwise
             for n in want:
                 np.testing.assert_array_equal(other[n], ranks[0][n])
@@ -194,6 +199,6 @@ def test_mxnet_tools_launch_py_runs_the_same_job(tmp_path):
     want = load_params(tmp_path / "ref.params")
     for rank in (0, 1):
         got = load_params(tmp_path / f"ml-{rank}.params")
-        assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= 1e-5
+        assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= ONE_PROCESS_TOL
     time.sleep(0.5)
     assert dmlc_processes(str(tmp_path)) == []

@@ -1,8 +1,14 @@
 """Virtual workers and several devices per worker, end to end.
 
 Real launched dist_sync runs, the one-process simulation of K workers and one worker driving K
-CPU devices must be the same computation: same weights and the same per-worker (per-device) BN
-running statistics; and the noise scale of real workers equals the simulation's.
+CPU devices are the same computation: the same data order, weights and per-worker (per-device)
+BN running statistics. For K = 2 they are bitwise identical (a sum of two floats does not depend
+on their order). For K = 3 the server adds the three pushes in arrival order and the simulation
+in rank order, so float rounding differs: measured max |diff| 2.4e-7 over two launches (about 20
+of 32 tensors differ, BN statistics included), asserted <= 1e-6. A k-worker run against one
+process with batch k·n differs by rounding inside the reductions (measured max 3.0e-8 for k = 2,
+3 and 2 workers x 2 devices), asserted <= 2e-7. The noise scale of real workers equals the
+simulation's.
 """
 import numpy as np
 import pytest
@@ -12,13 +18,24 @@ from tests.helpers import BN_CONFIG, EQ_CONFIG, cli, load_params
 PLAIN = EQ_CONFIG
 
 
-def _assert_same(a_prefix, b_prefix, units, tol=1e-5):
+# Bounds measured as stated in the module docstring (about 4-7x the largest difference seen).
+K3_TOL = 1e-6
+ONE_PROCESS_TOL = 2e-7
+
+
+def _assert_same(a_prefix, b_prefix, units, tol=0.0):
+    """Weights (``.params``) and each unit's own BN statistics (``.params.local``) of two runs:
+    bitwise equal when ``tol`` is 0, else max |diff| <= ``tol``."""
     for u in range(units):
         for suffix in (".params", ".params.local"):
             a, b = load_params(f"{a_prefix}-{u}{suffix}"), load_params(f"{b_prefix}-{u}{suffix}")
             assert a.keys() == b.keys()
-            diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
-            assert diff <= tol, (u, suffix, diff)
+            if tol == 0.0:
+                for k in a:
+                    np.testing.assert_array_equal(a[k], b[k], err_msg=f"{u}{suffix} {k}")
+            else:
+                diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+                assert diff <= tol, (u, suffix, diff)
 
 
 @pytest.mark.timeout(400)
@@ -33,7 +50,7 @@ def test_simulation_equals_real_launched_workers(tmp_path, k):
                 f"dist.simulate_workers={k}", f"train.save_params={tmp_path}/sim-{{rank}}.params"],
                tmp_path)
     assert sim.returncode == 0, sim.stderr[-2000:]
-    _assert_same(tmp_path / "real", tmp_path / "sim", k)
+    _assert_same(tmp_path / "real", tmp_path / "sim", k, tol=0.0 if k == 2 else K3_TOL)
     # the per-worker statistics really are per worker
     a = load_params(f"{tmp_path}/sim-0.params.local")
     b = load_params(f"{tmp_path}/sim-1.params.local")
@@ -42,7 +59,7 @@ def test_simulation_equals_real_launched_workers(tmp_path, k):
 
 @pytest.mark.timeout(400)
 def test_devices_workers_and_simulation_agree(tmp_path):
-    """1 worker × 2 CPU devices == 2 launched workers × 1 device == simulation of 2."""
+    """1 worker × 2 CPU devices == 2 launched workers × 1 device == simulation of 2, bitwise."""
     cfg = tmp_path / "sim.yaml"
     cfg.write_text(BN_CONFIG)
     runs = {
@@ -71,9 +88,12 @@ def test_two_workers_two_devices_equal_one_process(tmp_path):
                 f"train.save_params={tmp_path}/one-{{rank}}.params"], tmp_path)
     assert ref.returncode == 0, ref.stderr[-2000:]
     want = load_params(f"{tmp_path}/one-0.params")
-    for unit in range(4):  # 2 workers x 2 devices, all identical to the one-process weights
+    first = load_params(f"{tmp_path}/wd-0.params.local")
+    for unit in range(4):  # 2 workers x 2 devices: one replica, the one-process weights
         got = load_params(f"{tmp_path}/wd-{unit}.params.local")
-        assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= 1e-5
+        assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= ONE_PROCESS_TOL
+        for n in want:
+            np.testing.assert_array_equal(got[n], first[n])
 
 
 def test_show_prints_the_layout(tmp_path):

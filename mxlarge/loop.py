@@ -170,7 +170,9 @@ class LossHook(Hook):
 
 
 class TimerHook(Hook):
-    """Images per second of this worker over each epoch's training steps."""
+    """Images per second over each epoch's training steps: ``images_per_sec`` of this worker,
+    ``images_per_sec_global`` = Σ over workers of their own ``images_per_sec`` (a collective
+    through the store's ``sum_scalars``, so registered on every rank)."""
 
     stage = H.MEASURE
 
@@ -190,7 +192,8 @@ class TimerHook(Hook):
         self.train_seconds += elapsed
         metrics["images_per_sec"] = self.images / elapsed if elapsed > 0 else 0.0
         metrics["train_seconds"] = self.train_seconds
-        metrics["images_per_sec_global"] = metrics["images_per_sec"] * loop.trainer.num_workers
+        metrics["images_per_sec_global"] = loop.trainer.store.sum_scalars(
+            [metrics["images_per_sec"]])[0]
         self.images = 0
 
 

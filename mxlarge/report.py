@@ -418,8 +418,8 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "`train_seconds` at its end (training steps only: evaluation, start-up and logging "
            "are excluded); mean ± sample std over seeds, shown only if every seed reached the "
            "target, else \"not reached\".",
-           "- **images/s**: per run, the median over epochs of `images_per_sec_global`; mean "
-           "over seeds.",
+           "- **images/s**: per run, the median over epochs of `images_per_sec_global` (the sum "
+           "of every worker's own measured rate); mean over seeds.",
            "- **speedup** = images/s ÷ images/s of the 1-worker run (tag `workers` = 1) of "
            "the same config (all params equal except world size, store, seed and logging); "
            "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "

@@ -175,8 +175,17 @@ def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
     steps = 1400 // 256
     hist = client.get_metric_history(run.info.run_id, "val_accuracy")
     assert [m.step for m in hist] == [steps, 2 * steps, 3 * steps]
-    for rank in (0, 1):
-        assert len(client.get_metric_history(run.info.run_id, f"images_per_sec_rank{rank}")) == 3
+    per_rank = [client.get_metric_history(run.info.run_id, f"images_per_sec_rank{rank}")
+                for rank in (0, 1)]
+    assert [len(h) for h in per_rank] == [3, 3]
+    # the global rate is measured: the sum of both workers' own rates (summed in float32), not
+    # rank 0's rate x 2
+    glob = client.get_metric_history(run.info.run_id, "images_per_sec_global")
+    for g, a, b in zip(sorted(glob, key=lambda m: m.step), *(sorted(h, key=lambda m: m.step)
+                                                             for h in per_rank)):
+        assert g.step == a.step == b.step
+        assert g.value == pytest.approx(a.value + b.value, rel=1e-6)
+        assert a.value != b.value  # two clocks: equality would hide a rank-0-times-2 rule
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "final.params", "training_curves.png"} <= arts
 

@@ -1,8 +1,9 @@
 """A real mxlarge worker for tests that need to watch what crosses the KVStore.
 
 Usage (as the command of every role of a launched job): ``python dist_worker.py CONFIG OUTDIR``.
-The KVStore is the real one; the worker only records the keys it pushes after initialisation
-(through a thin forwarding wrapper) and writes them to ``OUTDIR/keys-<rank>.json``.
+The KVStore is the real one; the worker records the keys it pushes and pulls (through a thin
+forwarding wrapper given to ``build`` before the store is initialised), separately for the
+initialisation and for training, and writes them to ``OUTDIR/keys-<rank>.json``.
 """
 import json
 import os
@@ -19,15 +20,21 @@ from mxlarge.run import build  # noqa: E402
 
 
 class Recording:
-    """Forwards everything to the real KVStore, noting each pushed key."""
+    """Forwards everything to the real KVStore, noting each pushed and pulled key per phase."""
 
     def __init__(self, kv):
         self._kv = kv
-        self.pushed = []
+        self.phase = "init"
+        self.keys = {f"{op}_{phase}": [] for op in ("pushed", "pulled")
+                     for phase in ("init", "train")}
 
     def push(self, key, value, priority=0):
-        self.pushed.append(int(key))
+        self.keys[f"pushed_{self.phase}"].append(int(key))
         return self._kv.push(key, value, priority=priority)
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        self.keys[f"pulled_{self.phase}"].append(int(key))
+        return self._kv.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)
 
     def __getattr__(self, name):
         return getattr(self._kv, name)
@@ -36,10 +43,11 @@ class Recording:
 def main():
     cfg = load_config(sys.argv[1])
     outdir = sys.argv[2]
-    b = build(cfg)
+    rec = Recording(mx.kv.create(cfg.dist.kvstore))
+    b = build(cfg, kv=rec)
     trainer = b.trainer
-    rec = Recording(trainer.store.kv)
-    trainer.store.kv = rec
+    assert trainer.store.kv is rec
+    rec.phase = "train"
     hooks = [L.EvalHook(b.data.val, batch_size=64, every=1)]
     loop = L.TrainLoop(net=b.net, trainer=trainer, train_source=b.data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
@@ -48,7 +56,7 @@ def main():
     roles = [{"name": r.name, "pushed": r.pushed, "local_stat": r.local_stat}
              for r in trainer.roles]
     with open(os.path.join(outdir, f"keys-{trainer.rank}.json"), "w") as fh:
-        json.dump({"pushed": rec.pushed, "roles": roles}, fh)
+        json.dump({**rec.keys, "roles": roles}, fh)
 
 
 if __name__ == "__main__":

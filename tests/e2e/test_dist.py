@@ -76,7 +76,11 @@ def test_bn_net_weights_identical_statistics_local_and_reduced(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("bn_stats", ["local", "reduce"])
-def test_no_bn_statistic_is_pushed_after_init(tmp_path, bn_stats):
+def test_bn_statistics_are_pulled_once_at_init_and_never_exchanged_as_parameters(tmp_path,
+                                                                               bn_stats):
+    """At init every parameter, BN statistics included, is pulled once (rank 0's initial
+    values); during training no statistic is pushed or pulled under its parameter key, and
+    only `reduce` exchanges statistics, on their own keys, once per evaluation."""
     from mxlarge.kvstore.sync import AUX_KEY, STAT_KEY
     from mxlarge.launcher import run_local
 
@@ -92,14 +96,19 @@ def test_no_bn_statistic_is_pushed_after_init(tmp_path, bn_stats):
         roles = rec["roles"]
         stat_idx = {i for i, r in enumerate(roles) if r["local_stat"]}
         pushed_idx = {i for i, r in enumerate(roles) if r["pushed"]}
-        keys = rec["pushed"]
-        assert stat_idx and not (set(keys) & stat_idx)  # never as parameters
-        assert pushed_idx <= set(keys)  # every trainable gradient went through the store
-        stat_reductions = [k for k in keys if STAT_KEY <= k < AUX_KEY]
-        if bn_stats == "local":
-            assert stat_reductions == []
-        else:  # only for evaluation (one per epoch; 1 epoch here), each statistic once
-            assert sorted(stat_reductions) == sorted(STAT_KEY + i for i in stat_idx)
+        assert stat_idx and pushed_idx
+        # init: one pull of every parameter key, statistics included; nothing pushed
+        assert sorted(rec["pulled_init"]) == list(range(len(roles)))
+        assert rec["pushed_init"] == []
+        # training: statistics never under their parameter keys, in either direction
+        assert not (set(rec["pushed_train"]) | set(rec["pulled_train"])) & stat_idx
+        assert pushed_idx <= set(rec["pushed_train"])  # every gradient went through the store
+        for direction in ("pushed_train", "pulled_train"):
+            stat_keys = [k for k in rec[direction] if STAT_KEY <= k < AUX_KEY]
+            if bn_stats == "local":
+                assert stat_keys == []
+            else:  # only for evaluation (one per epoch; 1 epoch here), each statistic once
+                assert sorted(stat_keys) == sorted(STAT_KEY + i for i in stat_idx)
 
 
 KILL_CONFIG = """

@@ -45,3 +45,13 @@ def test_unreachable_tracking_uri_fails_before_training(tmp_path):
     assert r.returncode != 0
     assert "MLflow tracking URI 'http://127.0.0.1:9/nowhere' is not usable" in r.stderr
     assert "epoch 1" not in r.stdout
+
+
+@pytest.mark.timeout(300)
+def test_train_warns_on_stderr_when_zero_gamma_skips_blocks(tmp_path):
+    """A pre-activation net trains, and the user is told that its blocks keep gamma = 1."""
+    r = cli(["train", str(BASELINE), "model.name=cifar_resnet20_v2", "train.max_steps=1",
+             "train.progress=false", "tracking.enabled=false"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ("mxlarge: warning: zero-gamma applies to 0 of 9 residual blocks; skipped "
+            "9 x CIFARBasicBlockV2") in r.stderr

@@ -129,7 +129,7 @@ def _role_counts(cfg) -> dict[str, int]:
     from mxlarge import nets
     from mxlarge.kvstore.roles import param_roles, role_counts
 
-    shape = {"digits": (1, 8, 8), "cifar10": (3, 32, 32)}.get(
+    shape = {"digits": (1, 8, 8), "cifar10": (3, 32, 32), "mnist1d": (1, 1, 40)}.get(
         cfg.data.dataset, (3, cfg.data.image_size, cfg.data.image_size))
     net = nets.build_net(cfg.model, cfg.data.num_classes)
     nets.initialize(net, cfg.model, seed=0, ctx=[mx.cpu()], input_shape=shape)

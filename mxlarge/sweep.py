@@ -300,7 +300,7 @@ def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
 def _check_fits(cfg: Config, workers: int, where: str) -> None:
     """A global batch larger than the data fails here, not after the cells before it."""
     samples = cfg.data.train_samples
-    if samples is None and cfg.data.dataset in ("digits", "synthetic"):
+    if samples is None and cfg.data.dataset in ("digits", "synthetic", "mnist1d"):
         from mxlarge.data import train_size
         samples = train_size(cfg.data)
     if samples is not None:

@@ -11,7 +11,7 @@ Public interface::
 where ``n = cfg.batch_size`` and ``steps_per_epoch = floor(N / (num_workers * n))`` is the same on
 every rank. ``Data.val`` is the whole validation set, never sharded.
 
-For the in-memory datasets (digits, synthetic, cifar10) the order and the augmentation follow
+For the in-memory datasets (digits, mnist1d, synthetic, cifar10) the order and the augmentation follow
 :mod:`mxlarge.data.sharding`: k workers with batch n see, step by step, exactly the tensors that
 one process with batch k*n sees. ImageNet RecordIO cannot (see :mod:`mxlarge.data.imagenet`).
 
@@ -108,6 +108,8 @@ def train_size(cfg: DataConfig) -> int:
         return digits.NUM_TRAIN
     if cfg.dataset == "synthetic":
         return cfg.synthetic_train
+    if cfg.dataset == "mnist1d":
+        return cfg.mnist1d_train
     if cfg.dataset == "cifar10":
         from mxlarge.data import cifar10
         return cifar10.train_size(cfg)
@@ -115,7 +117,7 @@ def train_size(cfg: DataConfig) -> int:
         from mxlarge.data import imagenet
         return imagenet.train_size(cfg)
     raise ConfigError(f"data.dataset = {cfg.dataset!r}: expected one of digits, synthetic, "
-                      "cifar10, imagenet")
+                      "cifar10, imagenet, mnist1d")
 
 
 def build_data(cfg: DataConfig, *, rank: int, num_workers: int, seed: int) -> Data:
@@ -148,6 +150,9 @@ def build_data(cfg: DataConfig, *, rank: int, num_workers: int, seed: int) -> Da
     if cfg.dataset == "synthetic":
         from mxlarge.data import synthetic
         return synthetic.build(cfg, **kw)
+    if cfg.dataset == "mnist1d":
+        from mxlarge.data import mnist1d
+        return mnist1d.build(cfg, **kw)
     if cfg.dataset == "cifar10":
         from mxlarge.data import cifar10
         return cifar10.build(cfg, **kw)
@@ -166,7 +171,7 @@ def check_num_classes(cfg: DataConfig, actual: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# in-memory datasets (digits, cifar10)
+# in-memory datasets (digits, mnist1d, cifar10)
 
 
 def pad_crop_flip(images: np.ndarray, offsets: np.ndarray, flips: np.ndarray, pad: int,

@@ -11,9 +11,9 @@ Public interface::
 where ``n = cfg.batch_size`` and ``steps_per_epoch = floor(N / (num_workers * n))`` is the same on
 every rank. ``Data.val`` is the whole validation set, never sharded.
 
-For the in-memory datasets (digits, mnist1d, synthetic, cifar10) the order and the augmentation follow
-:mod:`mxlarge.data.sharding`: k workers with batch n see, step by step, exactly the tensors that
-one process with batch k*n sees. ImageNet RecordIO cannot (see :mod:`mxlarge.data.imagenet`).
+For the in-memory datasets (digits, mnist1d, synthetic, cifar10) the order and the augmentation
+follow :mod:`mxlarge.data.sharding`: k workers with batch n see, step by step, exactly the tensors
+that one process with batch k*n sees. ImageNet RecordIO cannot (see :mod:`mxlarge.data.imagenet`).
 
 MXNet is imported inside functions: a ps-lite scheduler/server process must not have imported
 anything heavy before ``import mxnet``, and the data modules are imported by tools that do not

@@ -70,8 +70,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = _f("small_resnet", "small_resnet or a GluonCV model-zoo name")
-    width: int = _f(16, "small_resnet: channels of the first stage", ge=1)
+    name: str = _f("small_resnet", "small_resnet, small_plain, resnet1d or a GluonCV model-zoo "
+                                   "name")
+    width: int = _f(16, "small_resnet/resnet1d: channels of the first stage", ge=1)
     he_init: bool = _f(True, "He/MSRA normal init of convolutions (Goyal et al.)")
     fc_init_std: float = _f(0.01, "std of the final Dense init; 0 keeps the builder's init", ge=0)
     zero_gamma: bool = _f(True, "gamma = 0 for the last BatchNorm of every residual block")

@@ -4,6 +4,7 @@ Pure functions over plain numbers (no MXNet, no MLflow). Student's t distributio
 ``scipy.special`` (``stdtr`` is its CDF, ``stdtrit`` its inverse): SciPy is already installed as a
 dependency of scikit-learn and of mnist1d.
 
+* :func:`final_error`: the median of the last 5 epochs' validation error (Goyal et al.).
 * :func:`t_interval`: :math:`\bar x \pm t_{(1+c)/2,\,n-1}\, s/\sqrt n` with the sample standard
   deviation :math:`s` (n − 1).
 * :func:`welch`: Welch's unequal-variance t-test of two means,
@@ -27,12 +28,19 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MIN_MLPERF_RUNS", "MLPerf", "Welch", "first_reaching", "mark", "mlperf_mean",
-           "t_interval", "welch"]
+__all__ = ["MIN_MLPERF_RUNS", "MLPerf", "Welch", "final_error", "first_reaching", "mark",
+           "mlperf_mean", "t_interval", "welch"]
 
 #: MLPerf Training asks for at least this many runs of a closed-division result (image
 #: classification: 5), of which the fastest and the slowest are dropped.
 MIN_MLPERF_RUNS = 5
+
+
+def final_error(val_errors: Sequence[float], last: int = 5) -> float:
+    """Goyal et al.'s final error: the median of the last ``last`` epochs' validation error."""
+    if not val_errors:
+        raise ValueError("no validation errors")
+    return float(statistics.median(val_errors[-last:]))
 
 
 def _t_cdf(t: float, df: float) -> float:

@@ -12,6 +12,11 @@ A sweep file names experiment configs (with overrides) under labels and a list o
          overrides: [data.batch_size=256, dist.kvstore=local, dist.workers=1]}
     seeds: [0, 1, 2]
     overrides: [train.progress=false]   # applied to every run
+    target: {reference: baseline, tolerance: 0.003}   # optional, for `mxlarge report`
+
+``target`` fixes the quality target of time-to-target before any run: validation error <=
+(mean final error of the ``reference`` label) + ``tolerance``, i.e. the small-batch accuracy
+minus a tolerance. It is written on every run as the tag ``sweep_target`` (JSON) for the report.
 
 The grid is runs × seeds, run one cell after another in that order. Every cell is a normal run
 tagged ``sweep``, ``sweep_label``, ``seed``, ``sweep_config`` and ``config_hash`` (sha256 of the
@@ -27,6 +32,7 @@ is the hash of the config the workers run.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import subprocess
@@ -46,7 +52,9 @@ from mxlarge.launch_cli import launch_overrides
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("train", "launch")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-SWEEP_KEYS = ("name", "description", "mode", "workers", "servers", "runs", "seeds", "overrides")
+SWEEP_KEYS = ("name", "description", "mode", "workers", "servers", "runs", "seeds", "overrides",
+              "target")
+TARGET_KEYS = ("reference", "tolerance")
 RUN_KEYS = ("label", "config", "overrides", "workers", "servers")
 # What `mxlarge launch` prints once it has created the job's run (mxlarge/launch_cli.py).
 _LAUNCH_RUN_LINE = re.compile(r"^mxlarge: MLflow run ([0-9a-f]{32}) in ")
@@ -84,6 +92,7 @@ class Sweep:
     servers: int | None = None
     description: str = ""
     source: str = "<sweep>"
+    target: tuple[str, float] | None = None   # (reference label, tolerance)
 
 
 @dataclass(frozen=True)
@@ -219,11 +228,29 @@ def sweep_from_dict(tree: Any, source: str, sweep_dir: Path) -> Sweep:
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise _bad(source, "runs[].label", dup[0], "labels that are unique within the sweep")
+    target = _target(source, tree.get("target"), labels)
     return Sweep(name=name, mode=mode, runs=tuple(runs), seeds=tuple(seeds),
                  overrides=_overrides(source, "overrides", tree.get("overrides")),
                  workers=_int_or_none(source, "workers", tree.get("workers")),
                  servers=_int_or_none(source, "servers", tree.get("servers")),
-                 description=description, source=source)
+                 description=description, source=source, target=target)
+
+
+def _target(source: str, value: Any, labels: Sequence[str]) -> tuple[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad(source, "target", value, "a mapping {reference: LABEL, tolerance: NUMBER}")
+    for key in value:
+        if key not in TARGET_KEYS:
+            raise _unknown(source, "target.", key, TARGET_KEYS)
+    ref, tol = value.get("reference"), value.get("tolerance")
+    if ref not in labels:
+        raise _bad(source, "target.reference", ref, "one of the run labels: "
+                   + ", ".join(labels))
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+        raise _bad(source, "target.tolerance", tol, "a number in [0, 1) (validation error)")
+    return ref, float(tol)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -308,9 +335,13 @@ def _check_fits(cfg: Config, workers: int, where: str) -> None:
 
 
 def cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
-    return {"sweep": sweep.name, "sweep_label": cell.label, "seed": str(cell.seed),
+    tags = {"sweep": sweep.name, "sweep_label": cell.label, "seed": str(cell.seed),
             "config_hash": cell.config_hash, "sweep_config": cell.config,
             "mlflow.runName": f"{sweep.name} / {cell.label} / seed {cell.seed}"}
+    if sweep.target is not None:
+        tags["sweep_target"] = json.dumps({"reference": sweep.target[0],
+                                           "tolerance": sweep.target[1]})
+    return tags
 
 
 def _match_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:

@@ -146,7 +146,8 @@ def mlperf_mean(times: Sequence[float | None], min_runs: int = MIN_MLPERF_RUNS) 
     reached = sum(t is not None for t in times)
     if len(times) < min_runs:
         return MLPerf(None, len(times), reached,
-                      f"only {len(times)} runs: MLPerf asks for {min_runs}")
+                      f"only {len(times)} run{'' if len(times) == 1 else 's'}: MLPerf asks for "
+                      f"{min_runs}")
     ordered = sorted(times, key=lambda t: (t is None, t if t is not None else 0.0))
     kept = ordered[1:-1]
     if any(t is None for t in kept):

@@ -110,3 +110,40 @@ def test_markdown_and_plot(tmp_path):
 def test_no_target_no_study():
     runs = [RunData(run_id="a" * 32, label="x", seed=0)]
     assert study.target_from_runs(runs) is None
+
+
+@pytest.mark.timeout(300)
+def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    recipe = "experiments/proxy/mnist1d-recipe.yaml"
+    tiny = ["train.progress=false", "train.epochs=2", "optim.warmup_epochs=1",
+            "optim.decay_epochs=[1]", "data.mnist1d_train=640", "data.mnist1d_val=160",
+            f"data.cache_dir={tmp_path}", "model.width=4"]
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "st", "runs": [
+            {"label": "1x recipe", "config": recipe},
+            {"label": "4x recipe", "config": recipe,
+             "overrides": ["dist.simulate_workers=4", "train.gns_every=1"]}],
+        "seeds": [0], "overrides": tiny,
+        "target": {"reference": "1x recipe", "tolerance": 0.05}}))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db"}
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=280)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return r.stdout
+
+    run("sweep", str(sweep))
+    out = run("report", "st", "--out", "rep")
+    text = (tmp_path / "rep/report.md").read_text()
+    assert "## Study" in text and "mean final error of '1x recipe' + 5.00 points" in text
+    assert "| 4x recipe | 128 |" in text and "only 1 run: MLPerf asks for 5" in text
+    assert "| label | global batch | B_simple" in out  # printed too
+    assert (tmp_path / "rep/study.png").stat().st_size > 10_000

@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("sweep")
     sw.add_argument("overrides", nargs="*", metavar="key=value")
     sw.add_argument("--dry-run", action="store_true", help="list the cells and which are done")
+    sw.add_argument("--part", default=None, metavar="I/N",
+                    help="run only cells I, I+N, I+2N, ... (1-based): N processes with parts "
+                         "1/N..N/N share a sweep without running a cell twice")
 
     r = sub.add_parser("report", help="markdown table and plots of a sweep's runs, logged to a "
                                       "summary MLflow run")

@@ -31,6 +31,7 @@ is the hash of the config the workers run.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -334,6 +335,24 @@ def _check_fits(cfg: Config, workers: int, where: str) -> None:
         derive(cfg, workers * cfg.dist.simulate_workers, samples, where)
 
 
+def select_part(cells: Sequence[Cell], part: str) -> list[Cell]:
+    """Cells ``i-1, i-1+n, i-1+2n, ...`` of the grid for ``part = "i/n"``.
+
+    The parts of ``1/n .. n/n`` are disjoint and cover the grid, so ``n`` sweep processes can
+    share one sweep (and one MLflow store) without running a cell twice; each stays resumable.
+
+    Raises:
+        ConfigError: unless ``part`` is ``I/N`` with integers ``1 <= I <= N``.
+    """
+    i, sep, n = part.partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise ConfigError(f"sweep: --part {part!r}: expected I/N with integers 1 <= I <= N, "
+                          "e.g. 1/2")
+    mine = [c for c in cells if c.index % int(n) == int(i) - 1]
+    # numbered within the part, so that progress lines read "[3/10]" (tags do not use it)
+    return [dataclasses.replace(c, index=j) for j, c in enumerate(mine)]
+
+
 def cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
     tags = {"sweep": sweep.name, "sweep_label": cell.label, "seed": str(cell.seed),
             "config_hash": cell.config_hash, "sweep_config": cell.config,
@@ -490,13 +509,16 @@ def _check_stores(cells: Sequence[Cell]) -> None:
 
 
 def sweep_command(args: Any) -> int:
-    """``mxlarge sweep SWEEP.yaml [key=value ...] [--dry-run]``: 0 all cells done, 1 some failed,
-    2 bad sweep file, config or tracking store (nothing run)."""
+    """``mxlarge sweep SWEEP.yaml [key=value ...] [--dry-run] [--part I/N]``: 0 all cells done,
+    1 some failed, 2 bad sweep file, config or tracking store (nothing run)."""
     sweep = load_sweep(args.sweep)
     cells = expand(sweep, args.overrides)
     _check_stores(cells)
     print(f"sweep {sweep.name}: {len(sweep.runs)} run(s) x {len(sweep.seeds)} seed(s) = "
           f"{len(cells)} cell(s), mode {sweep.mode}", flush=True)
+    if getattr(args, "part", None):
+        cells = select_part(cells, args.part)
+        print(f"sweep {sweep.name}: part {args.part}: {len(cells)} cell(s)", flush=True)
     if getattr(args, "dry_run", False):
         from mxlarge import tracking
         for c in cells:

@@ -147,3 +147,18 @@ def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
     assert "| 4x recipe | 128 |" in text and "only 1 run: MLPerf asks for 5" in text
     assert "| label | global batch | B_simple" in out  # printed too
     assert (tmp_path / "rep/study.png").stat().st_size > 10_000
+
+
+def test_sweep_parts_are_disjoint_and_cover_the_grid():
+    from mxlarge.sweep import load_sweep, select_part
+
+    cells = expand(load_sweep(ROOT / "experiments/sweeps/mnist1d-study.yaml"))
+    assert len(cells) == 90
+    parts = [select_part(cells, f"{i}/3") for i in (1, 2, 3)]
+    keys = [(c.label, c.seed) for p in parts for c in p]
+    assert sorted(keys) == sorted((c.label, c.seed) for c in cells)
+    assert [c.index for c in parts[1]] == list(range(30))
+    assert (parts[1][0].label, parts[1][0].seed) == (cells[1].label, cells[1].seed)
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
+        with pytest.raises(ConfigError, match=r"--part .*: expected I/N with integers"):
+            select_part(cells, bad)

@@ -66,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--part", default=None, metavar="I/N",
                     help="run only cells I, I+N, I+2N, ... (1-based): N processes with parts "
                          "1/N..N/N share a sweep without running a cell twice")
+    sw.add_argument("--label", action="append", default=None, metavar="LABEL",
+                    help="run only this label's cells (repeatable); the others stay to run")
 
     r = sub.add_parser("report", help="markdown table and plots of a sweep's runs, logged to a "
                                       "summary MLflow run")

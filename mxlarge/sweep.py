@@ -336,7 +336,7 @@ def _check_fits(cfg: Config, workers: int, where: str) -> None:
 
 
 def select_part(cells: Sequence[Cell], part: str) -> list[Cell]:
-    """Cells ``i-1, i-1+n, i-1+2n, ...`` of the grid for ``part = "i/n"``.
+    """Cells ``i-1, i-1+n, i-1+2n, ...`` of ``cells`` for ``part = "i/n"``.
 
     The parts of ``1/n .. n/n`` are disjoint and cover the grid, so ``n`` sweep processes can
     share one sweep (and one MLflow store) without running a cell twice; each stays resumable.
@@ -348,7 +348,7 @@ def select_part(cells: Sequence[Cell], part: str) -> list[Cell]:
     if not (sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
         raise ConfigError(f"sweep: --part {part!r}: expected I/N with integers 1 <= I <= N, "
                           "e.g. 1/2")
-    mine = [c for c in cells if c.index % int(n) == int(i) - 1]
+    mine = [c for j, c in enumerate(cells) if j % int(n) == int(i) - 1]
     # numbered within the part, so that progress lines read "[3/10]" (tags do not use it)
     return [dataclasses.replace(c, index=j) for j, c in enumerate(mine)]
 
@@ -516,6 +516,14 @@ def sweep_command(args: Any) -> int:
     _check_stores(cells)
     print(f"sweep {sweep.name}: {len(sweep.runs)} run(s) x {len(sweep.seeds)} seed(s) = "
           f"{len(cells)} cell(s), mode {sweep.mode}", flush=True)
+    if getattr(args, "label", None):
+        unknown = sorted(set(args.label) - {r.label for r in sweep.runs})
+        if unknown:
+            raise ConfigError(f"sweep: --label {unknown[0]!r}: expected one of the labels of "
+                              f"{sweep.source}: " + ", ".join(r.label for r in sweep.runs))
+        cells = [c for c in cells if c.label in args.label]
+        print(f"sweep {sweep.name}: labels {', '.join(args.label)}: {len(cells)} cell(s)",
+              flush=True)
     if getattr(args, "part", None):
         cells = select_part(cells, args.part)
         print(f"sweep {sweep.name}: part {args.part}: {len(cells)} cell(s)", flush=True)

@@ -162,3 +162,21 @@ def test_sweep_parts_are_disjoint_and_cover_the_grid():
     for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
         with pytest.raises(ConfigError, match=r"--part .*: expected I/N with integers"):
             select_part(cells, bad)
+
+
+def test_sweep_label_filter(tmp_path, monkeypatch, capsys):
+    from mxlarge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+    path = str(ROOT / "experiments/sweeps/mnist1d-study.yaml")
+    assert main(["sweep", path, "--label", "16x LARS", "--label", "1x recipe", "--part", "2/2",
+                 "--dry-run"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]
+    # 10 cells in grid order (1x seeds 0-4, then 16x LARS); part 2/2 takes every second one
+    assert [x.split(",")[0:2] for x in lines] == [
+        ["[1/5] 1x recipe", " seed 1"], ["[2/5] 1x recipe", " seed 3"],
+        ["[3/5] 16x LARS", " seed 0"], ["[4/5] 16x LARS", " seed 2"],
+        ["[5/5] 16x LARS", " seed 4"]]
+    assert main(["sweep", path, "--label", "2x recipe", "--dry-run"]) == 2
+    assert "--label '2x recipe': expected one of the labels of" in capsys.readouterr().err

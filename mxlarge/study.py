@@ -184,7 +184,8 @@ def markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
 def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
     """Final error (mean, 95% interval) and MLPerf steps to target vs global batch.
 
-    Recipe labels are joined by a line; ablations are single markers at their batch; B_simple
+    Recipe labels are joined by a line; ablations are single markers at their batch (a ▲ at the
+    top edge of the steps panel: target not reached by the MLPerf rule); B_simple
     of each measured label is a dotted vertical line (where the batch stops paying: far above
     it, a larger batch saves few steps).
     """
@@ -192,7 +193,7 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_err, ax_steps) = plt.subplots(1, 2, figsize=(12, 4.4))
+    fig, (ax_err, ax_steps) = plt.subplots(1, 2, figsize=(13, 4.8), sharex=True)
     recipe = sorted((r for r in study if r.label.endswith("recipe") and r.global_batch),
                     key=lambda r: r.global_batch)
     for ax in (ax_err, ax_steps):
@@ -209,6 +210,7 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
             continue
         mean = 100 * statistics.fmean(r.final_errors)
         lo, hi = (100 * r.interval[0], 100 * r.interval[1]) if r.interval else (mean, mean)
+        lo = max(lo, mean / 10)  # a t interval can reach below 0 %; the axis is logarithmic
         is_recipe = r in recipe
         dodge = 1.0 if is_recipe else 2 ** (0.04 * (i % 9 - 4))
         ax_err.errorbar([r.global_batch * dodge], [mean], yerr=[[mean - lo], [hi - mean]],
@@ -220,6 +222,11 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
                              marker="o" if is_recipe else "x",
                              color="black" if is_recipe else None,
                              label=None if is_recipe else r.label)
+        else:  # shown at the top edge: a configuration that misses the target is a result
+            ax_steps.scatter([r.global_batch * dodge], [0.97], marker="^",
+                             transform=ax_steps.get_xaxis_transform(), clip_on=False,
+                             color="black" if is_recipe else None,
+                             label=f"{r.label}: {r.steps.why}")
     if recipe:
         ax_err.plot([r.global_batch for r in recipe],
                     [100 * statistics.fmean(r.final_errors) for r in recipe], "k-",
@@ -228,6 +235,7 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
         ax_steps.plot([r.global_batch for r in reached], [r.steps.value for r in reached],
                       "k-", label="recipe")
     ax_err.set_ylabel("final top-1 error (%), mean and 95% interval")
+    ax_err.set_yscale("log")  # a failed ablation at 60% must not flatten the 0.3-point gaps
     ax_steps.set_ylabel("steps to target (MLPerf mean)")
     ax_steps.set_yscale("log")
     ax_err.legend(fontsize=7)

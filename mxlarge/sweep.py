@@ -521,7 +521,8 @@ def sweep_command(args: Any) -> int:
         if unknown:
             raise ConfigError(f"sweep: --label {unknown[0]!r}: expected one of the labels of "
                               f"{sweep.source}: " + ", ".join(r.label for r in sweep.runs))
-        cells = [c for c in cells if c.label in args.label]
+        cells = [dataclasses.replace(c, index=j)  # numbered within the selection, as parts
+                 for j, c in enumerate(c for c in cells if c.label in args.label)]
         print(f"sweep {sweep.name}: labels {', '.join(args.label)}: {len(cells)} cell(s)",
               flush=True)
     if getattr(args, "part", None):

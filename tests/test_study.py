@@ -173,10 +173,17 @@ def test_sweep_label_filter(tmp_path, monkeypatch, capsys):
     assert main(["sweep", path, "--label", "16x LARS", "--label", "1x recipe", "--part", "2/2",
                  "--dry-run"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]
-    # 10 cells in grid order (1x seeds 0-4, then 16x LARS); part 2/2 takes every second one
+    # 10 cells in grid order (1x seeds 0-4, then 16x LARS), numbered within the selection;
+    # part 2/2 takes every second one
     assert [x.split(",")[0:2] for x in lines] == [
         ["[1/5] 1x recipe", " seed 1"], ["[2/5] 1x recipe", " seed 3"],
         ["[3/5] 16x LARS", " seed 0"], ["[4/5] 16x LARS", " seed 2"],
         ["[5/5] 16x LARS", " seed 4"]]
+    assert main(["sweep", path, "--label", "16x LARS", "--dry-run"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]
+    assert [x.split(",")[0] for x in lines] == ["[1/5] 16x LARS"] + ["[2/5] 16x LARS",
+                                                                    "[3/5] 16x LARS",
+                                                                    "[4/5] 16x LARS",
+                                                                    "[5/5] 16x LARS"]
     assert main(["sweep", path, "--label", "2x recipe", "--dry-run"]) == 2
     assert "--label '2x recipe': expected one of the labels of" in capsys.readouterr().err

@@ -181,9 +181,6 @@ def test_sweep_label_filter(tmp_path, monkeypatch, capsys):
         ["[5/5] 16x LARS", " seed 4"]]
     assert main(["sweep", path, "--label", "16x LARS", "--dry-run"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]
-    assert [x.split(",")[0] for x in lines] == ["[1/5] 16x LARS"] + ["[2/5] 16x LARS",
-                                                                    "[3/5] 16x LARS",
-                                                                    "[4/5] 16x LARS",
-                                                                    "[5/5] 16x LARS"]
+    assert [x.split(",")[0] for x in lines] == [f"[{i}/5] 16x LARS" for i in range(1, 6)]
     assert main(["sweep", path, "--label", "2x recipe", "--dry-run"]) == 2
     assert "--label '2x recipe': expected one of the labels of" in capsys.readouterr().err

@@ -95,12 +95,16 @@ def _versus(label: str, batch: int | None, batches: dict[str, int | None],
 
 
 def rows(runs: Sequence[RunData], target: Target, order: Sequence[str]) -> list[StudyRow]:
-    """One :class:`StudyRow` per label, in ``order`` (labels not in it follow)."""
+    """One :class:`StudyRow` per label, by global batch (the recipe first at each batch), then
+    in ``order`` (labels not in it follow)."""
     groups: dict[str, list[RunData]] = {}
     for r in runs:
         groups.setdefault(r.label, []).append(r)
-    labels = list(dict.fromkeys([*(o for o in order if o in groups), *groups]))
     batches = {name: _common([r.global_batch for r in g]) for name, g in groups.items()}
+    listed = list(dict.fromkeys([*(o for o in order if o in groups), *groups]))
+    # grouped by global batch, the recipe first in each group, then in the given order
+    labels = sorted(listed, key=lambda n: (batches[n] is None, batches[n] or 0,
+                                           not n.endswith("recipe"), listed.index(n)))
     errors = {name: [e for r in sorted(g, key=lambda r: r.seed)
                      if (e := run_final_error(r.rows)) is not None]
               for name, g in groups.items()}
@@ -186,7 +190,7 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
 
     Recipe labels are joined by a line; ablations are single markers at their batch (a ▲ at the
     top edge of the steps panel: target not reached by the MLPerf rule); B_simple
-    of each measured label is a dotted vertical line (where the batch stops paying: far above
+    of the recipe runs (median) is a dotted vertical line (where the batch stops paying: far above
     it, a larger batch saves few steps).
     """
     import matplotlib
@@ -200,11 +204,13 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch")
         ax.grid(alpha=0.3, which="both")
-    b_values = [r.b_simple for r in study if r.b_simple is not None]
+    # the recipe's own trajectory: an ablation that trains badly measures another state
+    b_values = [r.b_simple for r in recipe if r.b_simple is not None]
     if b_values:
         b = statistics.median(b_values)
         for ax in (ax_err, ax_steps):
-            ax.axvline(b, ls=":", color="gray", label=f"B_simple (median) ≈ {b:.0f}")
+            ax.axvline(b, ls=":", color="gray", label=f"B_simple (median of the recipe "
+                                                      f"runs) ≈ {b:.0f}")
     for i, r in enumerate(study):
         if not r.final_errors or r.global_batch is None:
             continue

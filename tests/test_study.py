@@ -72,8 +72,8 @@ def test_rows_target_versus_welch_and_mlperf():
     target = study.target_from_runs(runs)
     assert target.reference == "1x recipe"
     assert target.error == pytest.approx(0.012 + 0.003)
-    rows = {r.label: r for r in study.rows(runs, target, ["1x recipe", "16x recipe"])}
-    assert list(rows) == ["1x recipe", "16x recipe", "16x no warmup"]
+    rows = {r.label: r for r in study.rows(runs, target, ["16x no warmup", "1x recipe"])}
+    assert list(rows) == ["1x recipe", "16x recipe", "16x no warmup"]  # by batch, recipe first
     one, big, nowarm = rows["1x recipe"], rows["16x recipe"], rows["16x no warmup"]
     assert one.versus is None and big.versus == "1x recipe" and nowarm.versus == "16x recipe"
     assert one.final_errors == pytest.approx([0.010, 0.011, 0.012, 0.013, 0.014])

@@ -8,8 +8,9 @@ and JSON (never pickle: a checkpoint from elsewhere must not run code):
 * ``bn-<u>.nd``: each gradient contributor's own BN running statistics (u = rank·devices +
   device, or the virtual worker), so that training continues with per-worker statistics;
 * ``momentum.nd``: the updater's momentum buffers (identical on every rank);
-* ``meta.json``: step, completed epochs, seed, layout (workers, devices, simulated workers),
-  the resolved config and its SHA-256, the MLflow run id, and the SHA-256 of every file above.
+* ``meta.json``: step, completed epochs, seed, the world (worker processes, devices, simulated
+  workers, per-unit batch: :class:`mxlarge.plan.World`), the resolved config and its SHA-256,
+  the MLflow run id, and the SHA-256 of every file above.
 
 Writing is atomic: every rank writes into ``.epoch-0004.tmp``, then (after a barrier) rank 0
 writes ``meta.json`` last and renames the directory; a crash leaves no half checkpoint that
@@ -17,21 +18,23 @@ writes ``meta.json`` last and renames the directory; a crash leaves no half chec
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+from mxlarge.config import config_sha256, dump_yaml
+from mxlarge.errors import InputError
+from mxlarge.plan import World
+
+FORMAT = 2
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be used; the message names the file and the problem."""
-
-    exit_code = 2
 
 
 def sha256(path: Path) -> str:
@@ -42,15 +45,20 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class Layout:
-    workers: int
-    devices: int
-    simulated_workers: int
+def check_world(path: Path, meta: dict[str, Any], world: World) -> None:
+    """Resuming needs the world the checkpoint was written in.
 
-    @property
-    def units(self) -> int:
-        return self.workers * self.devices * self.simulated_workers
+    Raises:
+        CheckpointError: another world, with the reason (the global batch, the LR schedule, the
+            data shards and the per-unit BN statistics all depend on it).
+    """
+    saved = World(**meta["world"])
+    if saved != world:
+        raise CheckpointError(
+            f"{path}: written by {saved.describe()}, resuming with {world.describe()}: refused, "
+            "because the global batch, the LR schedule, the data shards and the per-worker BN "
+            "statistics all depend on it; resume with the same -n/dist.workers, dist.devices, "
+            "dist.simulate_workers and data.batch_size")
 
 
 def epoch_dir(root: str | Path, epoch: int) -> Path:
@@ -103,12 +111,11 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, trainer: Any,
-         config: Any, seed: int, layout: Layout, run_id: str | None, keep_last: int) -> Path:
+         config: Any, world: World, run_id: str | None, keep_last: int) -> Path:
     """Writes checkpoint ``epoch`` (collective: every rank calls it)."""
     import mxnet as mx
 
-    from mxlarge.config import config_sha256, dump_yaml
-    from mxlarge.loop import save_device_params
+    from mxlarge.bnstats import save_device_params
 
     final = epoch_dir(root, epoch)
     tmp = final.with_name(f".{final.name}.tmp")
@@ -116,19 +123,18 @@ def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, traine
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     trainer.store.barrier()
-    with trainer.evaluation_stats():
+    with trainer.bn.evaluation():
         if rank == 0:
             net.save_parameters(str(tmp / "model.params"))
-    for unit, device in trainer.each_unit():
+    for unit, device in trainer.bn.each_unit():
         save_device_params(net, str(tmp / f"bn-{unit}.nd"), device, stats_only=True)
     if rank == 0:
         mx.nd.save(str(tmp / "momentum.nd"), trainer.state_arrays())
     trainer.store.barrier()
     if rank == 0:
         files = {p.name: sha256(p) for p in sorted(tmp.iterdir())}
-        meta = {"format": FORMAT, "epoch": epoch, "step": step, "seed": seed,
-                "layout": {"workers": layout.workers, "devices": layout.devices,
-                           "simulated_workers": layout.simulated_workers},
+        meta = {"format": FORMAT, "epoch": epoch, "step": step, "seed": config.train.seed,
+                "world": dataclasses.asdict(world),
                 "config_sha256": config_sha256(config), "config": dump_yaml(config),
                 "run_id": run_id, "files": files}
         (tmp / "meta.json.tmp").write_text(json.dumps(meta, indent=1))
@@ -150,23 +156,18 @@ def _retain(root: Path, keep_last: int) -> None:
 
 
 def restore(path: Path, meta: dict[str, Any], *, net: Any, trainer: Any,
-            layout: Layout) -> None:
+            world: World) -> None:
     """Loads weights, per-unit BN statistics and momentum into a freshly built run.
 
     Raises:
-        CheckpointError: another layout (the LR schedule, data order and BN statistics all
-            depend on it) or another model (parameter names or shapes differ).
+        CheckpointError: another world (:func:`check_world`) or another model (parameter
+            names or shapes differ).
     """
     import mxnet as mx
 
-    saved = Layout(**meta["layout"])
-    if saved != layout:
-        raise CheckpointError(
-            f"{path}: written by {saved.workers} worker(s) x {saved.devices} device(s) x "
-            f"{saved.simulated_workers} simulated, resuming with {layout.workers} x "
-            f"{layout.devices} x {layout.simulated_workers}: refused, because the global batch, "
-            "the LR schedule, the data shards and the per-worker BN statistics all depend on "
-            "the layout; resume with the same -n/dist.devices/dist.simulate_workers")
+    from mxlarge.bnstats import load_device_stats
+
+    check_world(path, meta, world)
     params = net._collect_params_with_prefix()
     try:
         loaded = mx.nd.load(str(path / "model.params"))
@@ -189,11 +190,6 @@ def restore(path: Path, meta: dict[str, Any], *, net: Any, trainer: Any,
         trainer.load_states(str(path / "momentum.nd"))
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
-    for unit, device in trainer.each_unit():
-        _load_stats(params, mx.nd.load(str(path / f"bn-{unit}.nd")), device)
+    for unit, device in trainer.bn.each_unit():
+        load_device_stats(net, str(path / f"bn-{unit}.nd"), device)
     mx.nd.waitall()
-
-
-def _load_stats(params: dict, stats: dict, device: int) -> None:
-    for name, value in stats.items():
-        value.copyto(params[name].list_data()[device])

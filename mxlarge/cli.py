@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from mxlarge.errors import DivergenceError, InputError, ReplicaMismatch
+
 
 def _run_ps_role_if_any() -> None:
     """A ps-lite scheduler or server runs its role inside ``import mxnet`` and exits there.
@@ -35,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
                    help="continue from a checkpoint (default: the latest of train.checkpoint_dir)")
+    t.add_argument("--run-id", default=None, metavar="ID",
+                   help="log into this existing MLflow run, which the caller ends (mxlarge "
+                        "launch passes its job's run to every worker this way)")
 
     s = sub.add_parser("show", help="print the resolved config and derived numbers")
     s.add_argument("config")
@@ -47,9 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("config")
     la.add_argument("overrides", nargs="*", metavar="key=value")
     la.add_argument("-n", "--workers", type=int, default=None,
-                    help="worker processes (default: dist.workers of the config)")
+                    help="worker processes: the override dist.workers=N (default: the "
+                         "config's dist.workers)")
     la.add_argument("-s", "--servers", type=int, default=None,
-                    help="server processes (default: dist.servers of the config)")
+                    help="server processes: the override dist.servers=S (default: the "
+                         "config's dist.servers)")
     la.add_argument("--launcher", default="local",
                     choices=["local", "ssh", "mpi", "slurm", "yarn", "sge"])
     la.add_argument("-H", "--hostfile", default=None)
@@ -57,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
                     help="continue from a checkpoint (default: the latest of "
                          "train.checkpoint_dir)")
+    la.add_argument("--run-id", default=None, metavar="ID",
+                    help="run the job in this existing MLflow run, which the caller ends "
+                         "(mxlarge sweep does this); default: a new run that launch ends")
 
     sw = sub.add_parser("sweep", help="run a sweep file's grid of labelled runs x seeds "
                                       "(resumable; see mxlarge/sweep.py)")
@@ -80,43 +90,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from mxlarge import schedulers
-    from mxlarge.config import derive, dump_yaml, to_dict
+    from mxlarge.config import dump_yaml, to_dict
+    from mxlarge.plan import plan_for
 
     cfg = _load(args)
-    samples = cfg.data.train_samples
-    if samples is None:
-        from mxlarge.data import train_size
-        samples = train_size(cfg.data)
-    d = derive(cfg, cfg.dist.workers * cfg.dist.simulate_workers, samples, args.config)
-    sched = schedulers.from_config(cfg, d)
+    p = plan_for(cfg, args.config)
     try:
         steps = [int(x) for x in args.lr_at.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(_fail(f"--lr-at {args.lr_at!r}: expected comma-separated integers",
-                               2)) from None
+        raise InputError(f"--lr-at {args.lr_at!r}: expected comma-separated integers") from None
     if any(s < 0 for s in steps):
-        raise SystemExit(_fail(f"--lr-at {args.lr_at!r}: steps must be >= 0", 2))
+        raise InputError(f"--lr-at {args.lr_at!r}: steps must be >= 0")
     roles = _role_counts(cfg)
-    out = {
-        "config": to_dict(cfg),
-        "derived": {
-            "workers": cfg.dist.workers, "simulated_workers": cfg.dist.simulate_workers,
-            "devices_per_worker": cfg.dist.devices, "per_device_batch": cfg.data.batch_size,
-            "global_batch": d.global_batch, "train_samples": d.train_samples,
-            "steps_per_epoch": d.steps_per_epoch, "total_steps": d.total_steps,
-            "peak_lr": d.peak_lr, "warmup_lr": d.warmup_lr, "warmup_steps": d.warmup_steps,
-            "decay_steps": list(d.decay_steps),
-            "lr_at": {str(s): sched(s) for s in steps},
-        },
-        "param_roles": roles,
-    }
+    out = {"config": to_dict(cfg),
+           "plan": {**p.summary(), "lr_at": {str(s): p.schedule(s) for s in steps}},
+           "param_roles": roles}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     print(dump_yaml(cfg).rstrip())
     print("---")
-    for k, v in out["derived"].items():
+    print(f"job: {p.world.describe()}")
+    for k, v in out["plan"].items():
         if k == "lr_at":
             for s, lr in v.items():
                 print(f"lr at step {s}: {lr:.6g}")
@@ -150,16 +145,16 @@ def _train(args: argparse.Namespace) -> int:
     from mxlarge.run import train
 
     cfg = _load(args)
-    result = train(cfg, args.config, resume=args.resume)
+    run = None
+    if args.run_id is not None:
+        from mxlarge.tracking import RunHandle, tracking_uri
+        if not cfg.tracking.enabled:
+            raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
+        run = RunHandle(tracking_uri(cfg), args.run_id)
+    result = train(cfg, args.config, resume=args.resume, run=run)
     if result.rank == 0:
-        final = result.final
-        acc = final.get("val_accuracy")
-        layout = f"{result.num_workers} worker(s)"
-        if cfg.dist.devices > 1:
-            layout += f" x {cfg.dist.devices} devices"
-        if cfg.dist.simulate_workers > 1:
-            layout += f" simulating {cfg.dist.simulate_workers} workers"
-        print(f"done: {result.steps} steps on {layout} in "
+        acc = result.final.get("val_accuracy")
+        print(f"done: {result.steps} steps on {result.plan.world.describe()} in "
               f"{result.seconds:.1f} s" + (f", final validation accuracy {acc:.4f}"
                                            if acc is not None else ""))
         if result.run_id:
@@ -170,6 +165,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _fail(message: str, code: int) -> int:
+    """Prints ``mxlarge: error: MESSAGE`` (one line) and returns the exit status."""
     print(f"mxlarge: error: {message}", file=sys.stderr)
     return code
 
@@ -197,10 +193,6 @@ def _main(argv: Sequence[str] | None) -> int:
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = list(getattr(args, "overrides", [])) + extra
-    from mxlarge.checkpoint import CheckpointError
-    from mxlarge.config import ConfigError
-    from mxlarge.errors import DivergenceError, ReplicaMismatch
-
     try:
         if args.verb == "show":
             return _show(args)
@@ -215,7 +207,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.verb == "report":
             from mxlarge.report import report_command
             return report_command(args)
-    except (ConfigError, CheckpointError) as exc:
+    except InputError as exc:
         return _fail(str(exc), 2)
     except (DivergenceError, ReplicaMismatch) as exc:
         return _fail(str(exc), 1)

@@ -5,15 +5,17 @@ unknown keys (suggesting the nearest valid one), wrong types and out-of-range va
 message naming the file, the key path, the value and what was expected. ``key=value`` overrides
 from the command line go through the same checks.
 
-The numbers that depend on the world size (global batch, peak LR, steps) are computed by one
-pure function, :func:`derive`, in the spirit of detectron2's ``auto_scale_workers``.
+The loader also reads other YAML files made of such dataclasses (sweep files: a section may
+be a list of mappings, ``tuple[Dataclass, ...]``; a field without a default is required).
+What the world size makes of a config (global batch, LR, steps) is decided in
+:mod:`mxlarge.plan`, not here.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,16 +24,14 @@ from typing import Any
 
 import yaml
 
-from mxlarge.schedulers import epochs_to_steps, scaled_lr
+from mxlarge.errors import InputError, closest
 
 DATASETS = ("digits", "synthetic", "imagenet", "cifar10", "mnist1d")
 KVSTORES = ("local", "device", "dist_sync", "dist_device_sync")
 
 
-class ConfigError(ValueError):
-    """A configuration problem; the CLI prints it and exits with status 2."""
-
-    exit_code = 2
+class ConfigError(InputError):
+    """A configuration problem: names the file, the key, the value and what was expected."""
 
 
 def _f(default: Any, doc: str, **rules: Any) -> Any:
@@ -154,7 +154,6 @@ class TrackingConfig:
     uri: str | None = _f(None, "tracking URI (default: $MLFLOW_TRACKING_URI, else "
                                   "sqlite:///mlruns.db in the working directory)")
     experiment: str = _f("mxlarge", "MLflow experiment name")
-    output_dir: str = _f("mxlarge-runs", "local folder for artifacts before upload")
 
 
 @dataclass(frozen=True)
@@ -195,6 +194,18 @@ def _rules_text(meta: dict) -> str:
     return " and ".join(parts)
 
 
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _dataclass_items(tp: Any) -> type | None:
+    """The item class of ``tuple[SomeDataclass, ...]``, else None."""
+    args = typing.get_args(tp)
+    if (typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
+            and dataclasses.is_dataclass(args[0])):
+        return args[0]
+    return None
+
+
 class _Loader:
     def __init__(self, source: str):
         self.source = source
@@ -226,6 +237,9 @@ class _Loader:
                 raise self.error(path, value, "an integer" + self._range(meta))
             out: Any = value
         elif tp is float:
+            # YAML 1.1 reads 5e-4 and 1e-4 (no dot) as strings: accept what a user means
+            if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+                value = float(value)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise self.error(path, value, "a number" + self._range(meta))
             out = float(value)
@@ -261,7 +275,8 @@ class _Loader:
         if not isinstance(data, dict):
             raise self.error(path or "<top level>", data, "a mapping of keys to values")
         hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        # fields marked internal are set by code, never read from a file
+        fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
         kwargs = {}
         for key, value in data.items():
             full = f"{path}.{key}" if path else str(key)
@@ -269,15 +284,27 @@ class _Loader:
                 raise ConfigError(f"{self.source}: unknown key '{full}'" + self._suggest(
                     str(key), list(fields), path))
             tp = hints[key]
+            item = _dataclass_items(tp)
             if dataclasses.is_dataclass(tp):
                 kwargs[key] = self.section(tp, value, full)
+            elif item is not None:
+                if not isinstance(value, list) or not value:
+                    keys = ", ".join(f.name for f in dataclasses.fields(item))
+                    raise self.error(full, value, f"a non-empty list of mappings ({keys})")
+                kwargs[key] = tuple(self.section(item, v, f"{full}[{i}]")
+                                    for i, v in enumerate(value))
             else:
                 kwargs[key] = self.scalar(tp, value, full, dict(fields[key].metadata))
+        for name, f in fields.items():
+            if (name not in kwargs and f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING):
+                full = f"{path}.{name}" if path else name
+                raise ConfigError(f"{self.source}: missing key '{full}'")
         return cls(**kwargs)
 
     @staticmethod
     def _suggest(key: str, names: list[str], path: str) -> str:
-        close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+        close = closest(key, names)
         if not close:
             where = f"'{path}'" if path else "the top level"
             return f" (valid keys in {where}: {', '.join(names)})"
@@ -318,6 +345,29 @@ def config_from_dict(tree: dict, source: str = "<dict>") -> Config:
     return cfg
 
 
+def load_dataclass(cls: type, tree: Any, source: str) -> Any:
+    """Strictly loads any dataclass written with this module's field rules (e.g. a sweep file).
+
+    Raises:
+        ConfigError: naming the file, the key path, the value and what was expected.
+    """
+    return _Loader(source).section(cls, tree, "")
+
+
+def read_yaml(path: str | Path, what: str = "config") -> Any:
+    """Parses a YAML file; a missing file or malformed YAML is a one-line ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such {what} file")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+
+
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Loads an experiment YAML strictly, applies ``key=value`` overrides, validates.
 
@@ -325,15 +375,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         ConfigError: naming the file, key path, value and what was expected.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+    tree = read_yaml(path)
     if tree is None:
         tree = {}
     if not isinstance(tree, dict):
@@ -360,6 +402,13 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     if o.warmup != "none" and o.warmup_epochs >= cfg.train.epochs:
         raise ConfigError(f"{source}: optim.warmup_epochs = {o.warmup_epochs}: expected fewer "
                           f"than train.epochs = {cfg.train.epochs}")
+    if (o.decay == "step" and o.warmup != "none" and o.decay_epochs
+            and o.decay_epochs[0] < o.warmup_epochs):
+        raise ConfigError(f"{source}: optim.decay_epochs = {list(o.decay_epochs)}: expected every "
+                          f"drop after the warmup (optim.warmup_epochs = {o.warmup_epochs})")
+    if o.lars and o.nesterov:
+        raise ConfigError(f"{source}: optim.nesterov = true: expected false with optim.lars = "
+                          "true (the LARS update has no Nesterov form)")
     if d.scale[0] > d.scale[1] or d.ratio[0] > d.ratio[1]:
         raise ConfigError(f"{source}: data.scale/data.ratio = {list(d.scale)}/{list(d.ratio)}: "
                           "expected [low, high] with low <= high")
@@ -424,64 +473,3 @@ def dump_yaml(cfg: Config) -> str:
 def config_sha256(cfg: Config) -> str:
     """SHA-256 of the resolved config's YAML: equal iff the configs are equal."""
     return hashlib.sha256(dump_yaml(cfg).encode()).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------
-# world-size scaling
-
-
-@dataclass(frozen=True)
-class Derived:
-    """Numbers that follow from the config and the world size."""
-
-    workers: int
-    devices: int
-    global_batch: int
-    train_samples: int
-    steps_per_epoch: int
-    total_steps: int
-    peak_lr: float
-    warmup_lr: float
-    warmup_steps: int
-    decay_steps: tuple[int, ...]
-
-
-def derive(cfg: Config, workers: int, train_samples: int, source: str = "<config>") -> Derived:
-    """World-size scaling as one pure function.
-
-    global batch B = workers · devices · n, where ``workers`` counts real processes times
-    ``dist.simulate_workers``; steps per epoch = floor(N / B) (the last partial global batch
-    is dropped so that every rank takes the same number of steps); peak LR by the scaling rule
-    from (base_lr, reference_batch); warmup and decay epochs turned into steps.
-
-    Raises:
-        ConfigError: if a single global batch does not fit the training data.
-    """
-    if workers < 1:
-        raise ConfigError(f"{source}: workers = {workers}: expected an integer >= 1")
-    n = cfg.data.batch_size
-    devices = cfg.dist.devices
-    global_batch = workers * devices * n
-    steps = train_samples // global_batch
-    if steps < 1:
-        raise ConfigError(
-            f"{source}: data.batch_size = {n}: with {workers} worker(s) x {devices} device(s) "
-            f"the global batch {global_batch} is larger than the {train_samples} training "
-            f"images of '{cfg.data.dataset}'; expected batch_size <= "
-            f"{train_samples // (workers * devices)}")
-    o = cfg.optim
-    peak = scaled_lr(o.base_lr, o.reference_batch, global_batch, o.scaling)
-    warmup_steps = epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0
-    decay = tuple(epochs_to_steps(e, steps) for e in o.decay_epochs) if o.decay == "step" else ()
-    return Derived(
-        workers=workers,
-        devices=devices,
-        global_batch=global_batch,
-        train_samples=train_samples,
-        steps_per_epoch=steps,
-        total_steps=steps * cfg.train.epochs,
-        peak_lr=peak,
-        warmup_lr=o.warmup_lr if o.warmup_lr is not None else o.base_lr,
-        warmup_steps=warmup_steps,
-        decay_steps=decay,
-    )

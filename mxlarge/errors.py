@@ -1,4 +1,17 @@
-"""Training failures the CLI reports as one line and exit status 1 (no MXNet import here)."""
+"""The errors the CLI maps to exit codes, and the one "did you mean" helper (no MXNet here).
+
+* :class:`InputError` (exit 2): the input cannot be used — a config key or value, a file, a
+  command-line argument, a busy port, an unreachable tracking store. Nothing has been written.
+* :class:`DivergenceError`, :class:`ReplicaMismatch` (exit 1): training started and failed.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+
+class InputError(ValueError):
+    """Bad input: the CLI prints the message as one line and exits with status 2."""
 
 
 class DivergenceError(RuntimeError):
@@ -7,3 +20,8 @@ class DivergenceError(RuntimeError):
 
 class ReplicaMismatch(RuntimeError):
     """A rank's weights differ from rank 0's: the job cannot continue."""
+
+
+def closest(word: str, choices: Sequence[str], n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The ``n`` choices closest to ``word`` (difflib's ratio >= ``cutoff``), best first."""
+    return difflib.get_close_matches(str(word), list(choices), n=n, cutoff=cutoff)

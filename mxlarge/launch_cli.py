@@ -2,9 +2,11 @@
 
 Every process runs the same ``mxlarge train CONFIG ...`` command: the scheduler and servers run
 their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`), the workers
-train. The run is created here before anything starts, passed to all processes through
-``MXLARGE_RUN_ID`` and ``MLFLOW_TRACKING_URI``, and ended FINISHED or FAILED by the job's exit
-status, with the failing role/rank as a tag.
+train. ``-n``/``-s`` are the overrides ``dist.workers``/``dist.servers`` (the command line wins
+over the file), so ``mxlarge show CONFIG dist.workers=N`` prints the plan this job runs. The
+job's run is opened here before anything starts (or given with ``--run-id`` by a caller that
+ends it), passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and
+ended FINISHED or FAILED by the job's exit status, with the failing role/rank as tags.
 """
 from __future__ import annotations
 
@@ -13,44 +15,34 @@ import sys
 from pathlib import Path
 
 from mxlarge.config import Config, ConfigError, load_config
+from mxlarge.errors import InputError
 
 
-def _abs_sqlite(uri: str) -> str:
-    """Workers may start in another directory: make a relative sqlite path absolute."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
-
-
-def launch_overrides(cfg: Config, workers: int, servers: int) -> list[str]:
-    """What launching adds to a config: a dist store and the world it runs in."""
+def launch_overrides(cfg: Config, workers: int | None, servers: int | None) -> list[str]:
+    """What launching adds to a config: a dist store and, if given, the world it runs in."""
     # launching means distributed: a local store would train k unsynchronised copies
     extra = [] if cfg.dist.kvstore.startswith("dist") else ["dist.kvstore=dist_sync"]
-    return [*extra, f"dist.workers={workers}", f"dist.servers={servers}"]
+    if workers is not None:
+        extra.append(f"dist.workers={workers}")
+    if servers is not None:
+        extra.append(f"dist.servers={servers}")
+    return extra
 
 
 def launch(args: argparse.Namespace) -> int:
     from mxlarge import launcher
+    from mxlarge.plan import plan_for
 
     overrides = list(args.overrides)
+    for flag, value in (("-n/--workers", args.workers), ("-s/--servers", args.servers)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} = {value}: expected an integer >= 1")
     cfg = load_config(args.config, overrides)
-    workers = cfg.dist.workers if args.workers is None else args.workers
-    servers = cfg.dist.servers if args.servers is None else args.servers
-    if workers < 1:
-        raise ConfigError(f"-n/--workers = {workers}: expected an integer >= 1")
-    if servers < 1:
-        raise ConfigError(f"-s/--servers = {servers}: expected an integer >= 1")
-    overrides += launch_overrides(cfg, workers, servers)
+    overrides += launch_overrides(cfg, args.workers, args.servers)
     cfg = load_config(args.config, overrides)
-    # Fail on a batch that cannot fit before starting any process.
-    if cfg.data.train_samples is None:
-        from mxlarge.data import train_size
-        samples = train_size(cfg.data)
-    else:
-        samples = cfg.data.train_samples
-    from mxlarge.config import derive
-    derive(cfg, workers * cfg.dist.simulate_workers, samples, args.config)
+    workers, servers = cfg.dist.workers, cfg.dist.servers
+    # Fail on a job that cannot run (world, batch, model) before starting any process.
+    plan = plan_for(cfg, args.config)
     from mxlarge.nets import build_net
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
@@ -60,12 +52,12 @@ def launch(args: argparse.Namespace) -> int:
         try:
             launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            raise InputError(str(exc)) from None
     if args.launcher == "local" and args.port is not None:
         try:  # before any run is created or process started
             launcher.local.ensure_port_free(args.port)
         except launcher.PortInUseError as exc:
-            raise ConfigError(str(exc)) from None
+            raise InputError(str(exc)) from None
     command = [sys.executable, "-m", "mxlarge.cli", "train",
                str(Path(args.config).resolve()), *overrides]
     meta = None
@@ -74,28 +66,28 @@ def launch(args: argparse.Namespace) -> int:
         from mxlarge.config import checkpoint_root
         path = checkpoint.resolve(args.resume, checkpoint_root(cfg)).resolve()
         meta = checkpoint.read_meta(path)
-        saved = meta["layout"]
-        if saved["workers"] != workers:
-            raise checkpoint.CheckpointError(
-                f"{path}: written by {saved['workers']} worker(s), launching {workers}: refused "
-                "(the global batch, LR schedule, data shards and per-worker BN statistics "
-                "depend on the world size); relaunch with the same -n")
+        checkpoint.check_world(path, meta, plan.world)
         command += ["--resume", str(path)]
     env: dict[str, str] = {}
-    run_id = uri = None
+    run = owned = None
     if cfg.tracking.enabled:
         from mxlarge import tracking
-        uri = _abs_sqlite(tracking.tracking_uri(cfg))
+        uri = tracking.tracking_uri(cfg)
         tracking.check_reachable(uri)
-        if meta is not None and meta.get("run_id"):
-            run_id = meta["run_id"]
-            tracking.reopen_run(uri, run_id)
+        if args.run_id is not None:  # the caller's run: it ends it
+            run = tracking.RunHandle(uri, args.run_id)
+        elif meta is not None and meta.get("run_id"):
+            owned = run = tracking.RunHandle.reopen(uri, meta["run_id"])
         else:
-            run_id = tracking.create_run(cfg, uri, {
-                "launcher": args.launcher, "world_size": workers, "servers": servers,
-                "kvstore": cfg.dist.kvstore})
-        env.update(MXLARGE_RUN_ID=run_id, MLFLOW_TRACKING_URI=uri)
-        print(f"mxlarge: MLflow run {run_id} in {uri}", flush=True)
+            owned = run = tracking.RunHandle.create(cfg, uri)
+        run.tag({"launcher": args.launcher, "servers": servers})
+        command += ["--run-id", run.run_id]
+        env["MLFLOW_TRACKING_URI"] = uri
+        print(f"mxlarge: MLflow run {run.run_id} in {uri}", flush=True)
+    elif args.run_id is not None:
+        raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
+    print(f"mxlarge: job: {plan.world.describe()}, peak LR {plan.peak_lr:.6g}, "
+          f"{plan.total_steps} steps", flush=True)
     ok = False
     fail_tags: dict[str, str] = {}
     try:
@@ -105,7 +97,7 @@ def launch(args: argparse.Namespace) -> int:
                                              port=args.port, env=env)
             except launcher.PortInUseError as exc:
                 fail_tags = {"failure": str(exc)}
-                raise ConfigError(str(exc)) from None
+                raise InputError(str(exc)) from None
             ok = outcome.exit_code == 0
             if not ok:
                 fail_tags = {"failed_role": str(outcome.failed_role),
@@ -120,16 +112,16 @@ def launch(args: argparse.Namespace) -> int:
                                                servers=servers, hostfile=args.hostfile, env=env)
             except (ValueError, NotImplementedError, FileNotFoundError) as exc:
                 fail_tags = {"failure": str(exc)}
-                raise ConfigError(str(exc)) from None
+                raise InputError(str(exc)) from None
             ok = code == 0
             if not ok:
                 fail_tags = {"failure": f"{args.launcher} job exited with {code}"}
                 print(f"mxlarge: job failed with exit code {code}", file=sys.stderr, flush=True)
         return 0 if ok else (code if code else 1)
     finally:
-        if run_id is not None:
-            from mxlarge import tracking
-            tracking.end_run(uri, run_id, ok, fail_tags)
-            status = "FINISHED" if ok else "FAILED"
-            print(f"mxlarge: MLflow run {run_id} {status} "
-                  f"(mlflow ui --backend-store-uri {uri})", flush=True)
+        if owned is not None:
+            owned.end(ok, fail_tags)
+            print(f"mxlarge: MLflow run {owned.run_id} {'FINISHED' if ok else 'FAILED'} "
+                  f"(mlflow ui --backend-store-uri {owned.uri})", flush=True)
+        elif run is not None:
+            run.tag(fail_tags)

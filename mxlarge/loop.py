@@ -2,7 +2,8 @@
 
 ``before_train`` / ``after_step`` / ``after_epoch`` / ``after_train`` run inside try/finally, so
 ``after_train`` always runs and is told whether training failed. Tracking, evaluation, timing
-and progress are hooks; hooks that only rank 0 needs are simply not registered elsewhere.
+and progress are hooks; hooks that only rank 0 needs are simply not registered elsewhere. The
+hook contract, the data hooks exchange and their order are in :mod:`mxlarge.hooks`.
 """
 from __future__ import annotations
 
@@ -15,31 +16,10 @@ from typing import Any
 import mxnet as mx
 from mxnet import autograd
 
+from mxlarge import hooks as H
+from mxlarge.bnstats import save_device_params
 from mxlarge.errors import DivergenceError
-
-
-class Hook:
-    """Base class: override what you need. ``loop.step`` is the number of updates applied."""
-
-    def before_train(self, loop: "TrainLoop") -> None: ...
-
-    def after_step(self, loop: "TrainLoop", out: "StepOutput") -> None: ...
-
-    def after_epoch(self, loop: "TrainLoop", epoch: int, metrics: dict[str, float]) -> None: ...
-
-    def after_train(self, loop: "TrainLoop", error: BaseException | None) -> None: ...
-
-
-@dataclass
-class StepOutput:
-    step: int               # the update just applied (0-based)
-    epoch: int
-    lr: float
-    loss: mx.nd.NDArray     # per-sample losses of this worker's batch (lazy: read only to log)
-    images: int             # images this worker processed
-    # per-step metrics for trackers: the noise scale on measuring steps, and whatever hooks
-    # registered earlier add (the training loss on logging steps)
-    metrics: dict[str, float] = field(default_factory=dict)
+from mxlarge.hooks import Hook, StepOutput
 
 
 @dataclass
@@ -50,6 +30,8 @@ class TrainLoop:
         step: the one step counter; hooks and the trainer read it, only the loop advances it.
         epoch: current epoch.
         history: per-epoch metrics appended by hooks (for plots and reports).
+        artifacts: files hooks wrote for others to report (keys in :mod:`mxlarge.hooks`).
+        hooks: run in the order of their :attr:`~mxlarge.hooks.Hook.stage`.
     """
 
     net: mx.gluon.Block
@@ -60,11 +42,15 @@ class TrainLoop:
     ctx: list = field(default_factory=lambda: [mx.cpu()])
     hooks: list[Hook] = field(default_factory=list)
     max_steps: int | None = None
-    gns: Any = None          # a mxlarge.gns.NoiseScale, or None
+    gns: Any = None          # a mxlarge.gns.NoiseScale (knows B_small and B_big), or None
     gns_every: int = 0
     step: int = 0
     epoch: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.hooks = sorted(self.hooks, key=lambda h: h.stage)  # stable: equal stages keep order
 
     def train_step(self, data: mx.nd.NDArray, label: mx.nd.NDArray) -> StepOutput:
         """Forward/backward on each device's (or virtual worker's) slice, one synchronised update.
@@ -94,7 +80,7 @@ class TrainLoop:
             for j in range(k):
                 x, y = data[j * n:(j + 1) * n], label[j * n:(j + 1) * n]
                 before = t.grad_copies() if measure else None
-                with t.worker_stats(j):
+                with t.bn.worker(j):
                     with autograd.record():
                         part = self.loss_fn(self.net(x), y)
                     part.backward()
@@ -105,11 +91,9 @@ class TrainLoop:
         t.allreduce_grads()
         metrics: dict[str, float] = {}
         if measure:
-            n_small = data.shape[0] // (t.num_devices * k)
-            b_big = n_small * t.world_size
             total, count = t.store.sum_scalars([sum(small), len(small)])
-            sq_small = total / count / n_small ** 2
-            sq_big = t.grad_sq(0) / b_big ** 2
+            sq_small = total / count / self.gns.b_small ** 2
+            sq_big = t.grad_sq(0) / self.gns.b_big ** 2
             metrics.update(self.gns.update(sq_small, sq_big))
         lr = t.learning_rate(self.step)
         t.update(data.shape[0], self.step)
@@ -151,6 +135,8 @@ class LossHook(Hook):
     classic warmup explosion, caught before more compute is spent.
     """
 
+    stage = H.MEASURE
+
     def __init__(self, every: int, factor: float = 0.0):
         self.every = every
         self.factor = factor
@@ -186,6 +172,8 @@ class LossHook(Hook):
 class TimerHook(Hook):
     """Images per second of this worker over each epoch's training steps."""
 
+    stage = H.MEASURE
+
     def __init__(self) -> None:
         self.start = 0.0
         self.images = 0
@@ -213,6 +201,8 @@ class EvalHook(Hook):
     statistics; the counts are summed through the store, so every rank gets the global numbers.
     """
 
+    stage = H.EVALUATE
+
     def __init__(self, val_source: Any, batch_size: int, every: int = 1):
         self.val = val_source
         self.batch_size = batch_size
@@ -223,7 +213,7 @@ class EvalHook(Hook):
         rank, k = trainer.rank, trainer.num_workers
         top1 = top5 = count = 0.0
         loss_sum = 0.0
-        with trainer.evaluation_stats():
+        with trainer.bn.evaluation():
             for i, (data, label) in enumerate(self.val.batches(self.batch_size)):
                 if i % k != rank:
                     continue
@@ -247,6 +237,8 @@ class EvalHook(Hook):
 class ReplicaCheckHook(Hook):
     """Compares a weight checksum with rank 0's every ``every`` steps (dist only)."""
 
+    stage = H.CHECK
+
     def __init__(self, every: int):
         self.every = every
 
@@ -259,56 +251,44 @@ class FinalParamsHook(Hook):
     """After a successful run, saves the parameters with the ``bn_stats`` statistics.
 
     Registered on every rank because choosing the statistics is collective. Rank 0 writes
-    ``self.path`` (a temporary file for MLflow); with ``template`` every rank also writes
-    ``template.format(rank=r)`` and, with its own BN statistics, that path + ``.local``.
+    ``tmpdir/final.params`` and publishes it as ``loop.artifacts['final_params']``; with
+    ``template`` every unit also writes ``template.format(rank=unit)`` and, with its own BN
+    statistics, that path + ``.local`` (units: :mod:`mxlarge.bnstats`).
     """
+
+    stage = H.PERSIST
 
     def __init__(self, rank: int, template: str | None, tmpdir: str | None):
         self.rank = rank
         self.template = template
         self.tmpdir = tmpdir
-        self.path: str | None = None
 
     def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
         if error is not None:
             return
-        trainer = loop.trainer
-        # Every gradient contributor (virtual worker, or device of a worker) writes the files
-        # its one-device real counterpart would (see Trainer.each_unit).
-        with trainer.evaluation_stats():
+        bn = loop.trainer.bn
+        with bn.evaluation():
             if self.rank == 0 and self.tmpdir is not None:
-                self.path = f"{self.tmpdir}/final.params"
-                loop.net.save_parameters(self.path)
+                path = f"{self.tmpdir}/final.params"
+                loop.net.save_parameters(path)
+                loop.artifacts["final_params"] = path
             if self.template:
-                for unit in trainer.unit_ids():
+                for unit in bn.unit_ids():
                     loop.net.save_parameters(self.template.format(rank=unit))
         if self.template:
-            for unit, device in trainer.each_unit():
+            for unit, device in bn.each_unit():
                 save_device_params(loop.net, self.template.format(rank=unit) + ".local", device)
-
-
-def save_device_params(net: mx.gluon.Block, path: str, device: int,
-                       stats_only: bool = False) -> None:
-    """Like ``save_parameters``, but one device's copies (Gluon's own save averages devices).
-
-    ``stats_only`` keeps just the local statistics (``grad_req == 'null'``).
-    """
-    mx.nd.waitall()
-    arrays = {name: p.list_data()[device]
-              for name, p in net._collect_params_with_prefix().items()
-              if not stats_only or p.grad_req == "null"}
-    mx.nd.save(path, arrays)
 
 
 class CheckpointHook(Hook):
     """Writes an exact checkpoint every ``every`` epochs and after the last (every rank)."""
 
-    def __init__(self, root: str, every: int, keep_last: int, config: Any, seed: int,
-                 layout: Any, run_id: Any, rank: int):
+    stage = H.PERSIST
+
+    def __init__(self, root: str, every: int, keep_last: int, config: Any, world: Any,
+                 run_id: str | None, rank: int):
         self.root, self.every, self.keep_last = root, every, keep_last
-        self.config, self.seed, self.layout = config, seed, layout
-        self.run_id = run_id  # a callable: the MLflow run may only exist after before_train
-        self.rank = rank
+        self.config, self.world, self.run_id, self.rank = config, world, run_id, rank
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         done = epoch + 1
@@ -316,12 +296,14 @@ class CheckpointHook(Hook):
             return
         from mxlarge import checkpoint
         checkpoint.save(self.root, epoch=done, step=loop.step, rank=self.rank, net=loop.net,
-                        trainer=loop.trainer, config=self.config, seed=self.seed,
-                        layout=self.layout, run_id=self.run_id(), keep_last=self.keep_last)
+                        trainer=loop.trainer, config=self.config, world=self.world,
+                        run_id=self.run_id, keep_last=self.keep_last)
 
 
 class ProgressHook(Hook):
     """A tqdm bar per epoch with loss and LR (rank 0)."""
+
+    stage = H.REPORT
 
     def __init__(self, steps_per_epoch: int, epochs: int):
         self.steps = steps_per_epoch

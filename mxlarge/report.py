@@ -11,38 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mxlarge.stats import final_error  # noqa: F401  (the rule lives in mxlarge.stats)
-
-
-def plot_training_curves(history: list[dict[str, float]], path: str | Path,
-                         title: str = "") -> None:
-    """PNG with training loss, validation error and LR per epoch."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    epochs = [h["epoch"] for h in history]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    series = [("train_loss", "training loss"), ("val_error_top1", "validation top-1 error"),
-              ("lr", "learning rate (end of epoch)")]
-    for ax, (key, label) in zip(axes, series):
-        pts = [(e, h[key]) for e, h in zip(epochs, history) if key in h]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3)
-        ax.set_xlabel("epoch")
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    _save(fig, path)
-
-
-def _save(fig: Any, path: str | Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+from mxlarge.plots import pyplot, save
+from mxlarge.stats import final_error  # the rule lives in mxlarge.stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +136,7 @@ class RunData:
     seed: int
     status: str = "FINISHED"
     start_time: int = 0
-    world_size: int | None = None
+    workers: int | None = None
     global_batch: int | None = None
     peak_lr: float | None = None
     config_hash: str = ""
@@ -264,7 +234,7 @@ class LabelRow:
     label: str
     seeds: tuple[int, ...]
     missing_seeds: tuple[int, ...]
-    world_size: int | None
+    workers: int | None
     global_batch: int | None
     peak_lr: float | None
     final_errors: tuple[float, ...]
@@ -322,7 +292,7 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
         ips = [v for v in (median_throughput(r.rows) for r in group) if v is not None]
         stats[label] = dict(
             group=group, ttt=ttt, ips=statistics.fmean(ips) if ips else None,
-            world_size=_common([r.world_size for r in group]),
+            workers=_common([r.workers for r in group]),
             fingerprint=_common([r.fingerprint for r in group]))
     rows = []
     names = list(dict.fromkeys([*order, *labels, *(missing or {})]))
@@ -331,22 +301,22 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
             if label in (missing or {}):
                 rows.append(LabelRow(
                     label=label, seeds=(), missing_seeds=tuple(sorted(missing[label])),
-                    world_size=None, global_batch=None, peak_lr=None, final_errors=(),
+                    workers=None, global_batch=None, peak_lr=None, final_errors=(),
                     epochs_to_target=(), seconds_to_target=(), images_per_sec=None,
                     reference=None, speedup=None, efficiency=None, conv_speedup=None))
             continue
         s = stats[label]
         group = s["group"]
         ref = next((name for name, o in stats.items()
-                    if o["world_size"] == 1 and o["fingerprint"] is not None
+                    if o["workers"] == 1 and o["fingerprint"] is not None
                     and o["fingerprint"] == s["fingerprint"]), None)
-        if s["world_size"] == 1 and s["fingerprint"] is not None:
+        if s["workers"] == 1 and s["fingerprint"] is not None:
             ref = label
         speedup = efficiency = conv = None
-        if ref is not None and s["world_size"] is not None:
+        if ref is not None and s["workers"] is not None:
             o = stats[ref]
             if s["ips"] is not None and o["ips"]:
-                speedup, efficiency = scaling(s["ips"], o["ips"], s["world_size"])
+                speedup, efficiency = scaling(s["ips"], o["ips"], s["workers"])
             mine = all_reached([t[1] if t else None for t in s["ttt"]])
             theirs = all_reached([t[1] if t else None for t in o["ttt"]])
             conv = convergence_speedup(theirs[0] if theirs else None, mine[0] if mine else None)
@@ -354,7 +324,7 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
         rows.append(LabelRow(
             label=label, seeds=tuple(r.seed for r in group),
             missing_seeds=tuple(sorted((missing or {}).get(label, ()))),
-            world_size=s["world_size"], global_batch=_common([r.global_batch for r in group]),
+            workers=s["workers"], global_batch=_common([r.global_batch for r in group]),
             peak_lr=_common([r.peak_lr for r in group]), final_errors=tuple(errors),
             epochs_to_target=tuple(t[0] if t else None for t in s["ttt"]),
             seconds_to_target=tuple(t[1] if t else None for t in s["ttt"]),
@@ -409,7 +379,7 @@ def markdown_table(summary: Summary) -> str:
             seeds += f" (no FINISHED run: {','.join(map(str, r.missing_seeds))})"
         err = _pm(mean_std(r.final_errors), scale=100) if r.final_errors else "n/a"
         lines.append(
-            f"| {r.label} | {r.world_size if r.world_size is not None else 'mixed'} "
+            f"| {r.label} | {r.workers if r.workers is not None else 'mixed'} "
             f"| {r.global_batch if r.global_batch is not None else 'mixed'} "
             f"| {f'{r.peak_lr:.4g}' if r.peak_lr is not None else 'mixed'} | {seeds} | {err} "
             f"| {_reached(r.epochs_to_target, 1)} | {_reached(r.seconds_to_target, 1)} "
@@ -446,7 +416,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "target, else \"not reached\".",
            "- **images/s**: per run, the median over epochs of `images_per_sec_global`; mean "
            "over seeds.",
-           "- **speedup** = images/s ÷ images/s of the 1-worker run (tag `world_size` = 1) of "
+           "- **speedup** = images/s ÷ images/s of the 1-worker run (tag `workers` = 1) of "
            "the same config (all params equal except world size, store, seed and logging); "
            "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
            "(1 worker) ÷ train s to target (k workers). \"ref.\" marks the 1-worker run itself; "
@@ -481,13 +451,6 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
 # plots
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
     out: dict[str, list[RunData]] = {}
     for r in runs:
@@ -497,7 +460,7 @@ def _by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
 
 def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
     """Validation top-1 error vs epoch, mean over seeds, one curve per label (Goyal Fig. 2)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, group) in enumerate(_by_label(runs).items()):
         curve = mean_curve([[(x["epoch"], 100 * x["val_error_top1"]) for x in r.rows
@@ -511,7 +474,7 @@ def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(title or "validation error")
-    _save(fig, path)
+    save(fig, path)
 
 
 def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
@@ -520,7 +483,7 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
     Labels are dodged sideways by a factor 2^(0.05·i) so that those sharing a batch stay
     readable; the axis is log2, so the true batch is the nearest tick.
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     groups = _by_label(runs)
     for i, (label, group) in enumerate(groups.items()):
@@ -541,12 +504,12 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(title or "final error vs global batch")
-    _save(fig, path)
+    save(fig, path)
 
 
 def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
     """Per label, for its lowest seed: training loss (per epoch) and the LR (per step) vs step."""
-    plt = _pyplot()
+    plt = pyplot()
     groups = _by_label(runs)
     cols = min(3, max(1, len(groups)))
     nrows = -(-len(groups) // cols)
@@ -568,7 +531,7 @@ def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> 
         ax.set_title(f"{label}, seed {run.seed}", fontsize=9)
     if title:
         fig.suptitle(title)
-    _save(fig, path)
+    save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -577,7 +540,7 @@ def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> 
 
 def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
     """B_simple over steps (one seed per label) with each label's global batch as a line."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, group in _by_label(runs).items():
         r = next((x for x in group if x.gns), None)
@@ -597,7 +560,7 @@ def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "")
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
-    _save(fig, path)
+    save(fig, path)
 
 
 def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
@@ -621,7 +584,7 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
         out.append(RunData(
             run_id=rec["run_id"], label=tags["sweep_label"], seed=int(tags["seed"]),
             status=rec["status"], start_time=int(rec["start_time"]),
-            world_size=_int_tag(tags.get("world_size")),
+            workers=_int_tag(tags.get("workers")),
             global_batch=_int_tag(tags.get("global_batch")),
             peak_lr=float(tags["peak_lr"]) if "peak_lr" in tags else None,
             config_hash=tags.get("config_hash", ""), fingerprint=config_fingerprint(params),
@@ -663,7 +626,7 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
     summary = summarize(used, target_fraction, missing, order)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run_id = tracking.create_plain_run(
+    run = tracking.RunHandle.create_plain(
         uri, experiment, {"sweep": name, "summary": "true", "mlflow.runName": f"{name} report"},
         {"target_fraction": target_fraction, "target_accuracy": summary.target,
          "runs_used": len(used), "labels": ", ".join(r.label for r in summary.rows)})
@@ -677,7 +640,7 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
             images.append("noise_scale.png")
             plot_noise_scale(used, out / images[-1], f"{name}: gradient noise scale")
         study_md = _study(used, order, out, name, images)
-        meta = {"experiment": experiment, "uri": uri, "summary_run": run_id,
+        meta = {"experiment": experiment, "uri": uri, "summary_run": run.run_id,
                 "written": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         (out / "report.md").write_text(render_markdown(name, summary, used, notes, meta, images,
                                                        study_md))
@@ -685,11 +648,10 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
             {"sweep": name, **meta, "summary": dataclasses.asdict(summary), "notes": notes,
              "runs": {r.run_id: {"label": r.label, "seed": r.seed} for r in used}},
             indent=2, default=str))
-        tracking.log_artifacts(uri, run_id, [out / "report.md", out / "report.json",
-                                             *(out / i for i in images)])
+        run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
         ok = True
     finally:
-        tracking.end_run(uri, run_id, ok)
+        run.end(ok)
     return out / "report.md"
 
 
@@ -723,10 +685,7 @@ def report_command(args: Any) -> int:
         raise ConfigError(f"report: --target-fraction = {args.target_fraction}: expected a "
                           "number in (0, 1]")
     uri = tracking.tracking_uri(Config())
-    try:
-        tracking.check_reachable(uri)
-    except RuntimeError as exc:
-        raise ConfigError(str(exc)) from None
+    tracking.check_reachable(uri)
     path = write_report(args.name, args.out or Path("reports") / args.name,
                         args.target_fraction, args.experiment, uri)
     text = path.read_text()

@@ -28,11 +28,14 @@ the command line's ``key=value``, then ``train.seed`` from ``seeds`` (which is w
 set ``train.seed``). In mode ``launch`` the launcher's own overrides (``dist.kvstore=dist_sync``
 for a non-dist config, ``dist.workers``, ``dist.servers``) are applied here too, so that the hash
 is the hash of the config the workers run.
+
+The file is read by the config loader (:func:`mxlarge.config.load_dataclass` on :class:`Sweep`),
+with the same messages as an experiment file. Each cell's MLflow run is opened here, passed down
+(to :func:`mxlarge.run.train` in this process, or ``mxlarge launch --run-id``) and ended here.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -41,59 +44,65 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from mxlarge.config import Config, ConfigError, config_sha256, derive, load_config
+from mxlarge.config import (
+    Config,
+    ConfigError,
+    _f,
+    config_sha256,
+    load_config,
+    load_dataclass,
+    read_yaml,
+)
 from mxlarge.launch_cli import launch_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODES = ("train", "launch")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-SWEEP_KEYS = ("name", "description", "mode", "workers", "servers", "runs", "seeds", "overrides",
-              "target")
-TARGET_KEYS = ("reference", "tolerance")
-RUN_KEYS = ("label", "config", "overrides", "workers", "servers")
-# What `mxlarge launch` prints once it has created the job's run (mxlarge/launch_cli.py).
-_LAUNCH_RUN_LINE = re.compile(r"^mxlarge: MLflow run ([0-9a-f]{32}) in ")
 
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One labelled experiment of a sweep.
+    """One labelled experiment of a sweep (``runs[i]`` of the file)."""
 
-    Attributes:
-        label: the name of the group of seeds in reports.
-        config: the experiment file as written in the sweep file.
-        config_path: the file it resolved to.
-        overrides: ``key=value`` overrides of this run.
-        workers: mode launch: worker processes (None: the sweep's, else the config's).
-        servers: mode launch: server processes (None: the sweep's, else the config's).
-    """
+    label: str = field(metadata={"doc": "the name of the group of seeds in reports"})
+    config: str = field(metadata={"doc": "experiment YAML: absolute, relative to the sweep "
+                                         "file, or to the repository root"})
+    overrides: tuple[str, ...] = _f((), "KEY.PATH=VALUE overrides of this run")
+    workers: int | None = _f(None, "mode launch: worker processes (default: the sweep's, else "
+                                   "the config's)", ge=1)
+    servers: int | None = _f(None, "mode launch: server processes (default: the sweep's, else "
+                                   "the config's)", ge=1)
 
-    label: str
-    config: str
-    config_path: Path
-    overrides: tuple[str, ...] = ()
-    workers: int | None = None
-    servers: int | None = None
+
+@dataclass(frozen=True)
+class SweepTarget:
+    """The quality target of time to target (``target`` of the file), fixed before any run."""
+
+    reference: str = _f("", "label whose mean final error the target starts from ('': none)")
+    tolerance: float = _f(0.0, "added to that mean, as validation error (0.003 = 0.3 points)",
+                          ge=0, lt=1)
 
 
 @dataclass(frozen=True)
 class Sweep:
-    name: str
-    mode: str
-    runs: tuple[SweepRun, ...]
-    seeds: tuple[int, ...]
-    overrides: tuple[str, ...] = ()
-    workers: int | None = None
-    servers: int | None = None
-    description: str = ""
-    source: str = "<sweep>"
-    target: tuple[str, float] | None = None   # (reference label, tolerance)
+    """A sweep file (module docstring)."""
+
+    name: str = field(metadata={"doc": "names the report directory and the MLflow tag"})
+    runs: tuple[SweepRun, ...] = field(metadata={"doc": "the labelled experiments"})
+    seeds: tuple[int, ...] = field(metadata={"doc": "seeds of every run", "ge": 0})
+    description: str = _f("", "free text")
+    mode: str = _f("train", "train (in this process) or launch (mxlarge launch, local cluster)",
+                   choices=("train", "launch"))
+    workers: int | None = _f(None, "mode launch: -n of every run (default: the config's)", ge=1)
+    servers: int | None = _f(None, "mode launch: -s of every run (default: the config's)", ge=1)
+    overrides: tuple[str, ...] = _f((), "KEY.PATH=VALUE overrides applied to every run")
+    target: SweepTarget = field(default_factory=SweepTarget,
+                                metadata={"doc": "for mxlarge report: reference label and "
+                                                 "tolerance of the time-to-target goal"})
+    source: str = field(default="<sweep>", metadata={"internal": True})
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,7 @@ class Cell:
     Attributes:
         index: position in the grid (0-based).
         overrides: every override, in the order they are applied.
-        workers: world size k (1 in mode train).
+        workers: worker processes (from the plan).
         servers: parameter servers (mode launch).
         config_hash: sha256 hex digest of ``dump_yaml(cfg)``.
     """
@@ -134,33 +143,6 @@ class CellOutcome:
 # loading
 
 
-def _unknown(source: str, where: str, key: Any, valid: Sequence[str]) -> ConfigError:
-    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
-    hint = (f" (did you mean '{where}{close[0]}'?)" if close
-            else f" (valid keys: {', '.join(valid)})")
-    return ConfigError(f"{source}: unknown key '{where}{key}'{hint}")
-
-
-def _bad(source: str, path: str, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{source}: {path} = {value!r}: expected {expected}")
-
-
-def _int_or_none(source: str, path: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(source, path, value, "an integer >= 1")
-    return value
-
-
-def _overrides(source: str, path: str, value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _bad(source, path, value, "a list of KEY.PATH=VALUE strings")
-    return tuple(value)
-
-
 def resolve_config(entry: str, sweep_dir: Path, repo_root: Path = REPO_ROOT) -> Path | None:
     """The experiment file ``entry`` names: absolute, else relative to the sweep file, else to
     the repository root. None if none of these exists."""
@@ -170,100 +152,45 @@ def resolve_config(entry: str, sweep_dir: Path, repo_root: Path = REPO_ROOT) -> 
 
 
 def sweep_from_dict(tree: Any, source: str, sweep_dir: Path) -> Sweep:
-    """Validates a parsed sweep file strictly: unknown keys, wrong types, duplicate labels.
+    """Validates a parsed sweep file strictly with the config loader (unknown keys, types,
+    ranges), then what a single field cannot say: the name's form, distinct seeds and labels,
+    existing config files.
 
     Raises:
         ConfigError: naming the file, the key path, the value and what was expected.
     """
-    if not isinstance(tree, dict):
-        raise _bad(source, "<top level>", tree, "a mapping with name, runs and seeds")
-    for key in tree:
-        if key not in SWEEP_KEYS:
-            raise _unknown(source, "", key, SWEEP_KEYS)
-    for key in ("name", "runs", "seeds"):
-        if key not in tree:
-            raise ConfigError(f"{source}: missing key '{key}'")
-    name = tree["name"]
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise _bad(source, "name", name, "letters, digits, '.', '_' or '-' (it names the "
-                                         "report directory and the MLflow tag)")
-    mode = tree.get("mode", "train")
-    if mode not in MODES:
-        raise _bad(source, "mode", mode, "one of " + ", ".join(MODES))
-    description = tree.get("description") or ""
-    if not isinstance(description, str):
-        raise _bad(source, "description", description, "a string")
-    seeds = tree["seeds"]
-    if (not isinstance(seeds, list) or not seeds
-            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds)):
-        raise _bad(source, "seeds", seeds, "a non-empty list of integers >= 0")
-    if len(set(seeds)) != len(seeds):
-        raise _bad(source, "seeds", seeds, "distinct seeds")
-    runs_in = tree["runs"]
-    if not isinstance(runs_in, list) or not runs_in:
-        raise _bad(source, "runs", runs_in, "a non-empty list of {label, config, overrides}")
-    runs = []
-    for i, item in enumerate(runs_in):
-        where = f"runs[{i}]"
-        if not isinstance(item, dict):
-            raise _bad(source, where, item, "a mapping with label and config")
-        for key in item:
-            if key not in RUN_KEYS:
-                raise _unknown(source, f"{where}.", key, RUN_KEYS)
-        label, config = item.get("label"), item.get("config")
-        if not isinstance(label, str) or not label.strip():
-            raise _bad(source, f"{where}.label", label, "a non-empty string")
-        if not isinstance(config, str) or not config:
-            raise _bad(source, f"{where}.config", config, "the path of an experiment YAML")
-        path = resolve_config(config, sweep_dir)
-        if path is None:
-            raise _bad(source, f"{where}.config", config,
-                       f"an existing file relative to {sweep_dir} or {REPO_ROOT}")
-        runs.append(SweepRun(label=label, config=config, config_path=path,
-                             overrides=_overrides(source, f"{where}.overrides",
-                                                  item.get("overrides")),
-                             workers=_int_or_none(source, f"{where}.workers", item.get("workers")),
-                             servers=_int_or_none(source, f"{where}.servers",
-                                                  item.get("servers"))))
-    labels = [r.label for r in runs]
+    sweep = dataclasses.replace(load_dataclass(Sweep, tree, source), source=source)
+
+    def bad(path: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(f"{source}: {path} = {value!r}: expected {expected}")
+
+    if not NAME_RE.fullmatch(sweep.name):
+        raise bad("name", sweep.name, "letters, digits, '.', '_' or '-' (it names the report "
+                                      "directory and the MLflow tag)")
+    if not sweep.seeds:
+        raise bad("seeds", list(sweep.seeds), "a non-empty list of integers >= 0")
+    if len(set(sweep.seeds)) != len(sweep.seeds):
+        raise bad("seeds", list(sweep.seeds), "distinct seeds")
+    labels = [r.label for r in sweep.runs]
+    for i, run in enumerate(sweep.runs):
+        if not run.label.strip():
+            raise bad(f"runs[{i}].label", run.label, "a non-empty string")
+        if resolve_config(run.config, sweep_dir) is None:
+            raise bad(f"runs[{i}].config", run.config,
+                      f"an existing file relative to {sweep_dir} or {REPO_ROOT}")
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
-        raise _bad(source, "runs[].label", dup[0], "labels that are unique within the sweep")
-    target = _target(source, tree.get("target"), labels)
-    return Sweep(name=name, mode=mode, runs=tuple(runs), seeds=tuple(seeds),
-                 overrides=_overrides(source, "overrides", tree.get("overrides")),
-                 workers=_int_or_none(source, "workers", tree.get("workers")),
-                 servers=_int_or_none(source, "servers", tree.get("servers")),
-                 description=description, source=source, target=target)
-
-
-def _target(source: str, value: Any, labels: Sequence[str]) -> tuple[str, float] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise _bad(source, "target", value, "a mapping {reference: LABEL, tolerance: NUMBER}")
-    for key in value:
-        if key not in TARGET_KEYS:
-            raise _unknown(source, "target.", key, TARGET_KEYS)
-    ref, tol = value.get("reference"), value.get("tolerance")
-    if ref not in labels:
-        raise _bad(source, "target.reference", ref, "one of the run labels: "
-                   + ", ".join(labels))
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
-        raise _bad(source, "target.tolerance", tol, "a number in [0, 1) (validation error)")
-    return ref, float(tol)
+        raise bad("runs[].label", dup[0], "labels that are unique within the sweep")
+    if sweep.target.reference and sweep.target.reference not in labels:
+        raise bad("target.reference", sweep.target.reference,
+                  "one of the run labels: " + ", ".join(labels))
+    return sweep
 
 
 def load_sweep(path: str | Path) -> Sweep:
     """Loads and validates a sweep file (see the module docstring)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such sweep file")
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: malformed YAML: {exc}") from None
-    return sweep_from_dict(tree, str(path), path.resolve().parent)
+    return sweep_from_dict(read_yaml(path, "sweep"), str(path), path.resolve().parent)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,52 +214,45 @@ def cell_overrides(sweep: Sweep, run: SweepRun, cli: Sequence[str], seed: int) -
 
 
 def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
-    """The grid runs × seeds, run-major, every config loaded and checked before anything runs.
+    """The grid runs × seeds, run-major, every config loaded and planned before anything runs.
 
     Raises:
         ConfigError: a config that does not load or does not fit the mode (a dist store in mode
-            train, tracking disabled) or whose global batch does not fit the data.
+            train, tracking disabled) or whose plan fails (e.g. a batch larger than the data).
     """
+    from mxlarge.plan import plan_for
+
     cells = []
     for run in sweep.runs:
+        path = resolve_config(run.config, Path(sweep.source).resolve().parent)
+        if path is None:
+            raise ConfigError(f"{sweep.source}: runs[].config = {run.config!r}: expected an "
+                              "existing file")
         for seed in sweep.seeds:
             where = f"{sweep.source}: run '{run.label}' seed {seed}"
             overrides = cell_overrides(sweep, run, cli, seed)
             try:
-                cfg = load_config(run.config_path, overrides)
+                cfg = load_config(path, overrides)
+                if sweep.mode == "launch":
+                    overrides += launch_overrides(cfg, run.workers or sweep.workers,
+                                                  run.servers or sweep.servers)
+                    cfg = load_config(path, overrides)
+                elif cfg.dist.kvstore.startswith("dist"):
+                    raise ConfigError(
+                        f"dist.kvstore = {cfg.dist.kvstore!r}: expected a local store in mode "
+                        "train (add dist.kvstore=local dist.workers=1 to the run's overrides, "
+                        "or use mode: launch)")
+                if not cfg.tracking.enabled:
+                    raise ConfigError("tracking.enabled = false: expected true (a sweep is read "
+                                      "back from MLflow)")
+                plan = plan_for(cfg, str(path))
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
-            if sweep.mode == "launch":
-                workers = run.workers or sweep.workers or cfg.dist.workers
-                servers = run.servers or sweep.servers or cfg.dist.servers
-                overrides += launch_overrides(cfg, workers, servers)
-                cfg = load_config(run.config_path, overrides)
-            else:
-                workers, servers = 1, cfg.dist.servers
-                if cfg.dist.kvstore.startswith("dist"):
-                    raise ConfigError(
-                        f"{where}: dist.kvstore = {cfg.dist.kvstore!r}: expected a local store "
-                        "in mode train (add dist.kvstore=local dist.workers=1 to the run's "
-                        "overrides, or use mode: launch)")
-            if not cfg.tracking.enabled:
-                raise ConfigError(f"{where}: tracking.enabled = false: expected true (a sweep "
-                                  "is read back from MLflow)")
-            _check_fits(cfg, workers, where)
             cells.append(Cell(index=len(cells), label=run.label, seed=seed, config=run.config,
-                              config_path=run.config_path, overrides=tuple(overrides),
-                              workers=workers, servers=servers, cfg=cfg,
+                              config_path=path, overrides=tuple(overrides),
+                              workers=plan.world.processes, servers=cfg.dist.servers, cfg=cfg,
                               config_hash=config_sha256(cfg)))
     return cells
-
-
-def _check_fits(cfg: Config, workers: int, where: str) -> None:
-    """A global batch larger than the data fails here, not after the cells before it."""
-    samples = cfg.data.train_samples
-    if samples is None and cfg.data.dataset in ("digits", "synthetic", "mnist1d"):
-        from mxlarge.data import train_size
-        samples = train_size(cfg.data)
-    if samples is not None:
-        derive(cfg, workers * cfg.dist.simulate_workers, samples, where)
 
 
 def select_part(cells: Sequence[Cell], part: str) -> list[Cell]:
@@ -357,9 +277,9 @@ def cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
     tags = {"sweep": sweep.name, "sweep_label": cell.label, "seed": str(cell.seed),
             "config_hash": cell.config_hash, "sweep_config": cell.config,
             "mlflow.runName": f"{sweep.name} / {cell.label} / seed {cell.seed}"}
-    if sweep.target is not None:
-        tags["sweep_target"] = json.dumps({"reference": sweep.target[0],
-                                           "tolerance": sweep.target[1]})
+    if sweep.target.reference:
+        tags["sweep_target"] = json.dumps({"reference": sweep.target.reference,
+                                           "tolerance": sweep.target.tolerance})
     return tags
 
 
@@ -382,67 +302,38 @@ def _final_error(uri: str, run_id: str | None) -> float | None:
     return final_error(errors) if errors else None
 
 
-def _run_in_process(sweep: Sweep, cell: Cell, uri: str) -> tuple[str, str | None, str]:
-    """Creates the tagged run, trains into it (``MXLARGE_RUN_ID``), ends it."""
-    from mxlarge import tracking
+def _run_in_process(sweep: Sweep, cell: Cell, run: Any) -> tuple[bool, str]:
+    """Trains the cell in this process into ``run``; a failure is returned, not raised."""
     from mxlarge.run import train
 
-    run_id = tracking.create_run(cell.cfg, uri, cell_tags(sweep, cell))
-    previous = os.environ.get("MXLARGE_RUN_ID")
-    os.environ["MXLARGE_RUN_ID"] = run_id
-    ok, message = False, ""
     try:
-        train(cell.cfg, f"{cell.config_path} ({sweep.name} / {cell.label})")
-        ok = True
-    except KeyboardInterrupt:
-        message = "interrupted"
-        raise
+        train(cell.cfg, f"{cell.config_path} ({sweep.name} / {cell.label})", run=run)
     except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
-        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]
-    finally:
-        if previous is None:
-            os.environ.pop("MXLARGE_RUN_ID", None)
-        else:
-            os.environ["MXLARGE_RUN_ID"] = previous
-        tracking.end_run(uri, run_id, ok, {"failure": message} if message else None)
-    return ("FINISHED" if ok else "FAILED"), run_id, message
+        return False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return True, ""
 
 
-def launch_command(cell: Cell) -> list[str]:
+def launch_command(cell: Cell, run_id: str) -> list[str]:
     return [sys.executable, "-m", "mxlarge.cli", "launch", str(cell.config_path),
-            "-n", str(cell.workers), "-s", str(cell.servers), *cell.overrides]
+            "-n", str(cell.workers), "-s", str(cell.servers), *cell.overrides,
+            "--run-id", run_id]
 
 
-def _run_launched(sweep: Sweep, cell: Cell, uri: str) -> tuple[str, str | None, str]:
-    """Runs ``mxlarge launch`` and tags its run as soon as the launcher has printed its id.
-
-    The job's output goes to a log file, logged as the artifact ``launch.log``; on failure its
-    last lines are the message.
-    """
-    from mxlarge import tracking
-
-    run_id = None
+def _run_launched(sweep: Sweep, cell: Cell, run: Any) -> tuple[bool, str]:
+    """Runs ``mxlarge launch --run-id`` into ``run``; its output is the artifact
+    ``launch.log``, and on failure its last lines are the message."""
     with tempfile.TemporaryDirectory(prefix="mxlarge-sweep-") as tmp:
         log = Path(tmp) / "launch.log"
-        with log.open("w") as out, subprocess.Popen(
-                launch_command(cell), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, env={**os.environ, "MLFLOW_TRACKING_URI": uri}) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                m = _LAUNCH_RUN_LINE.match(line)
-                if m and run_id is None:
-                    run_id = m.group(1)
-                    tracking.set_tags(uri, run_id, cell_tags(sweep, cell))
-            code = proc.wait()
+        with log.open("w") as out:
+            code = subprocess.run(launch_command(cell, run.run_id), stdout=out,
+                                  stderr=subprocess.STDOUT,
+                                  env={**os.environ, "MLFLOW_TRACKING_URI": run.uri}).returncode
         tail = log.read_text().strip().splitlines()[-5:]
-        if run_id is not None:
-            tracking.log_artifacts(uri, run_id, [log])
-    if code == 0 and run_id is not None:
-        return "FINISHED", run_id, ""
-    why = (f"mxlarge launch exited with {code}" if code else
-           "the launcher printed no MLflow run id")
-    return "FAILED", run_id, why + ": " + " | ".join(t.strip() for t in tail)[-500:]
+        run.log_artifacts([log])
+    if code == 0:
+        return True, ""
+    return False, f"mxlarge launch exited with {code}: " + " | ".join(
+        t.strip() for t in tail)[-500:]
 
 
 def run_cell(sweep: Sweep, cell: Cell) -> CellOutcome:
@@ -457,10 +348,16 @@ def run_cell(sweep: Sweep, cell: Cell) -> CellOutcome:
         return CellOutcome(cell, "SKIPPED", run_id, final_error=_final_error(uri, run_id),
                            message="FINISHED run already in MLflow")
     t0 = time.perf_counter()
+    run = tracking.RunHandle.create(cell.cfg, uri, cell_tags(sweep, cell))
     runner = _run_launched if sweep.mode == "launch" else _run_in_process
-    status, run_id, message = runner(sweep, cell, uri)
-    return CellOutcome(cell, status, run_id, seconds=time.perf_counter() - t0,
-                       final_error=_final_error(uri, run_id) if status == "FINISHED" else None,
+    ok, message = False, "interrupted"
+    try:
+        ok, message = runner(sweep, cell, run)
+    finally:
+        run.end(ok, {"failure": message[:500]} if message else None)
+    return CellOutcome(cell, "FINISHED" if ok else "FAILED", run.run_id,
+                       seconds=time.perf_counter() - t0,
+                       final_error=_final_error(uri, run.run_id) if ok else None,
                        message=message)
 
 
@@ -502,15 +399,12 @@ def _check_stores(cells: Sequence[Cell]) -> None:
     from mxlarge import tracking
 
     for uri in sorted({tracking.tracking_uri(c.cfg) for c in cells}):
-        try:
-            tracking.check_reachable(uri)
-        except RuntimeError as exc:
-            raise ConfigError(str(exc)) from None
+        tracking.check_reachable(uri)
 
 
 def sweep_command(args: Any) -> int:
-    """``mxlarge sweep SWEEP.yaml [key=value ...] [--dry-run] [--part I/N]``: 0 all cells done,
-    1 some failed, 2 bad sweep file, config or tracking store (nothing run)."""
+    """``mxlarge sweep SWEEP.yaml [key=value ...] [--dry-run] [--label L] [--part I/N]``: 0 all
+    cells done, 1 some failed, 2 bad sweep file, config or tracking store (nothing run)."""
     sweep = load_sweep(args.sweep)
     cells = expand(sweep, args.overrides)
     _check_stores(cells)

@@ -1,29 +1,46 @@
-"""MLflow tracking: the only module that imports ``mlflow``.
+"""MLflow tracking: the only module that imports ``mlflow``, and the owner of a run's life.
 
 Default store: ``sqlite:///mlruns.db`` in the working directory (MLflow 3 refuses a plain file
 store unless ``MLFLOW_ALLOW_FILE_STORE=true``). Precedence: ``tracking.uri`` in the config, then
-``$MLFLOW_TRACKING_URI``, then the default. ``mlflow ui --backend-store-uri sqlite:///mlruns.db``
-shows the runs.
+``$MLFLOW_TRACKING_URI`` (read in :func:`tracking_uri` only), then the default.
+``mlflow ui --backend-store-uri sqlite:///mlruns.db`` shows the runs.
+
+A job's run is a :class:`RunHandle` (store URI + run id), passed down as a value: whoever opens
+a run ends it. ``mxlarge train`` opens one (or reopens the run of the checkpoint it resumes) and
+ends it FINISHED or FAILED; ``mxlarge launch`` opens the job's run before any process starts,
+hands its id to every worker as ``mxlarge train --run-id ID`` (the workers log into it and do not
+end it) and ends it by the job's exit status; ``mxlarge sweep`` opens each cell's run and passes
+it to ``train`` in-process or to ``mxlarge launch --run-id ID``.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from mxlarge.config import Config, ConfigError, dump_yaml, flatten
-from mxlarge.loop import Hook, StepOutput, TrainLoop
+from mxlarge.config import Config, dump_yaml, flatten
+from mxlarge.errors import InputError
+from mxlarge.hooks import REPORT, Hook, StepOutput
 
 DEFAULT_URI = "sqlite:///mlruns.db"
 
 
 def tracking_uri(cfg: Config) -> str:
-    return cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    """The store: ``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else :data:`DEFAULT_URI`,
+    with a relative sqlite path made absolute (workers may start in another directory)."""
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
 
 
 def client(uri: str) -> MlflowClient:
@@ -34,13 +51,13 @@ def check_reachable(uri: str) -> None:
     """Fails before training, not after an hour, if the tracking store cannot be used.
 
     Raises:
-        ConfigError: naming the URI and the underlying problem.
+        InputError: naming the URI and the underlying problem.
     """
     try:
         client(uri).search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - any failure means the store is unusable
-        raise ConfigError(f"MLflow tracking URI {uri!r} is not usable: "
-                           f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
+        raise InputError(f"MLflow tracking URI {uri!r} is not usable: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from None
 
 
 def git_commit() -> str:
@@ -51,114 +68,140 @@ def git_commit() -> str:
         return ""
 
 
-def create_run(cfg: Config, uri: str, tags: dict[str, str] | None = None) -> str:
-    """Creates a RUNNING run with the config as params; returns its id."""
-    c = client(uri)
-    exp = c.get_experiment_by_name(cfg.tracking.experiment)
-    exp_id = exp.experiment_id if exp else c.create_experiment(cfg.tracking.experiment)
-    all_tags = {"mlflow.runName": cfg.name, "git_commit": git_commit(),
-                "dataset": cfg.data.dataset, "model": cfg.model.name, **(tags or {})}
-    run = c.create_run(exp_id, tags={k: str(v) for k, v in all_tags.items()})
-    params = [mlflow.entities.Param(k, str(v)[:500]) for k, v in flatten(cfg).items()]
-    for lo in range(0, len(params), 100):
-        c.log_batch(run.info.run_id, params=params[lo:lo + 100])
-    return run.info.run_id
+def _experiment_id(c: MlflowClient, name: str) -> str:
+    exp = c.get_experiment_by_name(name)
+    return exp.experiment_id if exp else c.create_experiment(name)
 
 
-def reopen_run(uri: str, run_id: str) -> None:
-    """A resumed job continues its run: RUNNING again, metrics continue at their steps."""
-    client(uri).update_run(run_id, status="RUNNING")
+@dataclass(frozen=True)
+class RunHandle:
+    """One MLflow run of a job: where it is stored and its id."""
 
+    uri: str
+    run_id: str
 
-def end_run(uri: str, run_id: str, ok: bool, tags: dict[str, str] | None = None) -> None:
-    c = client(uri)
-    for k, v in (tags or {}).items():
-        c.set_tag(run_id, k, str(v))
-    c.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
+    @classmethod
+    def create(cls, cfg: Config, uri: str, tags: dict[str, Any] | None = None) -> RunHandle:
+        """A RUNNING run with the config as params."""
+        c = client(uri)
+        all_tags = {"mlflow.runName": cfg.name, "git_commit": git_commit(),
+                    "dataset": cfg.data.dataset, "model": cfg.model.name, **(tags or {})}
+        run = c.create_run(_experiment_id(c, cfg.tracking.experiment),
+                           tags={k: str(v) for k, v in all_tags.items()})
+        params = [mlflow.entities.Param(k, str(v)[:500]) for k, v in flatten(cfg).items()]
+        for lo in range(0, len(params), 100):
+            c.log_batch(run.info.run_id, params=params[lo:lo + 100])
+        return cls(uri, run.info.run_id)
 
+    @classmethod
+    def create_plain(cls, uri: str, experiment: str, tags: dict[str, Any],
+                     params: dict[str, Any] | None = None) -> RunHandle:
+        """A RUNNING run without a training config (e.g. a sweep's summary)."""
+        c = client(uri)
+        run = c.create_run(_experiment_id(c, experiment),
+                           tags={"git_commit": git_commit(),
+                                 **{k: str(v) for k, v in tags.items()}})
+        if params:
+            c.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)[:500])
+                                                 for k, v in params.items()])
+        return cls(uri, run.info.run_id)
 
-def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int) -> None:
-    ms = [mlflow.entities.Metric(k, float(v), int(_now_ms()), int(step))
-          for k, v in metrics.items()]
-    client(uri).log_batch(run_id, metrics=ms)
+    @classmethod
+    def reopen(cls, uri: str, run_id: str) -> RunHandle:
+        """An existing run, RUNNING again (a resumed job continues its metrics at their steps).
 
+        Raises:
+            InputError: no such run in the store.
+        """
+        try:
+            client(uri).update_run(run_id, status="RUNNING")
+        except mlflow.exceptions.MlflowException as exc:
+            raise InputError(f"MLflow run {run_id!r} cannot be opened in {uri!r}: "
+                             f"{str(exc).splitlines()[0][:300]}") from None
+        return cls(uri, run_id)
 
-def _now_ms() -> int:
-    import time
-    return int(time.time() * 1000)
+    def tag(self, tags: dict[str, Any]) -> None:
+        c = client(self.uri)
+        for k, v in tags.items():
+            c.set_tag(self.run_id, k, str(v)[:5000])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        ms = [mlflow.entities.Metric(k, float(v), now, int(step)) for k, v in metrics.items()]
+        client(self.uri).log_batch(self.run_id, metrics=ms)
+
+    def log_artifacts(self, paths: Sequence[str | Path]) -> None:
+        c = client(self.uri)
+        for p in paths:
+            c.log_artifact(self.run_id, str(p))
+
+    def end(self, ok: bool, tags: dict[str, Any] | None = None) -> None:
+        """FINISHED or FAILED, after the given tags (e.g. ``failure``)."""
+        self.tag(tags or {})
+        client(self.uri).set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
+
+    def status(self) -> str:
+        return client(self.uri).get_run(self.run_id).info.status
 
 
 class MLflowHook(Hook):
-    """Rank 0: params, tags, metrics with step, and artifacts of one run.
+    """Rank 0: tags, the config artifact, metrics with their step, and artifacts of the run.
 
-    Creates the run unless ``run_id`` is given (a launched job's run, created by the launcher,
-    which also ends it); ends a run it created as FINISHED or FAILED.
+    The run's owner opens and ends it; this hook only logs, and tags ``failure`` if training
+    raised. Per-step metrics come in ``StepOutput.metrics`` (the LR every ``log_every`` steps),
+    per-epoch ones in the epoch's metrics, files in ``loop.artifacts`` (:mod:`mxlarge.hooks`).
     """
 
-    def __init__(self, cfg: Config, uri: str, run_id: str | None, tags: dict[str, Any],
-                 log_every: int, final_params: Any = None, owns_run: bool = True):
-        self.cfg = cfg
-        self.uri = uri
-        self.owns_run = owns_run
-        self.run_id = run_id
-        self.tags = {k: str(v) for k, v in tags.items()}
-        self.log_every = log_every
-        self.final_params = final_params  # a FinalParamsHook, registered before this hook
-        # registered after the LossHook, whose per-step loss arrives in StepOutput.metrics
+    stage = REPORT
 
-    def before_train(self, loop: TrainLoop) -> None:
-        if self.run_id is None:
-            self.run_id = create_run(self.cfg, self.uri, self.tags)
-        else:  # a launched job's run, or a resumed one: continue it
-            c = client(self.uri)
-            c.update_run(self.run_id, status="RUNNING")
-            for k, v in self.tags.items():
-                c.set_tag(self.run_id, k, v)
+    def __init__(self, cfg: Config, run: RunHandle, tags: dict[str, Any], log_every: int):
+        self.cfg = cfg
+        self.run = run
+        self.tags = tags
+        self.log_every = log_every
+
+    def before_train(self, loop: Any) -> None:
+        self.run.tag(self.tags)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "config.yaml"
             path.write_text(dump_yaml(self.cfg))
-            client(self.uri).log_artifact(self.run_id, str(path))
+            self.run.log_artifacts([path])
 
-    def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
+    def after_step(self, loop: Any, out: StepOutput) -> None:
         metrics = dict(out.metrics)
         if (out.step + 1) % self.log_every == 0:
             metrics["lr"] = out.lr
         if metrics:
-            log_metrics(self.uri, self.run_id, metrics, out.step + 1)
+            self.run.log_metrics(metrics, out.step + 1)
 
-    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
-        log_metrics(self.uri, self.run_id, metrics, loop.step)
+    def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
+        self.run.log_metrics(metrics, loop.step)
 
-    def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
-        if self.run_id is None:
-            return
-        c = client(self.uri)
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                if self.final_params is not None and self.final_params.path:
-                    c.log_artifact(self.run_id, self.final_params.path)
-                if loop.history:
-                    from mxlarge.report import plot_training_curves
-                    png = Path(tmp) / "training_curves.png"
-                    plot_training_curves(loop.history, png, title=self.cfg.name)
-                    c.log_artifact(self.run_id, str(png))
-        finally:
-            if error is not None:
-                c.set_tag(self.run_id, "failure", f"{type(error).__name__}: {error}"[:4000])
-            if self.owns_run:
-                c.set_terminated(self.run_id, status="FAILED" if error else "FINISHED")
+    def after_train(self, loop: Any, error: BaseException | None) -> None:
+        if error is not None:
+            self.run.tag({"failure": f"{type(error).__name__}: {error}"[:4000]})
+        with tempfile.TemporaryDirectory() as tmp:
+            files: list[str | Path] = list(loop.artifacts.values())
+            if loop.history:
+                from mxlarge.plots import plot_training_curves
+                png = Path(tmp) / "training_curves.png"
+                plot_training_curves(loop.history, png, title=self.cfg.name)
+                files.append(png)
+            self.run.log_artifacts(files)
 
 
 class RankThroughputHook(Hook):
     """Every rank logs its own images/s as ``images_per_sec_rank{r}`` to the job's run."""
 
-    def __init__(self, uri: str, run_id: str, rank: int):
-        self.uri, self.run_id, self.rank = uri, run_id, rank
+    stage = REPORT
 
-    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+    def __init__(self, run: RunHandle, rank: int):
+        self.run, self.rank = run, rank
+
+    def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
         if "images_per_sec" in metrics:
-            log_metrics(self.uri, self.run_id,
-                        {f"images_per_sec_rank{self.rank}": metrics["images_per_sec"]}, loop.step)
+            self.run.log_metrics({f"images_per_sec_rank{self.rank}": metrics["images_per_sec"]},
+                                 loop.step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,37 +246,7 @@ def find_runs(uri: str, experiment: str, tags: dict[str, str],
             return out
 
 
-def set_tags(uri: str, run_id: str, tags: dict[str, Any]) -> None:
-    c = client(uri)
-    for k, v in tags.items():
-        c.set_tag(run_id, k, str(v))
-
-
-def run_status(uri: str, run_id: str) -> str:
-    return client(uri).get_run(run_id).info.status
-
-
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     """``[(step, value)]`` of one metric, ordered by step then logging time."""
     hist = client(uri).get_metric_history(run_id, key)
     return [(m.step, m.value) for m in sorted(hist, key=lambda m: (m.step, m.timestamp))]
-
-
-def create_plain_run(uri: str, experiment: str, tags: dict[str, Any],
-                     params: dict[str, Any] | None = None) -> str:
-    """A RUNNING run without a training config (e.g. a sweep's summary); returns its id."""
-    c = client(uri)
-    exp = c.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
-    run = c.create_run(exp_id, tags={"git_commit": git_commit(),
-                                     **{k: str(v) for k, v in tags.items()}})
-    if params:
-        c.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)[:500])
-                                             for k, v in params.items()])
-    return run.info.run_id
-
-
-def log_artifacts(uri: str, run_id: str, paths: list[str | Path]) -> None:
-    c = client(uri)
-    for p in paths:
-        c.log_artifact(run_id, str(p))

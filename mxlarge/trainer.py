@@ -17,12 +17,12 @@ update because servers sum.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import mxnet as mx
 
+from mxlarge.bnstats import BNStats
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
@@ -43,11 +43,12 @@ class Trainer:
         kvstore: ``local``, ``device``, ``dist_sync`` or ``dist_device_sync``, or a store from
             :func:`mxlarge.kvstore.sync.create`.
         compression: e.g. ``{'type': '2bit', 'threshold': 0.5}`` (dist only).
-        bn_stats: BN statistics for evaluation/checkpoints: ``local``, ``broadcast``, ``reduce``.
+        bn_stats: BN statistics for evaluation/checkpoints: ``local``, ``broadcast``, ``reduce``
+            (owned by :attr:`bn`, a :class:`~mxlarge.bnstats.BNStats`).
         simulate_workers: K > 1 reproduces K dist_sync workers in this process: the loop runs
             K micro-batches of n, each under its own copy of the BN running statistics
-            (:meth:`worker_stats`), gradients accumulate (``grad_req='add'``), and one update
-            with rescale 1/(K·n) follows. Needs a local store and one device.
+            (``trainer.bn.worker(j)``), gradients accumulate (``grad_req='add'``), and one
+            update with rescale 1/(K·n) follows. Needs a local store and one device.
     """
 
     def __init__(self, params: Mapping[str, mx.gluon.Parameter], schedule: Any, *,
@@ -56,8 +57,6 @@ class Trainer:
                  lars_eta: float = 0.001, kvstore: str | mx.kv.KVStore = "local",
                  compression: dict | None = None,
                  bn_stats: str = "reduce", simulate_workers: int = 1):
-        if bn_stats not in ("local", "broadcast", "reduce"):
-            raise ValueError(f"bn_stats {bn_stats!r}: expected local, broadcast or reduce")
         self.names = list(params.keys())
         self.params = list(params.values())
         for name, p in zip(self.names, self.params):
@@ -65,7 +64,6 @@ class Trainer:
                 raise ValueError(f"parameter '{name}' is not initialised (shape {p.shape}): call "
                                  "net.initialize() and run one forward pass first")
         self.roles: list[ParamRole] = param_roles(params, decay_bn_bias=decay_bn_bias)
-        self.bn_stats = bn_stats
         self.store = SyncStore(kvstore, self.params, self.roles, compression=compression)
         self.pushed = self.store.pushed
         self.updater = LargeBatchSGD(
@@ -77,14 +75,13 @@ class Trainer:
         self.states = [[self.updater.create_state(i, w) for w in self.params[i].list_data()]
                        for i in range(len(self.params))]
         self.simulated_workers = int(simulate_workers)
-        self.virtual_stats: list[dict[int, mx.nd.NDArray]] = []
         if self.simulated_workers > 1:
             if self.store.kv is not None:
                 raise ValueError("simulate_workers needs a local store and a single device")
             for i in self.pushed:
                 self.params[i].grad_req = "add"
-            self.virtual_stats = [{i: self.params[i].data().copy() for i in self.store.stats}
-                                  for _ in range(self.simulated_workers)]
+        self.bn = BNStats(self.params, self.store.stats, self.store, bn_stats,
+                          self.simulated_workers)
         # The update's arguments per device, gathered once: Gluon keeps these arrays for the
         # life of the parameters (loading weights copies into them), and grad_req is final here.
         self._update_args = [
@@ -105,11 +102,6 @@ class Trainer:
     @property
     def num_devices(self) -> int:
         return len(self.params[0].list_ctx())
-
-    @property
-    def world_size(self) -> int:
-        """Gradient contributors per step: workers × devices × simulated workers."""
-        return self.num_workers * self.num_devices * self.simulated_workers
 
     def learning_rate(self, step: int) -> float:
         """η(step) of the schedule."""
@@ -162,76 +154,6 @@ class Trainer:
         for i in self.pushed:
             for g in self.params[i].list_grad():
                 g[:] = 0
-
-    @contextmanager
-    def worker_stats(self, j: int) -> Iterator[None]:
-        """Runs the body under virtual worker ``j``'s BN running statistics, keeping updates."""
-        bank = self.virtual_stats[j]
-        for i, value in bank.items():
-            value.copyto(self.params[i].data())
-        try:
-            yield
-        finally:
-            # A hybridized net's backward updates the running statistics without the engine
-            # ordering that write before a following copy (measured: the copy saw the old
-            # values), so wait for all pending work first.
-            mx.nd.waitall()
-            for i, value in bank.items():
-                self.params[i].data().copyto(value)
-
-    def each_unit(self) -> Iterator[tuple[int, int]]:
-        """Every gradient contributor this process holds, with its own BN statistics in place.
-
-        Yields ``(unit, device)``: a virtual worker j is unit j on device 0 (inside
-        :meth:`worker_stats`), device d of rank r is unit r·devices + d: the number the
-        contributor's one-device real counterpart would have as its rank.
-        """
-        if self.virtual_stats:
-            for j in range(self.simulated_workers):
-                with self.worker_stats(j):
-                    yield j, 0
-        else:
-            for d in range(self.num_devices):
-                yield self.rank * self.num_devices + d, d
-
-    def unit_ids(self) -> list[int]:
-        """The unit numbers of :meth:`each_unit`, without swapping statistics."""
-        if self.virtual_stats:
-            return list(range(self.simulated_workers))
-        return [self.rank * self.num_devices + d for d in range(self.num_devices)]
-
-    # -- BN statistics --------------------------------------------------------------------------
-    def shared_stats(self) -> dict[int, mx.nd.NDArray]:
-        """Statistics for evaluation/checkpoints per ``bn_stats`` (collective on dist)."""
-        if not self.virtual_stats:
-            return self.store.shared_stats(self.bn_stats)
-        if self.bn_stats == "reduce":
-            return {i: mx.nd.add_n(*[bank[i] for bank in self.virtual_stats])
-                    / self.simulated_workers for i in self.store.stats}
-        # local and broadcast: virtual worker 0's own, as rank 0 would have
-        return {i: self.virtual_stats[0][i].copy() for i in self.store.stats}
-
-    @contextmanager
-    def evaluation_stats(self) -> Iterator[None]:
-        """Temporarily swaps in the ``bn_stats`` statistics (collective on every rank).
-
-        Training continues with each worker's own statistics afterwards, as Goyal et al. do.
-        """
-        mx.nd.waitall()  # pending running-statistic writes are not engine-ordered (see above)
-        if (self.bn_stats == "local" and not self.virtual_stats) or not self.store.stats:
-            yield
-            return
-        shared = self.shared_stats()
-        saved = {i: [a.copy() for a in self.params[i].list_data()] for i in shared}
-        for i, value in shared.items():
-            for a in self.params[i].list_data():
-                value.copyto(a)
-        try:
-            yield
-        finally:
-            for i, copies in saved.items():
-                for a, c in zip(self.params[i].list_data(), copies):
-                    c.copyto(a)
 
     # -- states ---------------------------------------------------------------------------------
     def state_arrays(self) -> dict[str, mx.nd.NDArray]:

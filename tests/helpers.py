@@ -21,12 +21,14 @@ tracking: {enabled: false}
 BN_CONFIG = EQ_CONFIG.replace("small_plain, width: 4", "small_resnet, width: 4")
 
 
-def cli(args, cwd, timeout=240, env=None):
-    """``python -m mxlarge.cli ARGS`` in ``cwd``; MLflow goes to ``cwd/mlruns.db`` by default."""
+def cli(args, cwd, timeout=240, env=None) -> subprocess.CompletedProcess:
+    """``python -m mxlarge.cli ARGS`` in ``cwd``: the one CLI runner of the tests (also the
+    ``run_cli`` fixture). ``MLFLOW_TRACKING_URI`` is dropped unless ``env`` sets it, so MLflow goes
+    to ``cwd/mlruns.db`` by default."""
     full = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *map(str, args)], cwd=cwd,
+                          env=full, capture_output=True, text=True, timeout=timeout)
 
 
 def load_params(path):
@@ -50,3 +52,11 @@ def dmlc_processes(marker: str, role: str | None = None) -> list[int]:
         if want in env and marker.encode() in env + argv and state != "Z":
             found.append(int(d.name))
     return found
+
+
+def write_yaml(path: Path, tree: dict) -> Path:
+    """Writes ``tree`` as YAML (keys in order) and returns ``path``."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path

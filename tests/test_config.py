@@ -1,13 +1,12 @@
 """The strict loader: each bad input gets one message naming file, key, value and expectation."""
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from mxlarge.config import ConfigError, derive, load_config
+from mxlarge.config import ConfigError, load_config
+from mxlarge.plan import plan, world_of
 from mxlarge.schedulers import scaled_lr
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +92,7 @@ def test_good_config_and_overrides(tmp_path):
 def test_batch_that_does_not_fit_the_data(tmp_path):
     cfg = load_config(_write(tmp_path, GOOD), ["data.batch_size=800"])
     with pytest.raises(ConfigError, match=r"global batch 1600 is larger than the 1400"):
-        derive(cfg, workers=2, train_samples=1400, source="exp.yaml")
+        plan(cfg, dataclasses.replace(world_of(cfg), processes=2), 1400, source="exp.yaml")
 
 
 def test_scaling_rules():
@@ -102,28 +101,58 @@ def test_scaling_rules():
     assert scaled_lr(0.1, 256, 8192, "none") == 0.1
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_cli_bad_config_exits_2_and_writes_nothing(tmp_path):
+def test_cli_bad_config_exits_2_and_writes_nothing(tmp_path, run_cli):
     p = _write(tmp_path, "optim: {momentun: 0.9}\n")
     before = sorted(tmp_path.iterdir())
-    r = _cli("train", str(p), cwd=tmp_path)
+    r = run_cli(["train", p], cwd=tmp_path)
     assert r.returncode == 2
     assert "unknown key 'optim.momentun'" in r.stderr
     assert "did you mean 'optim.momentum'" in r.stderr
     assert sorted(tmp_path.iterdir()) == before  # no mlruns.db, no outputs
 
 
-def test_cli_show_json_derived_numbers(tmp_path):
-    r = _cli("show", str(ROOT / "experiments/proxy/digits-baseline.yaml"), "--json",
-             "--lr-at", "0,1305", cwd=tmp_path)
+def test_cli_show_json_plan(tmp_path, run_cli):
+    r = run_cli(["show", ROOT / "experiments/proxy/digits-baseline.yaml", "--json",
+                 "--lr-at", "0,1305"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    d = out["derived"]
+    d = out["plan"]
     assert d["global_batch"] == 16 and d["steps_per_epoch"] == 1400 // 16
     assert d["lr_at"]["0"] == pytest.approx(0.05) and d["lr_at"]["1305"] == pytest.approx(0.005)
     assert out["param_roles"]["local_stats"] > 0
     assert out["config"]["data"]["dataset"] == "digits"
+
+
+@pytest.mark.parametrize("text", ["5e-4", "1e-4", "1E-3", ".5e-1"])
+def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path, text):
+    cfg = load_config(_write(tmp_path, GOOD), [f"optim.weight_decay={text}"])
+    assert cfg.optim.weight_decay == float(text)
+    cfg = load_config(_write(tmp_path, GOOD + f"model: {{fc_init_std: {text}}}\n"))
+    assert cfg.model.fc_init_std == float(text)
+    with pytest.raises(ConfigError, match="optim.weight_decay = 'x1e-4': expected a number"):
+        load_config(_write(tmp_path, GOOD), ["optim.weight_decay=x1e-4"])
+
+
+def test_lars_with_nesterov_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="optim.nesterov = true: expected false with "
+                                          "optim.lars = true"):
+        load_config(_write(tmp_path, GOOD), ["optim.lars=true", "optim.nesterov=true"])
+
+
+def test_step_decay_inside_the_warmup_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"optim.decay_epochs = \[0.5, 3.0\]: expected every "
+                                          r"drop after the warmup \(optim.warmup_epochs = 1.0\)"):
+        load_config(_write(tmp_path, GOOD), ["optim.decay_epochs=[0.5,3]"])
+
+
+def test_output_dir_is_gone(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'tracking.output_dir'"):
+        load_config(_write(tmp_path, GOOD), ["tracking.output_dir=x"])
+
+
+def test_cli_dist_store_without_a_launcher_is_one_line(tmp_path, run_cli):
+    r = run_cli(["train", _write(tmp_path, GOOD), "dist.kvstore=dist_sync",
+                 "tracking.enabled=false"], cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "needs a launched job" in r.stderr and "mxlarge launch" in r.stderr

@@ -50,7 +50,7 @@ def run(label, seed, acc, seconds=None, ips=None, world=1, batch=32, params=None
         status="FINISHED", run_id=None):
     p = dict(PARAMS if params is None else params)
     return RunData(run_id=run_id or f"{label}-{seed}-{t}".ljust(32, "0"), label=label, seed=seed,
-                   status=status, start_time=t, world_size=world, global_batch=batch,
+                   status=status, start_time=t, workers=world, global_batch=batch,
                    peak_lr=0.1, fingerprint=config_fingerprint(p),
                    rows=rows(acc, seconds, ips) if status == "FINISHED" else ())
 

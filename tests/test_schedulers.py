@@ -5,7 +5,8 @@ import pickle
 
 import pytest
 
-from mxlarge.config import Config, DataConfig, OptimConfig, TrainConfig, derive
+from mxlarge.config import Config, DataConfig, OptimConfig, TrainConfig
+from mxlarge.plan import World, plan
 from mxlarge.schedulers import (
     Constant,
     Cosine,
@@ -13,7 +14,6 @@ from mxlarge.schedulers import (
     Linear,
     MultiStep,
     Polynomial,
-    from_config,
     goyal,
 )
 
@@ -25,8 +25,8 @@ def _imagenet_8k():
                  optim=OptimConfig(base_lr=0.1, reference_batch=256, warmup_epochs=5,
                                    decay_epochs=(30, 60, 80)),
                  train=TrainConfig(epochs=90))
-    d = derive(cfg, workers=256, train_samples=IMAGENET)
-    return cfg, d, from_config(cfg, d)
+    d = plan(cfg, World(processes=256, batch=32), IMAGENET)
+    return cfg, d, d.schedule
 
 
 def test_goyal_imagenet_8k_golden_values():

@@ -1,148 +1,16 @@
-"""`mxlarge sweep` and `mxlarge report` end to end on digits, in a fresh MLflow store each."""
-import os
-import shutil
-import subprocess
-import sys
+"""The sweep file loader and the grid: messages, override order, shipped sweeps."""
 from pathlib import Path
 
 import pytest
-import yaml
-from mlflow.tracking import MlflowClient
 
 from mxlarge.cli import main
 from mxlarge.config import ConfigError
-from mxlarge.report import load_sweep_runs, write_report
 from mxlarge.sweep import cell_overrides, expand, load_sweep
+from tests.helpers import write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "experiments/proxy/digits-baseline.yaml"       # relative to the repository root
 LARGE = "experiments/proxy/digits-largebatch.yaml"
-TINY = ["train.progress=false", "train.epochs=2", "optim.decay_epochs=[1]",
-        "optim.warmup_epochs=1"]
-
-
-@pytest.fixture(scope="module")
-def empty_db(tmp_path_factory) -> Path:
-    """An MLflow sqlite store with its schema: creating one takes 5-20 s, copying it does not."""
-    path = tmp_path_factory.mktemp("db") / "mlruns.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments(max_results=1)
-    return path
-
-
-@pytest.fixture
-def uri(tmp_path, empty_db, monkeypatch) -> str:
-    shutil.copy(empty_db, tmp_path / "mlruns.db")
-    uri = f"sqlite:///{tmp_path}/mlruns.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
-
-
-def write(path: Path, tree: dict) -> Path:
-    path.write_text(yaml.safe_dump(tree, sort_keys=False))
-    return path
-
-
-def cli(args, cwd, uri, timeout=240):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def sweep_runs(uri: str, name: str):
-    c = MlflowClient(tracking_uri=uri)
-    exp = c.get_experiment_by_name("mxlarge")
-    return c, [r for r in c.search_runs([exp.experiment_id])
-               if r.data.tags.get("sweep") == name]
-
-
-@pytest.mark.timeout(300)
-def test_tiny_sweep_resumes_and_reports(tmp_path, uri, capsys):
-    sweep = write(tmp_path / "tiny.yaml", {
-        "name": "tiny", "mode": "train",
-        "runs": [{"label": "small batch", "config": BASELINE,
-                  "overrides": ["data.batch_size=64"]},
-                 {"label": "large batch", "config": LARGE,
-                  "overrides": ["data.batch_size=256", "dist.kvstore=local", "dist.workers=1"]}],
-        "seeds": [0, 1], "overrides": TINY[:1]})
-    r = cli(["sweep", str(sweep), *TINY[1:]], tmp_path, uri)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count(": FINISHED in") == 4, r.stdout
-    c, runs = sweep_runs(uri, "tiny")
-    assert len(runs) == 4 and {x.info.status for x in runs} == {"FINISHED"}
-    cells = {(x.data.tags["sweep_label"], x.data.tags["seed"]) for x in runs}
-    assert cells == {(lbl, s) for lbl in ("small batch", "large batch") for s in ("0", "1")}
-    for x in runs:
-        assert len(x.data.tags["config_hash"]) == 64
-        assert x.data.params["train.epochs"] == "2"
-        assert x.data.params["train.seed"] == x.data.tags["seed"]
-        assert x.data.tags["world_size"] == "1"
-    assert {x.data.tags["global_batch"] for x in runs} == {"64", "256"}
-
-    # again: every cell is found in MLflow and skipped, nothing new is created
-    r = cli(["sweep", str(sweep), *TINY[1:]], tmp_path, uri)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count(": skipped, ") == 4 and "FINISHED in" not in r.stdout
-    assert len(sweep_runs(uri, "tiny")[1]) == 4
-    # another setting is another config hash: those cells are still to run
-    assert main(["sweep", str(sweep), "train.epochs=3", *TINY[2:], "--dry-run"]) == 0
-    assert capsys.readouterr().out.count(": to run") == 4
-
-    r = cli(["report", "tiny", "--out", "rep"], tmp_path, uri)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = tmp_path / "rep"
-    text = (out / "report.md").read_text()
-    assert "| small batch | 1 | 64 |" in text and "| large batch | 1 | 256 |" in text
-    for png in ("val_error.png", "final_error_vs_batch.png", "loss_lr.png"):
-        assert (out / png).stat().st_size > 1000
-    _, runs = sweep_runs(uri, "tiny")
-    summary = [x for x in runs if x.data.tags.get("summary") == "true"]
-    assert len(summary) == 1 and summary[0].info.status == "FINISHED"
-    arts = {a.path for a in c.list_artifacts(summary[0].info.run_id)}
-    assert {"report.md", "report.json", "val_error.png", "loss_lr.png"} <= arts
-    # the summary run is not read back as a run of the sweep
-    assert len(load_sweep_runs(uri, "mxlarge", "tiny")) == 4
-
-
-@pytest.mark.timeout(300)
-def test_failed_cell_fails_the_sweep_and_runs_again(tmp_path, uri):
-    sweep = write(tmp_path / "f.yaml", {
-        "name": "f",
-        "runs": [{"label": "ok", "config": BASELINE},
-                 {"label": "diverges", "config": BASELINE,
-                  "overrides": ["optim.base_lr=1000000.0", "train.log_every=1"]}],
-        "seeds": [0],
-        "overrides": ["train.progress=false", "train.epochs=1", "optim.decay=none",
-                      "data.batch_size=128"]})
-    r = cli(["sweep", str(sweep)], tmp_path, uri)
-    assert r.returncode == 1
-    assert "1 cell(s) failed: diverges seed 0" in r.stderr and "DivergenceError" in r.stderr
-    r = cli(["sweep", str(sweep)], tmp_path, uri)
-    assert r.returncode == 1
-    assert "ok, seed 0: skipped" in r.stdout and "diverges, seed 0: FAILED" in r.stdout
-    _, runs = sweep_runs(uri, "f")
-    assert sorted(x.info.status for x in runs) == ["FAILED", "FAILED", "FINISHED"]
-    assert all("failure" in x.data.tags for x in runs if x.info.status == "FAILED")
-    text = write_report("f", tmp_path / "rep", uri=uri).read_text()
-    assert "| diverges | n/a |" in text and "| ok | 1 | 128 |" in text
-
-
-@pytest.mark.timeout(300)
-def test_launch_mode_tags_the_launched_run_and_skips_it_next_time(tmp_path, uri, capsys):
-    sweep = write(tmp_path / "l.yaml", {
-        "name": "l", "mode": "launch", "workers": 2, "servers": 1,
-        "runs": [{"label": "k2", "config": LARGE}], "seeds": [3],
-        "overrides": ["train.progress=false", "train.epochs=1", "optim.decay=none",
-                      "optim.warmup=none", "train.max_steps=2"]})
-    r = cli(["sweep", str(sweep)], tmp_path, uri)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    _, runs = sweep_runs(uri, "l")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    tags = runs[0].data.tags
-    assert (tags["sweep_label"], tags["seed"], tags["world_size"]) == ("k2", "3", "2")
-    assert runs[0].data.params["train.seed"] == "3"
-    assert main(["sweep", str(sweep), "--dry-run"]) == 0      # next time: nothing to run
-    line = capsys.readouterr().out.splitlines()[1]
-    assert line.startswith("[1/1] k2, seed 3, k=2, config ") and line.endswith(": done"), line
 
 
 @pytest.mark.parametrize("tree,message", [
@@ -168,7 +36,7 @@ def test_bad_sweep_file_exits_2_naming_file_and_key(tmp_path, capsys, monkeypatc
                                                     message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
-    path = write(tmp_path / "bad.yaml", tree)
+    path = write_yaml(tmp_path / "bad.yaml", tree)
     assert main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and message in err, err

@@ -160,7 +160,7 @@ def test_bn_stats_modes_on_two_devices():
     for p in net.collect_params().values():
         if p.grad_req != "null":
             np.testing.assert_array_equal(p.list_data()[0].asnumpy(), p.list_data()[1].asnumpy())
-    with tr.evaluation_stats():
+    with tr.bn.evaluation():
         for a in mean.list_data():
             np.testing.assert_allclose(a.asnumpy(), (d0 + d1) / 2, rtol=1e-6)
     np.testing.assert_array_equal(mean.list_data()[0].asnumpy(), d0)

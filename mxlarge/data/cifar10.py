@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mxlarge.config import ConfigError, DataConfig
-from mxlarge.data import ArrayTrainSource, ArrayValSource, Data, check_num_classes
+from mxlarge.data.base import ArrayTrainSource, ArrayValSource, Data, check_num_classes
 
 RECORD_BYTES = 1 + 3 * 32 * 32
 NUM_CLASSES = 10

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from mxlarge.config import DataConfig
-from mxlarge.data import ArrayTrainSource, ArrayValSource, Data, check_num_classes
+from mxlarge.data.base import ArrayTrainSource, ArrayValSource, Data, check_num_classes
 
 NUM_IMAGES = 1797
 NUM_TRAIN = 1400

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from mxlarge.config import ConfigError, DataConfig
-from mxlarge.data import Batch, Data, TrainSource, ValSource, sharding
+from mxlarge.data import sharding
+from mxlarge.data.base import Batch, Data, TrainSource, ValSource
 
 
 def rec_paths(rec: str | None, key: str) -> tuple[Path, Path]:

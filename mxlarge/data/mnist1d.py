@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from mxlarge.config import DataConfig
-from mxlarge.data import ArrayTrainSource, ArrayValSource, Data, check_num_classes
+from mxlarge.data.base import ArrayTrainSource, ArrayValSource, Data, check_num_classes
 
 NUM_CLASSES = 10
 SEQ_LEN = 40

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from mxlarge.config import DataConfig
-from mxlarge.data import Batch, Data, TrainSource, ValSource, sharding, to_nd
+from mxlarge.data import sharding
+from mxlarge.data.base import Batch, Data, TrainSource, ValSource, to_nd
 
 SIGNAL = 0.5
 _SPLIT_TRAIN = 0

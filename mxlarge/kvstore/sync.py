@@ -3,7 +3,7 @@
 Servers only aggregate (they sum the k pushes of a key; no optimizer is ever sent to them), and
 every worker runs the same updater on the identical pulled sum, so the replicas stay identical.
 This sidesteps what breaks when MXNet runs the optimizer on the servers (lost ``wd_mult``, LR
-changes that never arrive, silent unpickling failures; see docs/mxnet-facts.md).
+changes that never arrive, silent unpickling failures; see README's "MXNet 1.9.1 facts").
 
 Two MXNet 1.9.1 traps handled here:
 
@@ -25,12 +25,13 @@ mixed int/str keys). All stay below 215,331 (see ``MAX_KEY``).
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import mxnet as mx
 import numpy as np
 
-from mxlarge.errors import ReplicaMismatch
+from mxlarge.errors import InputError, ReplicaMismatch
 from mxlarge.kvstore.roles import ParamRole
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
@@ -51,8 +52,19 @@ def validate_kvstore(kind: str) -> str:
 
 
 def create(kind: str) -> mx.kv.KVStore:
-    """``mx.kv.create`` after validating the type (the rank and world size come from it)."""
-    return mx.kv.create(validate_kvstore(kind))
+    """``mx.kv.create`` after validating the type (the rank and world size come from it).
+
+    Raises:
+        InputError: a dist store outside a launched job (MXNet would abort with a long C++
+            traceback when it finds no scheduler to talk to).
+    """
+    kind = validate_kvstore(kind)
+    if kind.startswith("dist") and os.environ.get("DMLC_ROLE") != "worker":
+        raise InputError(f"kvstore {kind!r} needs a launched job (scheduler, servers and "
+                         "workers): run it with `mxlarge launch CONFIG -n K` or "
+                         "`python -m mxlarge.launcher -n K -s S -- CMD`, or use a local store "
+                         "(dist.kvstore=local)")
+    return mx.kv.create(kind)
 
 
 class SyncStore:
@@ -93,6 +105,11 @@ class SyncStore:
     @property
     def num_workers(self) -> int:
         return self.kv.num_workers if self.kv is not None else 1
+
+    @property
+    def aggregates(self) -> bool:
+        """Whether a store sums anything (several devices, or a dist job)."""
+        return self.kv is not None
 
     @property
     def distributed(self) -> bool:
@@ -174,33 +191,22 @@ class SyncStore:
                 f"replica check failed at step {step}: rank {self.rank}'s '{name}' sums to "
                 f"{a[j]!r}, rank 0's to {b[j]!r}; the workers' weights have diverged")
 
-    def shared_stats(self, mode: str) -> dict[int, mx.nd.NDArray]:
-        """BN running statistics to evaluate or checkpoint with, by ``mode``.
+    def sum_stat(self, i: int, arrays: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
+        """Σ over workers and devices of statistic ``i``'s per-device ``arrays`` (collective)."""
+        total = mx.nd.zeros_like(arrays[0])
+        self.kv.push(STAT_KEY + i, [a.copy() for a in arrays], priority=-i)
+        self.kv.pull(STAT_KEY + i, out=total, priority=-i)
+        return total
 
-        ``local``: this rank's (device 0's) own; ``broadcast``: rank 0's (device 0);
-        ``reduce``: the mean over every worker and device. Collective: all ranks must call it.
-        """
-        out: dict[int, mx.nd.NDArray] = {}
-        devices = len(self.params[0].list_ctx()) if self.params else 1
-        for i in self.stats:
-            arrays = self.params[i].list_data()
-            if mode == "local" or self.kv is None:
-                out[i] = arrays[0].copy()
-                continue
-            total = mx.nd.zeros_like(arrays[0])
-            if mode == "reduce":
-                self.kv.push(STAT_KEY + i, [a.copy() for a in arrays], priority=-i)
-                self.kv.pull(STAT_KEY + i, out=total, priority=-i)
-                out[i] = total / (self.num_workers * devices)
-            elif mode == "broadcast":
-                contrib = arrays[0].copy() if self.rank == 0 else mx.nd.zeros_like(arrays[0])
-                # push one array per call so that local device summing cannot double it
-                self.kv.push(STAT_KEY + i, contrib, priority=-i)
-                self.kv.pull(STAT_KEY + i, out=total, priority=-i)
-                out[i] = total
-            else:
-                raise ValueError(f"unknown bn_stats mode {mode!r}")
-        return out
+    def rank0_stat(self, i: int, array: mx.nd.NDArray) -> mx.nd.NDArray:
+        """Rank 0's ``array`` of statistic ``i`` on every rank (collective): rank 0 pushes it,
+        the others push zeros, so the pulled sum is rank 0's exactly."""
+        total = mx.nd.zeros_like(array)
+        contrib = array.copy() if self.rank == 0 else mx.nd.zeros_like(array)
+        # one array per call, so that local device summing cannot double it
+        self.kv.push(STAT_KEY + i, contrib, priority=-i)
+        self.kv.pull(STAT_KEY + i, out=total, priority=-i)
+        return total
 
     def barrier(self) -> None:
         if self.distributed:

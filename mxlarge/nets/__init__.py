@@ -9,13 +9,13 @@ GluonCV is imported only when a model-zoo name is asked for (it takes about two 
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 
 from mxnet.gluon import HybridBlock
 
 from mxlarge.config import ConfigError, ModelConfig
+from mxlarge.errors import closest
 from mxlarge.nets.init import (
     DEFAULT_INIT,
     InitReport,
@@ -117,7 +117,7 @@ def _zoo_net(name: str, num_classes: int) -> HybridBlock:
                           "or a GluonCV classification model (e.g. resnet50_v1b)")
     if key not in builders:
         valid = [*LOCAL_MODELS, *zoo_classifiers()]
-        close = difflib.get_close_matches(key, valid, n=5, cutoff=0.5)
+        close = closest(key, valid, n=5, cutoff=0.5)
         examples = [*LOCAL_MODELS, "resnet50_v1b", "cifar_resnet20_v1"]
         hint = f"did you mean {', '.join(close)}?" if close else f"e.g. {', '.join(examples)}"
         raise ConfigError(f"model.name = {name!r}: unknown model ({hint}); expected "

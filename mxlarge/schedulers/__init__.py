@@ -14,14 +14,11 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:  # config imports this module for derive(); no import cycle at run time
-    from mxlarge.config import Config, Derived
+from typing import Protocol
 
 __all__ = [
     "Schedule", "Constant", "Linear", "MultiStep", "Cosine", "Polynomial", "Join",
-    "goyal", "from_config", "scaled_lr", "epochs_to_steps",
+    "goyal", "scaled_lr", "epochs_to_steps",
 ]
 
 
@@ -163,24 +160,3 @@ def goyal(peak_lr: float, warmup_lr: float, warmup_steps: int, decay_steps: tupl
     main = MultiStep(peak_lr, tuple(int(d) - warmup_steps for d in decay_steps), factor)
     first = Linear(warmup_lr, peak_lr, warmup_steps) if warmup == "linear" else Constant(warmup_lr)
     return Join((first, main), (warmup_steps,))
-
-
-def from_config(cfg: Config, derived: Derived) -> Schedule:
-    """The schedule an experiment asks for, in steps of the derived world size."""
-    o = cfg.optim
-    w = derived.warmup_steps
-    total = derived.total_steps
-    if o.decay == "step":
-        return goyal(derived.peak_lr, derived.warmup_lr, w, derived.decay_steps, o.decay_factor,
-                     o.warmup)
-    if o.decay == "cosine":
-        main: Schedule = Cosine(derived.peak_lr, max(total - w, 1))
-    elif o.decay == "poly":
-        main = Polynomial(derived.peak_lr, max(total - w, 1), power=o.poly_power)
-    else:
-        main = Constant(derived.peak_lr)
-    if w == 0:
-        return main
-    first = (Linear(derived.warmup_lr, derived.peak_lr, w) if o.warmup == "linear"
-             else Constant(derived.warmup_lr))
-    return Join((first, main), (w,))

@@ -1,26 +1,18 @@
 """`mxlarge train` end to end in one process: it learns, and MLflow holds the run."""
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import cli
+
+ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "experiments/proxy/digits-baseline.yaml"
 
 
-def _run(args, cwd, env=None, timeout=240):
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("MLFLOW_TRACKING_URI", None) if env is None else None
-    return subprocess.run([sys.executable, "-m", "mxlarge.cli", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.timeout(300)
-def test_train_tracks_a_readable_mlflow_run(tmp_path):
-    r = _run(["train", str(BASELINE), "train.epochs=4", "optim.decay_epochs=[2,3]",
+def test_train_tracks_a_readable_mlflowcli(tmp_path):
+    r = cli(["train", str(BASELINE), "train.epochs=4", "optim.decay_epochs=[2,3]",
               "train.progress=false"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "final validation accuracy" in r.stdout
@@ -48,7 +40,7 @@ def test_train_tracks_a_readable_mlflow_run(tmp_path):
 
 
 def test_unreachable_tracking_uri_fails_before_training(tmp_path):
-    r = _run(["train", str(BASELINE), "tracking.uri=http://127.0.0.1:9/nowhere"], cwd=tmp_path,
+    r = cli(["train", str(BASELINE), "tracking.uri=http://127.0.0.1:9/nowhere"], cwd=tmp_path,
              env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"})
     assert r.returncode != 0
     assert "MLflow tracking URI 'http://127.0.0.1:9/nowhere' is not usable" in r.stderr

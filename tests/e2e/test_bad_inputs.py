@@ -209,15 +209,17 @@ def test_checkpoint_of_another_model(tmp_path):
 def test_resume_with_another_world_size_is_refused(tmp_path):
     ck = _checkpoint(tmp_path)
     _check(tmp_path, ["launch", "exp.yaml", "-n", "2", f"train.checkpoint_dir={tmp_path}/ck",
-                      "--resume"], ["written by 1 worker(s), launching 2: refused"],
-           prepare=lambda w: _copy_checkpoint(ck, tmp_path))
+                      "--resume"],
+           ["written by 1 worker(s) x 64 images = global batch 64, resuming with 2 worker(s)",
+            "refused"], prepare=lambda w: _copy_checkpoint(ck, tmp_path))
 
 
 def test_resume_with_another_simulated_layout_is_refused(tmp_path):
     ck = _checkpoint(tmp_path)
     _check(tmp_path, ["train", "exp.yaml", "dist.simulate_workers=2",
                       f"train.checkpoint_dir={tmp_path}/ck", "--resume"],
-           ["resuming with 1 x 1 x 2: refused"], prepare=lambda w: _copy_checkpoint(ck, tmp_path))
+           ["resuming with 1 worker(s) x 2 simulated worker(s) x 64 images = global batch 128: "
+            "refused"], prepare=lambda w: _copy_checkpoint(ck, tmp_path))
 
 
 def test_resume_without_checkpoint(tmp_path):

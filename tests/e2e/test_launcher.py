@@ -40,8 +40,8 @@ from mxlarge.launcher import (
 from mxlarge.launcher.cluster import render_command, shell_word
 
 PY = sys.executable
-WORKER = str(Path(__file__).with_name("kv_worker.py"))
-REPO = Path(__file__).resolve().parents[1]
+WORKER = str(Path(__file__).resolve().parents[1] / "kv_worker.py")
+REPO = Path(__file__).resolve().parents[2]
 MARKER_VAR = "MXLARGE_TEST_MARKER"
 
 

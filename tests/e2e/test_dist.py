@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.helpers import BN_CONFIG, EQ_CONFIG, cli, dmlc_processes, load_params
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/: the worker scripts live there
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("k", [2, 3])

@@ -20,10 +20,8 @@ model: {name: small_resnet, width: 4}
 optim: {base_lr: 0.05, reference_batch: 16, warmup: linear, warmup_epochs: 1, decay: step,
         decay_epochs: [3], momentum: 0.9}
 train: {epochs: 4, progress: false, checkpoint_every: 1}
-dist: {kvstore: local, workers: 2}
+dist: {kvstore: local}
 """
-
-
 
 
 def _same(a: Path, b: Path):

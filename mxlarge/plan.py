@@ -1,0 +1,215 @@
+"""What a job is, decided once: its world, and everything that follows from the world.
+
+A :class:`World` is the job's shape: worker processes, devices per process, simulated workers
+per process, and the per-device (per-unit) batch n. Every other number is derived from it by one
+pure function, :func:`plan` (detectron2's ``auto_scale_workers`` is the model: cfg → numbers,
+no side effects)::
+
+    units (Goyal's k)  = processes · devices · simulated
+    global batch  B    = units · n
+    steps per epoch    = floor(N / B)       (the last partial global batch is dropped, so every
+                                             rank takes the same number of steps)
+    peak LR            = scaling rule from (base_lr, reference_batch) to B
+    warmup, decay      = epochs · steps per epoch, rounded (``schedulers.epochs_to_steps``)
+
+``mxlarge show``, ``train``, ``launch``, ``sweep``, checkpoints, the noise-scale estimator and
+the MLflow tags all read a :class:`Plan`; nothing else multiplies workers by devices.
+
+Which world a config declares (:func:`world_of`), and the rules that refuse a world that cannot
+be the one that runs:
+
+* a ``local``/``device`` store runs one worker process, so ``dist.workers`` must be 1
+  (``dist.simulate_workers: K`` reproduces K workers in that one process);
+* a ``dist_*`` store runs ``dist.workers`` processes. ``mxlarge launch -n K`` *is* the override
+  ``dist.workers=K`` (the command line wins over the file, as every override does), so
+  ``mxlarge show CONFIG dist.workers=K`` prints what ``launch -n K`` runs. A launched worker
+  checks the store's real number of workers against the plan (:func:`check_processes`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mxlarge import schedulers
+from mxlarge.config import Config, ConfigError
+from mxlarge.schedulers import Schedule
+
+
+@dataclass(frozen=True)
+class World:
+    """The shape of a job.
+
+    Attributes:
+        processes: worker processes (the KVStore's ``num_workers``).
+        devices: devices per process, each taking ``batch`` images and its own BN statistics.
+        simulated: workers simulated per process (one device), each with ``batch`` images.
+        batch: images per unit and step (Goyal's n).
+    """
+
+    processes: int
+    devices: int = 1
+    simulated: int = 1
+    batch: int = 1
+
+    @property
+    def units(self) -> int:
+        """Gradient contributors per step, Goyal's k: processes · devices · simulated."""
+        return self.processes * self.devices * self.simulated
+
+    @property
+    def per_process_batch(self) -> int:
+        """Images one process takes per step: devices · simulated · n."""
+        return self.devices * self.simulated * self.batch
+
+    @property
+    def global_batch(self) -> int:
+        """B = k · n."""
+        return self.units * self.batch
+
+    def describe(self) -> str:
+        """``16 worker(s) x 8 device(s) x 32 images = global batch 4096``."""
+        parts = [f"{self.processes} worker(s)"]
+        if self.devices > 1:
+            parts.append(f"{self.devices} device(s)")
+        if self.simulated > 1:
+            parts.append(f"{self.simulated} simulated worker(s)")
+        return (" x ".join(parts) + f" x {self.batch} images = global batch "
+                f"{self.global_batch}")
+
+
+def world_of(cfg: Config, source: str = "<config>") -> World:
+    """The world ``cfg`` declares, refused where it cannot be the one that runs.
+
+    Raises:
+        ConfigError: ``dist.workers`` > 1 with a store that runs one process.
+    """
+    d = cfg.dist
+    if not d.kvstore.startswith("dist") and d.workers != 1:
+        raise ConfigError(
+            f"{source}: dist.workers = {d.workers}: expected 1 with dist.kvstore = "
+            f"{d.kvstore!r} (a local store trains in one process); set dist.workers=1 "
+            f"(add dist.simulate_workers={d.workers} to reproduce {d.workers} workers in one "
+            "process), or run it with `mxlarge launch`")
+    return World(processes=d.workers, devices=d.devices, simulated=d.simulate_workers,
+                 batch=cfg.data.batch_size)
+
+
+def check_processes(world: World, actual: int, source: str = "<config>") -> None:
+    """A launched worker's check that the job has the processes the plan was made for.
+
+    Raises:
+        ConfigError: naming both numbers and what to change.
+    """
+    if actual != world.processes:
+        raise ConfigError(
+            f"{source}: dist.workers = {world.processes}, but this job has {actual} worker "
+            f"process(es): launch it with -n {world.processes}, or set dist.workers={actual}")
+
+
+def train_samples(cfg: Config, need_data: bool = True) -> tuple[int, str]:
+    """N, the training images over all ranks, and where the number comes from.
+
+    The data wins when it is at hand (``"data"``); ``data.train_samples`` is for planning without
+    it (``"data.train_samples"``), e.g. ``mxlarge show`` of an ImageNet job on a laptop, or a
+    launcher whose hosts hold the data. With ``need_data`` the data must be readable.
+
+    Raises:
+        ConfigError: the data is missing or malformed (and no fallback applies).
+    """
+    from mxlarge.data import train_size
+
+    try:
+        return train_size(cfg.data), "data"
+    except ConfigError:
+        if need_data or cfg.data.train_samples is None:
+            raise
+        return cfg.data.train_samples, "data.train_samples"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a job's numbers are, derived once from its config and world."""
+
+    world: World
+    train_samples: int
+    samples_from: str
+    steps_per_epoch: int
+    total_steps: int
+    peak_lr: float
+    warmup_lr: float
+    warmup_steps: int
+    decay_steps: tuple[int, ...]
+    schedule: Schedule
+
+    @property
+    def global_batch(self) -> int:
+        return self.world.global_batch
+
+    def summary(self) -> dict[str, Any]:
+        """The plan as plain data: ``mxlarge show --json`` prints it, MLflow tags record it."""
+        w = self.world
+        return {"workers": w.processes, "devices_per_worker": w.devices,
+                "simulated_workers": w.simulated, "per_device_batch": w.batch,
+                "world_size": w.units, "global_batch": w.global_batch,
+                "train_samples": self.train_samples, "train_samples_from": self.samples_from,
+                "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
+                "peak_lr": self.peak_lr, "warmup_lr": self.warmup_lr,
+                "warmup_steps": self.warmup_steps, "decay_steps": list(self.decay_steps)}
+
+
+def plan(cfg: Config, world: World, train_samples: int, samples_from: str = "data",
+         source: str = "<config>") -> Plan:
+    """The one pure function from (config, world, N) to the job's numbers (module docstring).
+
+    Raises:
+        ConfigError: one global batch does not fit the training data, or the noise scale is
+            asked of a single gradient contributor.
+    """
+    steps = train_samples // world.global_batch
+    if steps < 1:
+        fit = train_samples // (world.units or 1)
+        raise ConfigError(
+            f"{source}: data.batch_size = {world.batch}: {world.describe()} is larger than the "
+            f"{train_samples} training images of '{cfg.data.dataset}'; expected batch_size "
+            f"<= {fit}")
+    if cfg.train.gns_every and world.units == 1:
+        raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: the gradient noise "
+                          "scale needs 2 or more workers, devices or simulated workers")
+    o = cfg.optim
+    peak = schedulers.scaled_lr(o.base_lr, o.reference_batch, world.global_batch, o.scaling)
+    warmup_lr = o.warmup_lr if o.warmup_lr is not None else o.base_lr
+    warmup = schedulers.epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0
+    decay = (tuple(schedulers.epochs_to_steps(e, steps) for e in o.decay_epochs)
+             if o.decay == "step" else ())
+    total = steps * cfg.train.epochs
+    return Plan(world=world, train_samples=train_samples, samples_from=samples_from,
+                steps_per_epoch=steps, total_steps=total, peak_lr=peak, warmup_lr=warmup_lr,
+                warmup_steps=warmup, decay_steps=decay,
+                schedule=_schedule(cfg, peak, warmup_lr, warmup, decay, total))
+
+
+def _schedule(cfg: Config, peak: float, warmup_lr: float, warmup: int,
+              decay: tuple[int, ...], total: int) -> Schedule:
+    """The schedule the config asks for, in steps of this plan."""
+    o = cfg.optim
+    if o.decay == "step":
+        return schedulers.goyal(peak, warmup_lr, warmup, decay, o.decay_factor, o.warmup)
+    main: Schedule
+    if o.decay == "cosine":
+        main = schedulers.Cosine(peak, max(total - warmup, 1))
+    elif o.decay == "poly":
+        main = schedulers.Polynomial(peak, max(total - warmup, 1), power=o.poly_power)
+    else:
+        main = schedulers.Constant(peak)
+    if warmup == 0:
+        return main
+    first = (schedulers.Linear(warmup_lr, peak, warmup) if o.warmup == "linear"
+             else schedulers.Constant(warmup_lr))
+    return schedulers.Join((first, main), (warmup,))
+
+
+def plan_for(cfg: Config, source: str = "<config>", need_data: bool = False) -> Plan:
+    """:func:`plan` of the declared world (:func:`world_of`) and :func:`train_samples`."""
+    world = world_of(cfg, source)
+    samples, samples_from = train_samples(cfg, need_data)
+    return plan(cfg, world, samples, samples_from, source)

@@ -1,0 +1,41 @@
+"""Fixtures every test folder shares: run the CLI, and a fresh MLflow store per test.
+
+* ``run_cli(args, cwd, env=None, timeout=240)``: ``python -m mxlarge.cli ARGS`` in a
+  subprocess; ``MLFLOW_TRACKING_URI`` is dropped unless ``env`` sets it, so a run without a store
+  of its own writes ``cwd/mlruns.db``.
+* ``mlflow_uri``: an empty sqlite store in ``tmp_path`` (a copy of one made once per session:
+  creating the schema takes 5-20 s, copying it does not), also exported as
+  ``MLFLOW_TRACKING_URI`` for in-process code and children.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import cli
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., subprocess.CompletedProcess]:
+    return cli
+
+
+@pytest.fixture(scope="session")
+def _empty_mlflow_db(tmp_path_factory) -> Path:
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-schema") / "mlruns.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments(max_results=1)
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, _empty_mlflow_db, monkeypatch) -> str:
+    shutil.copy(_empty_mlflow_db, tmp_path / "mlruns.db")
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

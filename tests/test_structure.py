@@ -1,0 +1,90 @@
+"""The shape of the package: no import cycle, leaves that stay leaves, one owner per fact."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "mxlarge"
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``module -> mxlarge modules it imports`` (anywhere in the file, functions included;
+    ``from pkg import name`` counts as ``pkg.name`` when that is a module)."""
+    files = {_module(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("mxlarge")}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mxlarge"):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    deps.add(sub if sub in files else node.module)
+        graph[name] = {d for d in deps if d in files and d != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_in_mxlarge():
+    assert find_cycle(import_graph()) is None
+
+
+def test_schedulers_and_plan_leaves():
+    g = import_graph()
+    assert g["mxlarge.schedulers"] == set()
+    assert g["mxlarge.hooks"] == set()
+
+
+def test_report_does_not_import_mxnet():
+    code = "import sys, mxlarge.report, mxlarge.tracking; print('mxnet' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_mlflow_is_imported_in_one_module_only():
+    users = sorted(_module(p) for p in PKG.rglob("*.py")
+                   if re.search(r"^\s*(import mlflow|from mlflow)", p.read_text(), re.M))
+    assert users == ["mxlarge.tracking"]
+
+
+def test_the_run_identity_is_passed_not_read_from_the_environment():
+    for p in PKG.rglob("*.py"):
+        text = p.read_text()
+        assert "MXLARGE_RUN_ID" not in text, p
+        assert "os.environ[" not in text, p

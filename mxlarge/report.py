@@ -14,7 +14,6 @@ from typing import Any
 from mxlarge.plots import pyplot, save
 from mxlarge.stats import final_error  # the rule lives in mxlarge.stats
 
-
 # ---------------------------------------------------------------------------------------------
 # sweep reports: `mxlarge report NAME` (the arithmetic is pure and works on plain lists/dicts)
 

@@ -23,12 +23,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from mxlarge import stats
 
-if TYPE_CHECKING:  # pragma: no cover - report imports this module; no cycle at run time
-    from mxlarge.report import RunData
+# Runs are mxlarge.report.RunData records; not imported: report imports this module.
+RunData = Any
 
 _NO_ESTIMATE = 1e300
 

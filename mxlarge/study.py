@@ -241,9 +241,13 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
         ax_steps.plot([r.global_batch for r in reached], [r.steps.value for r in reached],
                       "k-", label="recipe")
     ax_err.set_ylabel("final top-1 error (%), mean and 95% interval")
-    ax_err.set_yscale("log")  # a failed ablation at 60% must not flatten the 0.3-point gaps
+    # log scales (a failed ablation at 60% must not flatten the 0.3-point gaps), only where
+    # there is something positive to draw: matplotlib cannot log-scale an empty panel
+    if any(r.final_errors and statistics.fmean(r.final_errors) > 0 for r in study):
+        ax_err.set_yscale("log")
     ax_steps.set_ylabel("steps to target (MLPerf mean)")
-    ax_steps.set_yscale("log")
+    if any(r.steps.value for r in study):
+        ax_steps.set_yscale("log")
     ax_err.legend(fontsize=7)
     ax_steps.legend(fontsize=7)
     if title:

@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("sweep")
     sw.add_argument("overrides", nargs="*", metavar="key=value")
     sw.add_argument("--dry-run", action="store_true", help="list the cells and which are done")
+    sw.add_argument("--part", default=None, metavar="I/N",
+                    help="run only cells I, I+N, I+2N, ... (1-based): N processes with parts "
+                         "1/N..N/N share a sweep without running a cell twice")
+    sw.add_argument("--label", action="append", default=None, metavar="LABEL",
+                    help="run only this label's cells (repeatable); the others stay to run")
 
     r = sub.add_parser("report", help="markdown table and plots of a sweep's runs, logged to a "
                                       "summary MLflow run")
@@ -133,7 +138,7 @@ def _built_net_facts(cfg) -> tuple[dict[str, int], Any]:
     from mxlarge import nets
     from mxlarge.kvstore.roles import param_roles, role_counts
 
-    shape = {"digits": (1, 8, 8), "cifar10": (3, 32, 32)}.get(
+    shape = {"digits": (1, 8, 8), "cifar10": (3, 32, 32), "mnist1d": (1, 1, 40)}.get(
         cfg.data.dataset, (3, cfg.data.image_size, cfg.data.image_size))
     net = nets.build_net(cfg.model, cfg.data.num_classes)
     report = nets.initialize(net, cfg.model, seed=0, ctx=[mx.cpu()], input_shape=shape)

@@ -26,7 +26,7 @@ import yaml
 
 from mxlarge.errors import InputError, closest
 
-DATASETS = ("digits", "synthetic", "imagenet", "cifar10")
+DATASETS = ("digits", "synthetic", "imagenet", "cifar10", "mnist1d")
 KVSTORES = ("local", "device", "dist_sync", "dist_device_sync")
 
 
@@ -58,6 +58,10 @@ class DataConfig:
     std: tuple[float, float, float] = _f((58.393, 57.12, 57.375), "per-channel std (0-255)", gt=0)
     synthetic_train: int = _f(2048, "synthetic: number of training images", ge=1)
     synthetic_val: int = _f(256, "synthetic: number of validation images", ge=1)
+    mnist1d_train: int = _f(4000, "mnist1d: training samples generated", ge=1)
+    mnist1d_val: int = _f(1000, "mnist1d: validation samples generated", ge=1)
+    cache_dir: str | None = _f(None, "mnist1d: cache of generated sets (default: "
+                                     "$XDG_CACHE_HOME/mxlarge or ~/.cache/mxlarge)")
     num_classes: int = _f(10, "number of classes in the data", ge=2)
     train_samples: int | None = _f(None, "training images, for `show` without the data at "
                                             "hand (ImageNet-1k: 1281167)", ge=1)
@@ -66,8 +70,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = _f("small_resnet", "small_resnet or a GluonCV model-zoo name")
-    width: int = _f(16, "small_resnet: channels of the first stage", ge=1)
+    name: str = _f("small_resnet", "small_resnet, small_plain, resnet1d or a GluonCV model-zoo "
+                                   "name")
+    width: int = _f(16, "small_resnet/resnet1d: channels of the first stage", ge=1)
     he_init: bool = _f(True, "He/MSRA normal init of convolutions (Goyal et al.)")
     fc_init_std: float = _f(0.01, "std of the final Dense init; 0 keeps the builder's init", ge=0)
     zero_gamma: bool = _f(True, "gamma = 0 for the last BatchNorm of every residual block")
@@ -413,6 +418,14 @@ def validate(cfg: Config, source: str = "<config>") -> None:
     if d.dataset == "cifar10" and not d.root:
         raise ConfigError(f"{source}: data.root = None: expected the directory of the CIFAR-10 "
                           "binary batches when data.dataset is cifar10")
+    if d.dataset == "mnist1d" and d.augment:
+        raise ConfigError(f"{source}: data.augment = True: expected false when data.dataset is "
+                          "mnist1d (its generator already transforms every sample; see "
+                          "mxlarge/data/mnist1d.py)")
+    if d.dataset == "mnist1d" and (d.mnist1d_train + d.mnist1d_val) % 10:
+        raise ConfigError(f"{source}: data.mnist1d_train + data.mnist1d_val = "
+                          f"{d.mnist1d_train + d.mnist1d_val}: expected a multiple of 10 (the "
+                          "generator draws the same number of samples per class)")
     if cfg.dist.simulate_workers > 1 and (cfg.dist.kvstore.startswith("dist")
                                           or cfg.dist.devices > 1):
         raise ConfigError(f"{source}: dist.simulate_workers = {cfg.dist.simulate_workers}: "

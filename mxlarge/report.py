@@ -12,14 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlarge.plots import pyplot, save
-
-
-def final_error(val_errors: Sequence[float], last: int = 5) -> float:
-    """Goyal et al.'s final error: the median of the last ``last`` epochs' validation error."""
-    if not val_errors:
-        raise ValueError("no validation errors")
-    return float(statistics.median(val_errors[-last:]))
-
+from mxlarge.stats import final_error  # the rule lives in mxlarge.stats
 
 # ---------------------------------------------------------------------------------------------
 # sweep reports: `mxlarge report NAME` (the arithmetic is pure and works on plain lists/dicts)
@@ -150,6 +143,7 @@ class RunData:
     rows: tuple[Mapping[str, float], ...] = ()
     lr: tuple[tuple[int, float], ...] = ()
     gns: tuple[tuple[int, float], ...] = ()  # (step, gns_b_simple) when the run measured it
+    sweep_target: str = ""  # the sweep's target (JSON tag), see mxlarge.study
 
 
 # "Far above" the noise scale: with McCandlish et al.'s model, steps S = S_min·(1 + B_noise/B)
@@ -395,8 +389,9 @@ def markdown_table(summary: Summary) -> str:
 
 
 def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes: Sequence[str],
-                    meta: Mapping[str, str], images: Sequence[str]) -> str:
-    """report.md: the table, how each number is computed, the per-run numbers and the plots."""
+                    meta: Mapping[str, str], images: Sequence[str], study: str = "") -> str:
+    """report.md: the table, the study section if any, how each number is computed, the
+    per-run numbers and the plots."""
     s = summary
     if s.target is None:
         target = "no run logged `val_accuracy`: no target."
@@ -408,7 +403,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            f"{len(runs)} FINISHED run(s) from experiment `{meta.get('experiment', '')}` at "
            f"`{meta.get('uri', '')}`; written {meta.get('written', '')}"
            + (f"; summary run `{meta['summary_run']}`." if meta.get("summary_run") else "."),
-           "", target, "", markdown_table(s), "",
+           "", target, "", markdown_table(s), "", *([study] if study else []),
            "## How the numbers are computed", "",
            "- **final error**: per run, the median of the last 5 evaluated epochs' "
            "`val_error_top1` (all of them if fewer than 5), as in Goyal et al.; then mean ± "
@@ -592,7 +587,8 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
             global_batch=_int_tag(tags.get("global_batch")),
             peak_lr=float(tags["peak_lr"]) if "peak_lr" in tags else None,
             config_hash=tags.get("config_hash", ""), fingerprint=config_fingerprint(params),
-            rows=tuple(rows), lr=tuple(lr), gns=tuple(gns)))
+            rows=tuple(rows), lr=tuple(lr), gns=tuple(gns),
+            sweep_target=tags.get("sweep_target", "")))
     return out
 
 
@@ -642,9 +638,11 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
         if any(r.gns for r in used):
             images.append("noise_scale.png")
             plot_noise_scale(used, out / images[-1], f"{name}: gradient noise scale")
+        study_md = _study(used, order, out, name, images)
         meta = {"experiment": experiment, "uri": uri, "summary_run": run.run_id,
                 "written": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        (out / "report.md").write_text(render_markdown(name, summary, used, notes, meta, images))
+        (out / "report.md").write_text(render_markdown(name, summary, used, notes, meta, images,
+                                                       study_md))
         (out / "report.json").write_text(json.dumps(
             {"sweep": name, **meta, "summary": dataclasses.asdict(summary), "notes": notes,
              "runs": {r.run_id: {"label": r.label, "seed": r.seed} for r in used}},
@@ -654,6 +652,20 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
     finally:
         run.end(ok)
     return out / "report.md"
+
+
+def _study(used: Sequence[RunData], order: Sequence[str], out: Path, name: str,
+           images: list[str]) -> str:
+    """The study section (mxlarge.study) and its plot when the sweep fixed a target, else ''."""
+    from mxlarge import study
+
+    target = study.target_from_runs(used)
+    if target is None:
+        return ""
+    rows = study.rows(used, target, order)
+    images.append("study.png")
+    study.plot(rows, out / images[-1], f"{name}: final error and steps to target vs batch")
+    return "\n".join(study.markdown(rows, target))
 
 
 def report_command(args: Any) -> int:
@@ -676,7 +688,9 @@ def report_command(args: Any) -> int:
     path = write_report(args.name, args.out or Path("reports") / args.name,
                         args.target_fraction, args.experiment, uri)
     text = path.read_text()
-    start = text.index("| label |")
-    print(text[start:text.index("\n\n", start)])
+    for head in ("| label |", "| label | global batch | B_simple"):
+        if head in text:
+            start = text.index(head)
+            print(text[start:text.index("\n\n", start)] + "\n")
     print(f"report: {path} (and PNGs beside it), logged to a summary run in {uri}")
     return 0

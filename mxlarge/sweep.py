@@ -12,6 +12,11 @@ A sweep file names experiment configs (with overrides) under labels and a list o
          overrides: [data.batch_size=256, dist.kvstore=local, dist.workers=1]}
     seeds: [0, 1, 2]
     overrides: [train.progress=false]   # applied to every run
+    target: {reference: baseline, tolerance: 0.003}   # optional, for `mxlarge report`
+
+``target`` fixes the quality target of time-to-target before any run: validation error <=
+(mean final error of the ``reference`` label) + ``tolerance``, i.e. the small-batch accuracy
+minus a tolerance. It is written on every run as the tag ``sweep_target`` (JSON) for the report.
 
 The grid is runs × seeds, run one cell after another in that order. Every cell is a normal run
 tagged ``sweep``, ``sweep_label``, ``seed``, ``sweep_config`` and ``config_hash`` (sha256 of the
@@ -31,6 +36,7 @@ with the same messages as an experiment file. Each cell's MLflow run is opened h
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -72,6 +78,15 @@ class SweepRun:
 
 
 @dataclass(frozen=True)
+class SweepTarget:
+    """The quality target of time to target (``target`` of the file), fixed before any run."""
+
+    reference: str = _f("", "label whose mean final error the target starts from ('': none)")
+    tolerance: float = _f(0.0, "added to that mean, as validation error (0.003 = 0.3 points)",
+                          ge=0, lt=1)
+
+
+@dataclass(frozen=True)
 class Sweep:
     """A sweep file (module docstring)."""
 
@@ -84,6 +99,9 @@ class Sweep:
     workers: int | None = _f(None, "mode launch: -n of every run (default: the config's)", ge=1)
     servers: int | None = _f(None, "mode launch: -s of every run (default: the config's)", ge=1)
     overrides: tuple[str, ...] = _f((), "KEY.PATH=VALUE overrides applied to every run")
+    target: SweepTarget = field(default_factory=SweepTarget,
+                                metadata={"doc": "for mxlarge report: reference label and "
+                                                 "tolerance of the time-to-target goal"})
     source: str = field(default="<sweep>", metadata={"internal": True})
 
 
@@ -163,6 +181,9 @@ def sweep_from_dict(tree: Any, source: str, sweep_dir: Path) -> Sweep:
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise bad("runs[].label", dup[0], "labels that are unique within the sweep")
+    if sweep.target.reference and sweep.target.reference not in labels:
+        raise bad("target.reference", sweep.target.reference,
+                  "one of the run labels: " + ", ".join(labels))
     return sweep
 
 
@@ -234,10 +255,32 @@ def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
     return cells
 
 
+def select_part(cells: Sequence[Cell], part: str) -> list[Cell]:
+    """Cells ``i-1, i-1+n, i-1+2n, ...`` of ``cells`` for ``part = "i/n"``.
+
+    The parts of ``1/n .. n/n`` are disjoint and cover the grid, so ``n`` sweep processes can
+    share one sweep (and one MLflow store) without running a cell twice; each stays resumable.
+
+    Raises:
+        ConfigError: unless ``part`` is ``I/N`` with integers ``1 <= I <= N``.
+    """
+    i, sep, n = part.partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise ConfigError(f"sweep: --part {part!r}: expected I/N with integers 1 <= I <= N, "
+                          "e.g. 1/2")
+    mine = [c for j, c in enumerate(cells) if j % int(n) == int(i) - 1]
+    # numbered within the part, so that progress lines read "[3/10]" (tags do not use it)
+    return [dataclasses.replace(c, index=j) for j, c in enumerate(mine)]
+
+
 def cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
-    return {"sweep": sweep.name, "sweep_label": cell.label, "seed": str(cell.seed),
+    tags = {"sweep": sweep.name, "sweep_label": cell.label, "seed": str(cell.seed),
             "config_hash": cell.config_hash, "sweep_config": cell.config,
             "mlflow.runName": f"{sweep.name} / {cell.label} / seed {cell.seed}"}
+    if sweep.target.reference:
+        tags["sweep_target"] = json.dumps({"reference": sweep.target.reference,
+                                           "tolerance": sweep.target.tolerance})
+    return tags
 
 
 def _match_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
@@ -360,13 +403,25 @@ def _check_stores(cells: Sequence[Cell]) -> None:
 
 
 def sweep_command(args: Any) -> int:
-    """``mxlarge sweep SWEEP.yaml [key=value ...] [--dry-run]``: 0 all cells done, 1 some failed,
-    2 bad sweep file, config or tracking store (nothing run)."""
+    """``mxlarge sweep SWEEP.yaml [key=value ...] [--dry-run] [--label L] [--part I/N]``: 0 all
+    cells done, 1 some failed, 2 bad sweep file, config or tracking store (nothing run)."""
     sweep = load_sweep(args.sweep)
     cells = expand(sweep, args.overrides)
     _check_stores(cells)
     print(f"sweep {sweep.name}: {len(sweep.runs)} run(s) x {len(sweep.seeds)} seed(s) = "
           f"{len(cells)} cell(s), mode {sweep.mode}", flush=True)
+    if getattr(args, "label", None):
+        unknown = sorted(set(args.label) - {r.label for r in sweep.runs})
+        if unknown:
+            raise ConfigError(f"sweep: --label {unknown[0]!r}: expected one of the labels of "
+                              f"{sweep.source}: " + ", ".join(r.label for r in sweep.runs))
+        cells = [dataclasses.replace(c, index=j)  # numbered within the selection, as parts
+                 for j, c in enumerate(c for c in cells if c.label in args.label)]
+        print(f"sweep {sweep.name}: labels {', '.join(args.label)}: {len(cells)} cell(s)",
+              flush=True)
+    if getattr(args, "part", None):
+        cells = select_part(cells, args.part)
+        print(f"sweep {sweep.name}: part {args.part}: {len(cells)} cell(s)", flush=True)
     if getattr(args, "dry_run", False):
         from mxlarge import tracking
         for c in cells:

@@ -11,9 +11,9 @@ Public interface::
 where ``n = cfg.batch_size`` and ``steps_per_epoch = floor(N / (num_workers * n))`` is the same on
 every rank. ``Data.val`` is the whole validation set, never sharded.
 
-For the in-memory datasets (digits, synthetic, cifar10) the order and the augmentation follow
-:mod:`mxlarge.data.sharding`: k workers with batch n see, step by step, exactly the tensors that
-one process with batch k*n sees. ImageNet RecordIO cannot (see :mod:`mxlarge.data.imagenet`).
+For the in-memory datasets (digits, mnist1d, synthetic, cifar10) the order and the augmentation
+follow :mod:`mxlarge.data.sharding`: k workers with batch n see, step by step, exactly the tensors
+that one process with batch k*n sees. ImageNet RecordIO cannot (see :mod:`mxlarge.data.imagenet`).
 
 MXNet is imported inside functions: a ps-lite scheduler/server process must not have imported
 anything heavy before ``import mxnet``, and the data modules are imported by tools that do not
@@ -50,6 +50,8 @@ def train_size(cfg: DataConfig) -> int:
         return digits.NUM_TRAIN
     if cfg.dataset == "synthetic":
         return cfg.synthetic_train
+    if cfg.dataset == "mnist1d":
+        return cfg.mnist1d_train
     if cfg.dataset == "cifar10":
         from mxlarge.data import cifar10
         return cifar10.train_size(cfg)
@@ -57,7 +59,7 @@ def train_size(cfg: DataConfig) -> int:
         from mxlarge.data import imagenet
         return imagenet.train_size(cfg)
     raise ConfigError(f"data.dataset = {cfg.dataset!r}: expected one of digits, synthetic, "
-                      "cifar10, imagenet")
+                      "cifar10, imagenet, mnist1d")
 
 
 def build_data(cfg: DataConfig, *, rank: int, num_workers: int, seed: int) -> Data:
@@ -90,6 +92,9 @@ def build_data(cfg: DataConfig, *, rank: int, num_workers: int, seed: int) -> Da
     if cfg.dataset == "synthetic":
         from mxlarge.data import synthetic
         return synthetic.build(cfg, **kw)
+    if cfg.dataset == "mnist1d":
+        from mxlarge.data import mnist1d
+        return mnist1d.build(cfg, **kw)
     if cfg.dataset == "cifar10":
         from mxlarge.data import cifar10
         return cifar10.build(cfg, **kw)

@@ -24,6 +24,7 @@ from mxlarge.nets.init import (
     last_branch_batchnorm,
     residual_blocks,
 )
+from mxlarge.nets.resnet1d import ResNet1D
 from mxlarge.nets.small import BasicBlock, SmallResNet
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "LOCAL_MODELS",
     "BasicBlock",
     "InitReport",
+    "ResNet1D",
     "SmallResNet",
     "build_net",
     "he_initializer",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 #: Names served by mxlarge itself; anything else goes to GluonCV's model zoo.
-LOCAL_MODELS = ("small_resnet", "small_plain")
+LOCAL_MODELS = ("small_resnet", "small_plain", "resnet1d")
 
 #: GluonCV modules whose builders are image classifiers taking ``classes=``. The rest of the
 #: zoo (detection, segmentation, pose, video, int8, ...) is refused: those builders do not take
@@ -78,7 +80,8 @@ def build_net(cfg: ModelConfig, num_classes: int) -> HybridBlock:
 
     Args:
         cfg: ``cfg.name`` is ``small_resnet`` (:class:`SmallResNet` with ``cfg.width``),
-            ``small_plain`` (the same without BatchNorm) or a GluonCV model-zoo name, built
+            ``small_plain`` (the same without BatchNorm), ``resnet1d`` (:class:`ResNet1D` with
+            ``cfg.width``, for 1-D signals ``(N, C, 1, L)``) or a GluonCV model-zoo name, built
             with ``classes=num_classes, pretrained=False``. The net is hybridized when
             ``cfg.hybridize`` (the static graph is built at the first forward pass).
         num_classes: units of the classifier.
@@ -92,8 +95,10 @@ def build_net(cfg: ModelConfig, num_classes: int) -> HybridBlock:
             they run: many would download a pretrained backbone).
     """
     name = cfg.name
-    if name in LOCAL_MODELS:
-        net: HybridBlock = SmallResNet(num_classes, width=cfg.width,
+    if name == "resnet1d":
+        net: HybridBlock = ResNet1D(num_classes, width=cfg.width)
+    elif name in LOCAL_MODELS:
+        net = SmallResNet(num_classes, width=cfg.width,
                                        use_bn=name == "small_resnet")
     else:
         net = _zoo_net(name, num_classes)
@@ -108,15 +113,15 @@ def _zoo_net(name: str, num_classes: int) -> HybridBlock:
     if key in builders and not _is_classifier(key, builders[key]):
         kind = builders[key].__module__.removeprefix("gluoncv.model_zoo.")
         raise ConfigError(f"model.name = {name!r}: GluonCV model from '{kind}' is not an image "
-                          "classifier built with classes=; expected small_resnet, small_plain or "
-                          "a GluonCV classification model (e.g. resnet50_v1b)")
+                          f"classifier built with classes=; expected {', '.join(LOCAL_MODELS)} "
+                          "or a GluonCV classification model (e.g. resnet50_v1b)")
     if key not in builders:
         valid = [*LOCAL_MODELS, *zoo_classifiers()]
         close = closest(key, valid, n=5, cutoff=0.5)
         examples = [*LOCAL_MODELS, "resnet50_v1b", "cifar_resnet20_v1"]
         hint = f"did you mean {', '.join(close)}?" if close else f"e.g. {', '.join(examples)}"
         raise ConfigError(f"model.name = {name!r}: unknown model ({hint}); expected "
-                          "small_resnet, small_plain or one of GluonCV's "
+                          f"{', '.join(LOCAL_MODELS)} or one of GluonCV's "
                           f"{len(valid) - len(LOCAL_MODELS)} classification model-zoo names")
     builder = builders[key]
     kwargs: dict[str, object] = {"classes": num_classes, "pretrained": False}

@@ -95,7 +95,7 @@ class TrainLoop:
             sq_small = total / count / self.gns.b_small ** 2
             sq_big = t.grad_sq(0) / self.gns.b_big ** 2
             metrics.update(self.gns.update(sq_small, sq_big))
-        lr = t.learning_rate(self.step)
+        lr = t.lr_at(self.step)
         t.update(data.shape[0], self.step)
         return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics)
 
@@ -165,7 +165,7 @@ class LossHook(Hook):
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         if self.count:
             metrics["train_loss"] = self.sum / self.count
-        metrics["lr"] = loop.trainer.learning_rate(max(loop.step - 1, 0))
+        metrics["lr"] = loop.trainer.lr_at(max(loop.step - 1, 0))
         self.sum, self.count = 0.0, 0
 
 

@@ -1,47 +1,200 @@
-"""``mxlarge.Trainer``: a ``gluon.Trainer``-like object that applies Goyal et al.'s update.
+"""``mxlarge.Trainer``: a drop-in for ``gluon.Trainer`` that applies Goyal et al.'s update.
 
-Use it in your own Gluon loop the way ``gluon.Trainer`` is used, with one difference: the step
-number is passed in (the loop owns the only counter, as in timm's scheduler contract)::
+Two forms, told apart by the second argument:
 
-    trainer = mxlarge.Trainer(net.collect_params(), schedule=sched, kvstore="dist_sync")
-    for step, (x, y) in enumerate(batches):
-        with autograd.record():
-            loss = loss_fn(net(x), y)          # per-sample losses; backward sums them
-        loss.backward()
-        trainer.step(x.shape[0], step)         # per-worker batch n
+* **Gluon's** (the one-line migration, as Horovod's ``hvd.DistributedTrainer``)::
 
-``step(n, t)`` sums the gradients over all k workers (and devices) and applies update ``t``
-with rescale 1/(k·n): each worker's loss is normalised by the *global* batch (Goyal §3), not by
-its own n as ``gluon.Trainer.step(n)`` would, which on dist_sync applies k times the intended
-update because servers sum.
+      trainer = mxlarge.Trainer(net.collect_params(), "sgd",
+                                {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4},
+                                kvstore="dist_sync", reference_batch=256, warmup_steps=500)
+      ...
+      trainer.step(batch_size)                 # per-worker images, as with gluon.Trainer
+
+  ``optimizer`` is a name (``sgd``, ``nag``, ``lars``, ``lbsgd``) or an ``mx.optimizer``
+  instance of those classes; ``optimizer_params`` are MXNet's own (``learning_rate``,
+  ``momentum``, ``wd``, ``rescale_grad``, ``lr_scheduler``, ...), parsed by MXNet itself. The
+  schedule is derived here, once the global batch is known (at construction with
+  ``batch_size=``, else at the first update)::
+
+      η_user(t) = lr_scheduler(t + 1)  or  learning_rate    (MXNet asks for 1 on update 0)
+      B         = World(store workers, devices, simulated, n).global_batch
+      ρ         = schedulers.scaled_lr(1, reference_batch, B, scaling)   (1 without a reference)
+      η(t)      = warmed_up(ρ · η_user, warmup_steps, warmup_lr)         (warmup_lr = η_user(0))
+
+* **mxlarge's explicit form**, for loops that already own a schedule::
+
+      trainer = mxlarge.Trainer(net.collect_params(), schedule, momentum=0.9, weight_decay=1e-4)
+
+  ``schedule(step) -> lr`` is final (build it with :func:`mxlarge.plan.plan` or
+  :mod:`mxlarge.schedulers`); the large-batch keywords are refused there.
+
+**One counter.** The trainer counts applied updates in :attr:`num_update`. ``step(n)`` applies
+update ``num_update``; ``step(n, t)`` applies update ``t`` (a loop that owns its counter, e.g.
+after a resume) and the trainer's count follows it (``num_update = t + 1``). Either way there
+is one count per program, and both forms read the LR from it.
+
+``step(n)`` sums the gradients over all k workers (and devices) and applies the update with
+rescale s/(k·n) (s = ``rescale_grad``, 1 by default): each worker's loss is normalised by the
+*global* batch (Goyal §3), not by its own n as ``gluon.Trainer.step(n)`` would, which on
+dist_sync applies k times the intended update because servers sum.
+
+What cannot be honoured is refused with the reason (:data:`REFUSED`): the optimizer never runs
+on the servers (``update_on_kvstore=True`` loses ``wd_mult`` and LR changes on MXNet 1.9.1),
+every gradient is pushed every step (``ignore_stale_grad=True``), and parameters must have
+their shapes (deferred initialisation) before the store broadcasts them.
 """
 from __future__ import annotations
 
+import io
+import pickle
 from collections.abc import Mapping
 from typing import Any
 
 import mxnet as mx
 
+from mxlarge import schedulers
 from mxlarge.bnstats import BNStats
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
+from mxlarge.plan import World
+from mxlarge.schedulers import Schedule
+
+# Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name.
+HONOURED = {"SGD": "sgd", "NAG": "nag", "LARS": "lars", "LBSGD": "lbsgd"}
+
+
+class MXNetSchedule:
+    """η(t) = scheduler(t + 1) of a stateful MXNet/GluonCV LR scheduler, as a function of t.
+
+    MXNet's optimizers call their scheduler with ``num_update`` = 1 on the first update, and
+    schedulers such as ``MultiFactorScheduler`` or GluonCV's ``LRSequential`` must be called in
+    increasing order; the values are computed in order once and kept, so the schedule can be
+    asked for any step (the momentum correction asks for t − 1 and t).
+    """
+
+    def __init__(self, scheduler: Any):
+        self.scheduler = scheduler
+        self.values: list[float] = []
+
+    def __call__(self, step: int) -> float:
+        while len(self.values) <= step:
+            self.values.append(float(self.scheduler(len(self.values) + 1)))
+        return self.values[step]
+
+
+def _deferred_message(name: str, shape: tuple) -> str:
+    return (f"parameter '{name}' is not initialised (shape {shape}): Gluon's deferred "
+            "initialisation cannot work here, because the store broadcasts rank 0's weights "
+            "when the Trainer is built; add one forward pass before it, e.g. "
+            "`net(mx.nd.zeros((1,) + input_shape))` (call net.initialize() first)")
+
+
+def _optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
+                        optimizer_params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What an MXNet optimizer (name + params, or instance) asks for, as LargeBatchSGD
+    arguments; MXNet parses the params itself, so its own names and defaults apply."""
+    if isinstance(optimizer, str):
+        name = optimizer.lower()
+        if name not in HONOURED.values():
+            raise ValueError(f"optimizer {optimizer!r} is not supported: mxlarge applies "
+                             "Goyal et al.'s momentum SGD; expected one of "
+                             f"{', '.join(HONOURED.values())}")
+        opt = mx.optimizer.create(name, **dict(optimizer_params or {}))
+    else:
+        if optimizer_params:
+            raise ValueError("optimizer_params must be None when an optimizer instance is "
+                             "given (as in gluon.Trainer)")
+        opt = optimizer
+        if type(opt).__name__ not in HONOURED:
+            raise ValueError(f"optimizer {type(opt).__name__} is not supported: mxlarge "
+                             "applies Goyal et al.'s momentum SGD; expected an instance of "
+                             f"mx.optimizer.{', '.join(HONOURED)}")
+    kind = HONOURED[type(opt).__name__]
+    if opt.clip_gradient is not None:
+        raise ValueError("clip_gradient is not supported: Goyal et al.'s update does not clip "
+                         "(clip the summed gradient yourself between allreduce_grads() and "
+                         "update())")
+    if opt.multi_precision:
+        raise ValueError("multi_precision is not supported: mxlarge keeps float32 weights")
+    if opt.lr_mult or opt.wd_mult:
+        raise ValueError("per-index lr_mult/wd_mult on the optimizer are not supported: set "
+                         "Parameter.wd_mult = 0 for tensors without weight decay")
+    if kind == "lbsgd":
+        # LBSGD's own warmup/batch scaling would be applied on top of mxlarge's.
+        defaults = {"warmup_strategy": "linear", "warmup_epochs": 5, "batch_scale": 1}
+        changed = [k for k, v in defaults.items() if getattr(opt, k) != v]
+        if changed or opt.init_updates:
+            raise ValueError(f"lbsgd's {', '.join(changed) or 'begin_epoch'} are not "
+                             "supported: use the Trainer's reference_batch, scaling, "
+                             "warmup_steps and warmup_lr keywords (the warmup and LR "
+                             "scaling are derived from the store's world size)")
+    lars = kind in ("lars", "lbsgd")
+    base: Schedule
+    if opt.lr_scheduler is not None:
+        base = MXNetSchedule(opt.lr_scheduler)
+    else:
+        base = schedulers.Constant(float(opt.lr))
+    return {"base": base, "momentum": float(getattr(opt, "momentum", 0.0)),
+            "nesterov": kind == "nag", "wd": float(opt.wd), "lars": lars,
+            "lars_eta": float(getattr(opt, "eta", 0.001)),
+            "lars_eps": float(getattr(opt, "eps", 0.0)) if kind == "lars" else 0.0,
+            "rescale": float(opt.rescale_grad), "begin": int(opt.begin_num_update)}
+
+
+class _GluonStates(pickle.Unpickler):
+    """Reads ``gluon.Trainer.save_states`` files: a pickle of (states, optimizer) or states.
+
+    Only MXNet (and GluonCV scheduler) classes and plain containers may be constructed: a
+    states file is data, never code to run.
+    """
+
+    _ALLOWED_MODULES = ("mxnet.", "gluoncv.")
+    _ALLOWED = {("builtins", "bytearray"), ("copyreg", "_reconstructor"),
+                ("builtins", "object")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED or module.startswith(self._ALLOWED_MODULES):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a states file")
+
+
+def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | None:
+    """The explicit step, if any; gluon.Trainer's second positional is ``ignore_stale_grad``."""
+    if isinstance(step, bool):
+        step, ignore_stale_grad = None, step
+    if ignore_stale_grad:
+        raise ValueError("ignore_stale_grad=True is not supported: on dist_sync every worker "
+                         "must push every gradient each step; give parameters that get no "
+                         "gradient grad_req='null' before building the Trainer")
+    return step
 
 
 class Trainer:
-    """Large-minibatch SGD over a KVStore.
+    """Large-minibatch SGD over a KVStore (module docstring: the two forms, the one counter).
 
     Args:
         params: ``net.collect_params()`` (initialised, shapes known).
-        schedule: ``schedule(step) -> lr`` (see :mod:`mxlarge.schedulers`).
-        momentum: m.
-        nesterov: Nesterov momentum.
-        momentum_correction: rescale the velocity by η_t/η_{t−1}.
-        weight_decay: λ for conv/dense weights.
-        decay_bn_bias: also decay BN γ/β and biases (off in Goyal et al.).
-        lars: layer-wise adaptive rate scaling; ``lars_eta`` its coefficient.
-        kvstore: ``local``, ``device``, ``dist_sync`` or ``dist_device_sync``, or a store from
-            :func:`mxlarge.kvstore.sync.create`.
+        optimizer: Gluon form: ``sgd``, ``nag``, ``lars``/``lbsgd`` or an ``mx.optimizer``
+            instance of SGD/NAG/LARS/LBSGD. Explicit form: ``schedule(step) -> lr``.
+        optimizer_params: MXNet optimizer arguments (Gluon form only).
+        kvstore: ``local``, ``device``, ``dist_sync``, ``dist_device_sync``, a store from
+            :func:`mxlarge.kvstore.sync.create` / ``mx.kv.create``, or None (no store: one
+            process; several devices are still summed, so their replicas stay identical).
+        compression_params: Gluon's name for ``compression``.
+        update_on_kvstore: None or False; True is refused (module docstring).
+        reference_batch: B_ref, the global batch ``learning_rate`` was tuned for (Gluon form);
+            None keeps ``learning_rate`` as is.
+        scaling: ``linear``, ``sqrt`` or ``none`` (:func:`mxlarge.schedulers.scaled_lr`).
+        warmup_steps, warmup_lr: gradual warmup from ``warmup_lr`` (default η_user(0)) over
+            the first updates (Gluon form).
+        batch_size: images per worker and step, to fix the schedule at construction (else the
+            first update's batch fixes it).
+        momentum, nesterov, weight_decay, lars, lars_eta: explicit form only (in the Gluon form
+            they come from the optimizer).
+        momentum_correction: rescale the velocity by η_t/η_{t−1} (eq. 9, not MXNet's eq. 10).
+        decay_bn_bias: also decay BN γ/β and biases (off in Goyal et al.). A parameter with
+            ``wd_mult = 0`` is never decayed.
         compression: e.g. ``{'type': '2bit', 'threshold': 0.5}`` (dist only).
         bn_stats: BN statistics for evaluation/checkpoints: ``local``, ``broadcast``, ``reduce``
             (owned by :attr:`bn`, a :class:`~mxlarge.bnstats.BNStats`).
@@ -51,26 +204,84 @@ class Trainer:
             update with rescale 1/(K·n) follows. Needs a local store and one device.
     """
 
-    def __init__(self, params: Mapping[str, mx.gluon.Parameter], schedule: Any, *,
-                 momentum: float = 0.9, nesterov: bool = False, momentum_correction: bool = True,
-                 weight_decay: float = 1e-4, decay_bn_bias: bool = False, lars: bool = False,
-                 lars_eta: float = 0.001, kvstore: str | mx.kv.KVStore = "local",
-                 compression: dict | None = None,
+    def __init__(self, params: Mapping[str, mx.gluon.Parameter],
+                 optimizer: str | mx.optimizer.Optimizer | Schedule = "sgd",
+                 optimizer_params: Mapping[str, Any] | None = None,
+                 kvstore: str | mx.kv.KVStore | None = "local",
+                 compression_params: dict | None = None, update_on_kvstore: bool | None = None,
+                 *, reference_batch: int | None = None, scaling: str = "linear",
+                 warmup_steps: int = 0, warmup_lr: float | None = None,
+                 batch_size: int | None = None,
+                 momentum: float | None = None, nesterov: bool | None = None,
+                 weight_decay: float | None = None, lars: bool | None = None,
+                 lars_eta: float | None = None, momentum_correction: bool = True,
+                 decay_bn_bias: bool = False, compression: dict | None = None,
                  bn_stats: str = "reduce", simulate_workers: int = 1):
+        if update_on_kvstore:
+            raise ValueError("update_on_kvstore=True is not supported: on MXNet 1.9.1 the "
+                             "servers would run a pickled optimizer that loses wd_mult and LR "
+                             "changes; mxlarge sums gradients on the servers and updates on "
+                             "every worker (leave it None or False)")
+        if compression_params and compression and compression_params != compression:
+            raise ValueError("compression_params and compression are the same setting: "
+                             "give one")
+        compression = compression or compression_params
+        explicit = {"momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,
+                    "lars": lars, "lars_eta": lars_eta}
+        gluon_form = isinstance(optimizer, (str, mx.optimizer.Optimizer))
+        if gluon_form:
+            given = [k for k, v in explicit.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: with optimizer {optimizer!r} these go "
+                                 "in optimizer_params (MXNet's names: momentum, wd, eta), as "
+                                 "with gluon.Trainer")
+            opt = _optimizer_settings(optimizer, optimizer_params)
+        elif callable(optimizer):
+            lb = {"optimizer_params": optimizer_params, "reference_batch": reference_batch,
+                  "warmup_steps": warmup_steps or None, "warmup_lr": warmup_lr,
+                  "batch_size": batch_size}
+            given = [k for k, v in lb.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: a schedule passed to the Trainer is "
+                                 "final; derive it with mxlarge.plan.plan or "
+                                 "mxlarge.schedulers, or pass an optimizer name instead")
+            opt = {"base": optimizer, "momentum": 0.9 if momentum is None else momentum,
+                   "nesterov": bool(nesterov), "lars": bool(lars),
+                   "wd": 1e-4 if weight_decay is None else weight_decay,
+                   "lars_eta": 0.001 if lars_eta is None else lars_eta, "lars_eps": 0.0,
+                   "rescale": 1.0, "begin": 0}
+        else:
+            raise ValueError(f"optimizer {optimizer!r}: expected an optimizer name, an "
+                             "mx.optimizer instance or a schedule(step) -> lr")
+        if scaling not in ("linear", "sqrt", "none"):
+            raise ValueError(f"scaling {scaling!r}: expected linear, sqrt or none")
         self.names = list(params.keys())
         self.params = list(params.values())
         for name, p in zip(self.names, self.params):
             if p._data is None or any(s == 0 for s in p.shape):
-                raise ValueError(f"parameter '{name}' is not initialised (shape {p.shape}): call "
-                                 "net.initialize() and run one forward pass first")
+                raise ValueError(_deferred_message(name, p.shape))
+            if p.lr_mult != 1.0 or p.wd_mult not in (0.0, 1.0):
+                raise ValueError(f"parameter '{name}': lr_mult {p.lr_mult}, wd_mult "
+                                 f"{p.wd_mult}: only lr_mult 1 and wd_mult 0 or 1 are "
+                                 "supported (one LR schedule; decay on or off per tensor)")
         self.roles: list[ParamRole] = param_roles(params, decay_bn_bias=decay_bn_bias)
-        self.store = SyncStore(kvstore, self.params, self.roles, compression=compression)
+        self.store = SyncStore("local" if kvstore is None else kvstore, self.params,
+                               self.roles, compression=compression)
         self.pushed = self.store.pushed
+        self.scale = opt["rescale"]
+        self.num_update = opt["begin"]
+        self._base: Schedule = opt["base"]
+        self._lb = (reference_batch, scaling, int(warmup_steps), warmup_lr) if gluon_form \
+            else None
+        self._batch: int | None = None  # images per worker and step the schedule is fixed for
+        self._main: Schedule = self._base
+        self._overrides: list[tuple[int, float]] = []  # set_learning_rate: (from step, lr)
         self.updater = LargeBatchSGD(
-            schedule, momentum=momentum, nesterov=nesterov,
-            momentum_correction=momentum_correction, wd=weight_decay,
-            no_decay=[i for i in self.pushed if not self.roles[i].decay],
-            lars=lars, lars_eta=lars_eta)
+            self._base, momentum=opt["momentum"], nesterov=opt["nesterov"],
+            momentum_correction=momentum_correction, wd=opt["wd"],
+            no_decay=[i for i in self.pushed
+                      if not self.roles[i].decay or self.params[i].wd_mult == 0.0],
+            lars=opt["lars"], lars_eta=opt["lars_eta"], lars_eps=opt["lars_eps"])
         # one optimizer state per (parameter, device): devices apply identical updates
         self.states = [[self.updater.create_state(i, w) for w in self.params[i].list_data()]
                        for i in range(len(self.params))]
@@ -89,6 +300,68 @@ class Trainer:
              [self.params[i].list_grad()[d] for i in self.pushed],
              [self.states[i][d] for i in self.pushed])
             for d in range(len(self.params[0].list_ctx()) if self.params else 0)]
+        if batch_size is not None:
+            self._fix_schedule(batch_size)
+
+    # -- the schedule ---------------------------------------------------------------------------
+    def world(self, batch_size: int) -> World:
+        """This job's :class:`~mxlarge.plan.World` for ``batch_size`` images per worker."""
+        units = self.num_devices * self.simulated_workers
+        if batch_size % units:
+            raise ValueError(f"batch size {batch_size} does not split evenly over "
+                             f"{units} device(s)/simulated worker(s)")
+        return World(processes=self.num_workers, devices=self.num_devices,
+                     simulated=self.simulated_workers, batch=batch_size // units)
+
+    def _fix_schedule(self, batch_size: int) -> None:
+        """Gluon form: derives η(t) from the global batch (module docstring), once."""
+        self._batch = batch_size
+        if self._lb is None:
+            return
+        reference, scaling, warmup, warmup_lr = self._lb
+        world = self.world(batch_size)
+        factor = (schedulers.scaled_lr(1.0, reference, world.global_batch, scaling)
+                  if reference else 1.0)
+        main = schedulers.Scaled(self._base, factor) if factor != 1.0 else self._base
+        start = self._base(0) if warmup_lr is None else warmup_lr
+        self._main = schedulers.warmed_up(main, warmup, start)
+        self._compose()
+
+    def _compose(self) -> None:
+        if self._overrides:
+            self.updater.schedule = schedulers.Join(
+                (self._main, *[schedulers.Constant(lr) for _, lr in self._overrides]),
+                tuple(t for t, _ in self._overrides))
+        else:
+            self.updater.schedule = self._main
+
+    @property
+    def schedule(self) -> Schedule:
+        """η(t), the schedule the updates follow (after :meth:`set_learning_rate` calls)."""
+        return self.updater.schedule
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Uses ``lr`` (as is: already scaled) from the next update on.
+
+        The schedule becomes Join(old, Constant(lr)) at t0 = :attr:`num_update`, a pure function
+        of the step again, so the momentum correction η_t/η_{t−1} still applies at t0.
+        """
+        t0 = self.num_update
+        if self._overrides and self._overrides[-1][0] == t0:
+            self._overrides[-1] = (t0, float(lr))
+        else:
+            self._overrides.append((t0, float(lr)))
+        self._compose()
+
+    @property
+    def learning_rate(self) -> float:
+        """η of the most recent update (of the next one before any), as gluon.Trainer's."""
+        return self.lr_at(max(self.num_update - 1, 0))
+
+    @property
+    def optimizer(self) -> LargeBatchSGD:
+        """The optimizer that runs the update (an ``mx.optimizer.Optimizer``)."""
+        return self.updater
 
     # -- facts ----------------------------------------------------------------------------------
     @property
@@ -103,7 +376,7 @@ class Trainer:
     def num_devices(self) -> int:
         return len(self.params[0].list_ctx())
 
-    def learning_rate(self, step: int) -> float:
+    def lr_at(self, step: int) -> float:
         """η(step) of the schedule."""
         return self.updater.lr_at(step)
 
@@ -115,19 +388,30 @@ class Trainer:
         """Sums gradients over workers and devices (exposed for gradient statistics)."""
         self.store.allreduce_grads()
 
-    def update(self, batch_size: int, step: int) -> None:
-        """Applies update ``step`` to already-reduced gradients.
+    def update(self, batch_size: int, step: int | None = None,
+               ignore_stale_grad: bool = False) -> None:
+        """Applies update ``step`` (default :attr:`num_update`) to already-reduced gradients,
+        with rescale s/(k·n); then ``num_update = step + 1``.
 
         Args:
-            batch_size: images this worker processed in the step, over all its devices.
-            step: updates applied so far.
+            batch_size: images this worker processed in the step, over all its devices (n per
+                device times devices). The first call fixes the Gluon form's schedule.
+            step: updates applied so far, for loops that own the counter.
+            ignore_stale_grad: False only (every gradient is summed every step).
         """
-        rescale = 1.0 / (batch_size * self.num_workers)
+        step = _explicit_step(step, ignore_stale_grad)
+        if self._batch is None:
+            self._fix_schedule(batch_size)
+        t = self.num_update if step is None else int(step)
+        rescale = self.scale / (batch_size * self.num_workers)
         for weights, grads, states in self._update_args:
-            self.updater.apply(step, self.pushed, weights, grads, states, rescale)
+            self.updater.apply(t, self.pushed, weights, grads, states, rescale)
+        self.num_update = t + 1
 
-    def step(self, batch_size: int, step: int) -> None:
+    def step(self, batch_size: int, step: int | None = None,
+             ignore_stale_grad: bool = False) -> None:
         """``allreduce_grads()`` then ``update(batch_size, step)``."""
+        step = _explicit_step(step, ignore_stale_grad)  # refused before anything is pushed
         self.allreduce_grads()
         self.update(batch_size, step)
 
@@ -170,8 +454,20 @@ class Trainer:
         mx.nd.save(fname, self.state_arrays())
 
     def load_states(self, fname: str) -> None:
-        """Loads what :meth:`save_states` wrote, checking keys and shapes first."""
-        loaded = mx.nd.load(fname)
+        """Loads what :meth:`save_states` wrote, or ``gluon.Trainer.save_states``'s file.
+
+        Gluon's file is a pickle of (states by parameter index, optimizer); only its momentum is
+        taken (MXNet's velocity, the same eq. (10) quantity mxlarge's kernels keep), read with
+        an unpickler that constructs nothing but MXNet classes. The LR and schedule come from
+        this Trainer's arguments, not from the file. Keys and shapes are checked first (a file
+        of another net, or from a list of parameters rather than a ParameterDict, is refused).
+        """
+        with open(fname, "rb") as fh:
+            head = fh.read(1)
+        if head == b"\x80":
+            loaded = self._gluon_states(fname)
+        else:
+            loaded = mx.nd.load(fname)
         expected = self.state_arrays()
         missing = sorted(set(expected) - set(loaded))
         extra = sorted(set(loaded) - set(expected))
@@ -186,3 +482,23 @@ class Trainer:
         for key in expected:
             for s in self.states[int(key.split(":")[1])]:
                 loaded[key].copyto(s)
+
+    def _gluon_states(self, fname: str) -> dict[str, mx.nd.NDArray]:
+        """Gluon's states by parameter index, re-keyed to this Trainer's positions: gluon.Trainer
+        numbers a ParameterDict's parameters in *sorted name* order."""
+        with open(fname, "rb") as fh:
+            try:
+                obj = _GluonStates(io.BytesIO(fh.read())).load()
+            except (pickle.UnpicklingError, AttributeError, ImportError, EOFError) as e:
+                raise ValueError(f"{fname}: not a gluon.Trainer states file ({e})") from None
+        states = obj[0] if isinstance(obj, tuple) and len(obj) == 2 else obj
+        if not isinstance(states, dict):
+            raise ValueError(f"{fname}: not a gluon.Trainer states file")
+        by_gluon_index = {j: self.names.index(name) for j, name in enumerate(sorted(self.names))}
+        out = {}
+        for index, state in states.items():
+            if isinstance(state, (tuple, list)):
+                raise ValueError(f"{fname}: multi-precision states are not supported")
+            if state is not None:
+                out[f"momentum:{by_gluon_index.get(int(index), -1)}"] = state
+        return out

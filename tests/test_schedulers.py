@@ -130,3 +130,16 @@ def test_mxnet_optimizer_first_update_asks_for_num_update_1():
     for _ in range(3):
         opt.update(0, w, mx.nd.ones((2,)), None)
     assert seen == [1, 2, 3]
+
+
+def test_warmed_up_ramps_to_the_main_schedule_without_a_jump():
+    """warmed_up(main, W, a): linear from a to main(W) over W steps, then main(t) at its own
+    absolute steps (Shifted inside the Join); Scaled multiplies a whole schedule."""
+    from mxlarge.schedulers import Scaled, warmed_up
+
+    main = Scaled(MultiStep(0.1, (6,), 0.5), 4.0)
+    s = warmed_up(main, 4, 0.1)
+    assert [s(t) for t in range(8)] == pytest.approx([0.1, 0.175, 0.25, 0.325, 0.4, 0.4, 0.2,
+                                                      0.2])
+    assert warmed_up(main, 0, 0.1) is main
+    assert pickle.loads(pickle.dumps(s, protocol=0)) == s

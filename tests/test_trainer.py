@@ -190,3 +190,229 @@ def test_bn_stats_modes_on_two_devices():
             np.testing.assert_allclose(a.asnumpy(), (d0 + d1) / 2, rtol=1e-6)
     np.testing.assert_array_equal(mean.list_data()[0].asnumpy(), d0)
     np.testing.assert_array_equal(mean.list_data()[1].asnumpy(), d1)
+
+
+# -- the drop-in (Gluon) form: one test per call a gluon.Trainer user writes --------------------
+
+def _gluon_and_mxlarge(opt_params, steps=6, **mx_kwargs):
+    """The same net and data through gluon.Trainer and through mxlarge.Trainer's Gluon form with
+    the recipe's differences off (decay everywhere); returns both weight lists and trainers."""
+    batches = _batches(steps=steps)
+    a, b = _net(), _net()
+    ga = gluon.Trainer(a.collect_params(), "sgd", dict(opt_params))
+    wa = _train(a, lambda n, t: ga.step(n), batches)
+    tb = Trainer(b.collect_params(), "sgd", dict(opt_params), decay_bn_bias=True, **mx_kwargs)
+    wb = _train(b, lambda n, t: tb.step(n), batches)
+    return wa, wb, ga, tb
+
+
+def test_gluon_form_name_and_params_equal_gluon_trainer():
+    """Call 1, ``Trainer(params, 'sgd', {...})`` with ``step(batch_size)`` (call 2, internal
+    count): constant LR, one process, decay on everything: gluon.Trainer's weights."""
+    wa, wb, _, tb = _gluon_and_mxlarge({"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
+    for x, y in zip(wa, wb):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    assert tb.num_update == 6
+
+
+def test_mxnet_multifactor_scheduler_and_learning_rate_follow_gluon():
+    """``lr_scheduler=MultiFactorScheduler`` (MXNet asks it for 1 on the first update) and the
+    ``learning_rate`` property (call 3) agree with gluon.Trainer at every step; without
+    momentum the correction has nothing to act on, so the weights agree too."""
+    def run(make):
+        net = _net()
+        sched = mx.lr_scheduler.MultiFactorScheduler(step=[2, 4], factor=0.5, base_lr=0.2)
+        tr = make(net, {"learning_rate": 0.2, "lr_scheduler": sched, "wd": 1e-3})
+        lrs = []
+        _train(net, lambda n, t: (tr.step(n), lrs.append(tr.learning_rate)), _batches(steps=6))
+        return [v.data().asnumpy() for v in net.collect_params().values()], lrs
+
+    wa, la = run(lambda net, p: gluon.Trainer(net.collect_params(), "sgd", p))
+    wb, lb = run(lambda net, p: Trainer(net.collect_params(), "sgd", p, decay_bn_bias=True))
+    assert la == pytest.approx(lb) and la == pytest.approx([0.2, 0.2, 0.1, 0.1, 0.05, 0.05])
+    for x, y in zip(wa, wb):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+
+
+def test_gluoncv_lr_sequential_is_a_schedule():
+    from gluoncv.utils import LRScheduler, LRSequential
+
+    sched = LRSequential([LRScheduler("linear", base_lr=0.01, target_lr=0.1, niters=4),
+                          LRScheduler("step", base_lr=0.1, niters=8, step_iter=[4],
+                                      step_factor=0.1)])
+    net = _net()
+    tr = Trainer(net.collect_params(), "sgd", {"lr_scheduler": sched, "momentum": 0.9})
+    ref = LRSequential([LRScheduler("linear", base_lr=0.01, target_lr=0.1, niters=4),
+                        LRScheduler("step", base_lr=0.1, niters=8, step_iter=[4],
+                                    step_factor=0.1)])
+    want = [ref(t + 1) for t in range(12)]
+    assert [tr.lr_at(t) for t in range(12)] == pytest.approx(want)
+    assert len(set(want)) > 3  # warmup and a decay really happen
+
+
+def test_optimizer_instance_honoured_and_others_refused():
+    """Call 4, an ``mx.optimizer.SGD`` instance: same as the name; Adam is refused."""
+    batches = _batches(steps=4)
+    a, b = _net(), _net()
+    ta = Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
+    tb = Trainer(b.collect_params(), mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3))
+    for x, y in zip(_train(a, lambda n, t: ta.step(n), batches),
+                    _train(b, lambda n, t: tb.step(n), batches)):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="Adam is not supported"):
+        Trainer(_net().collect_params(), mx.optimizer.Adam())
+    with pytest.raises(ValueError, match="'adam' is not supported"):
+        Trainer(_net().collect_params(), "adam")
+    nag = Trainer(_net().collect_params(), "nag", {"momentum": 0.9})
+    lars = Trainer(_net().collect_params(), "lars", {"momentum": 0.9, "eta": 0.02})
+    assert nag.optimizer.nesterov and lars.optimizer.lars and lars.optimizer.lars_eta == 0.02
+
+
+def test_large_batch_keywords_derive_scaling_and_warmup_from_the_world():
+    """η(t) = warmed_up(ρ·η_user, W, η_user(0)) with ρ = B/B_ref from the store's world:
+    2 CPU devices × 8 images = global batch 16 against reference 4 gives ρ = 4."""
+    from mxlarge import schedulers
+
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    net = gluon.nn.Dense(2, in_units=3)
+    net.initialize(ctx=ctx)
+    tr = Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+                 kvstore="device", reference_batch=4, warmup_steps=5, batch_size=16)
+    want = schedulers.warmed_up(schedulers.Constant(0.4), 5, 0.1)
+    assert [tr.lr_at(t) for t in range(8)] == pytest.approx([want(t) for t in range(8)])
+    assert tr.lr_at(0) == pytest.approx(0.1) and tr.lr_at(5) == pytest.approx(0.4)
+    assert tr.world(16).global_batch == 16
+
+
+def test_allreduce_grads_then_update_equals_step():
+    """Call 5, ``allreduce_grads()`` / ``update(batch_size)``."""
+    batches = _batches(steps=4)
+    a, b = _net(), _net()
+    p = {"learning_rate": 0.1, "momentum": 0.9}
+    ta, tb = (Trainer(n.collect_params(), "sgd", dict(p)) for n in (a, b))
+    wa = _train(a, lambda n, t: ta.step(n), batches)
+    wb = _train(b, lambda n, t: (tb.allreduce_grads(), tb.update(n)), batches)
+    for x, y in zip(wa, wb):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_set_learning_rate_keeps_the_momentum_correction():
+    """Call 6, ``set_learning_rate``: from the next update on η = lr, and update t0 uses the
+    corrected momentum m·lr/η(t0−1): the same weights as the explicit Join schedule."""
+    from mxlarge.schedulers import Join
+
+    batches = _batches(steps=6)
+    a, b = _net(), _net()
+    ta = Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+
+    def step_a(n, t):
+        if t == 3:
+            ta.set_learning_rate(0.025)
+        ta.step(n)
+
+    wa = _train(a, step_a, batches)
+    tb = Trainer(b.collect_params(), Join((Constant(0.1), Constant(0.025)), (3,)),
+                 momentum=0.9, weight_decay=0.0)
+    wb = _train(b, tb.step, batches)
+    for x, y in zip(wa, wb):
+        np.testing.assert_array_equal(x, y)
+    assert ta.learning_rate == 0.025
+    assert ta.optimizer.momentum_at(3) == pytest.approx(0.9 * 0.25)
+
+
+def test_optimizer_property_is_the_mxnet_optimizer():
+    """Call 7, ``.optimizer``."""
+    tr = Trainer(_net().collect_params(), "sgd", {"momentum": 0.8, "wd": 2e-4})
+    assert isinstance(tr.optimizer, mx.optimizer.Optimizer)
+    assert tr.optimizer.momentum == 0.8 and tr.optimizer.wd == 2e-4
+
+
+def test_kvstore_none_is_one_process():
+    """Call 8, ``kvstore=None``: no store, the same update as ``local``."""
+    batches = _batches(steps=3)
+    a, b = _net(), _net()
+    ta = Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=None)
+    tb = Trainer(b.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="local")
+    assert ta.store.kv is None and ta.num_workers == 1
+    for x, y in zip(_train(a, lambda n, t: ta.step(n), batches),
+                    _train(b, lambda n, t: tb.step(n), batches)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_deferred_init_refused_with_the_line_to_add():
+    """Call 9, deferred initialisation."""
+    net = gluon.nn.Dense(3)
+    net.initialize()
+    with pytest.raises(ValueError, match=r"add one forward pass .*net\(mx.nd.zeros"):
+        Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+
+
+def test_update_on_kvstore_refused_with_the_reason():
+    """Call 10, ``update_on_kvstore=True``."""
+    with pytest.raises(ValueError, match="update_on_kvstore=True is not supported: .*wd_mult"):
+        Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1}, update_on_kvstore=True)
+    Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1}, update_on_kvstore=False)
+
+
+def test_ignore_stale_grad_refused_before_any_push():
+    """Call 11, ``step(n, ignore_stale_grad=True)`` (also gluon's positional form)."""
+    net = _net()
+    tr = Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    before = [p.data().asnumpy() for p in net.collect_params().values()]
+    for call in (lambda: tr.step(8, ignore_stale_grad=True), lambda: tr.step(8, True)):
+        with pytest.raises(ValueError, match="ignore_stale_grad=True is not supported"):
+            call()
+    for p, w in zip(net.collect_params().values(), before):
+        np.testing.assert_array_equal(p.data().asnumpy(), w)
+    assert tr.num_update == 0
+
+
+def test_load_states_reads_gluon_trainer_files(tmp_path):
+    """Call 12, ``load_states`` of ``gluon.Trainer.save_states``'s pickle: its momentum continues
+    exactly where gluon.Trainer would (constant LR, decay everywhere)."""
+    batches = _batches(steps=5)
+    p = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
+    a = _net()
+    ga = gluon.Trainer(a.collect_params(), "sgd", dict(p))
+    _train(a, lambda n, t: ga.step(n), batches[:2])
+    f = str(tmp_path / "gluon.states")
+    ga.save_states(f)
+    b = _net()
+    for x, y in zip(a.collect_params().values(), b.collect_params().values()):
+        y.set_data(x.data())
+    tb = Trainer(b.collect_params(), "sgd", dict(p), decay_bn_bias=True)
+    tb.load_states(f)
+    wa = _train(a, lambda n, t: ga.step(n), batches[2:])
+    wb = _train(b, lambda n, t: tb.step(n), batches[2:])
+    for x, y in zip(wa, wb):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+
+
+def test_load_states_refuses_a_pickle_that_is_not_states(tmp_path):
+    import pickle
+
+    f = tmp_path / "evil.states"
+    f.write_bytes(pickle.dumps(({0: None}, __import__("subprocess").Popen), protocol=2))
+    with pytest.raises(ValueError, match="not a gluon.Trainer states file.*not allowed"):
+        Trainer(_net().collect_params(), "sgd", {}).load_states(str(f))
+
+
+def test_save_states_round_trip_gluon_form(tmp_path):
+    """Call 13, ``save_states``: mxlarge's own NDArray file (no pickle) loads back."""
+    batches = _batches(steps=2)
+    net = _net()
+    tr = Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    _train(net, lambda n, t: tr.step(n), batches)
+    f = str(tmp_path / "s.nd")
+    tr.save_states(f)
+    other = Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    other.load_states(f)
+    for key, value in tr.state_arrays().items():
+        np.testing.assert_array_equal(other.state_arrays()[key].asnumpy(), value.asnumpy())
+
+
+def test_the_two_forms_do_not_mix():
+    with pytest.raises(ValueError, match="go in optimizer_params"):
+        Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1}, momentum=0.9)
+    with pytest.raises(ValueError, match="schedule passed to the Trainer is final"):
+        Trainer(_net().collect_params(), Constant(0.1), reference_batch=256)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
-    "Schedule", "Constant", "Linear", "MultiStep", "Cosine", "Polynomial", "Join",
-    "goyal", "scaled_lr", "epochs_to_steps",
+    "Schedule", "Constant", "Linear", "MultiStep", "Cosine", "Polynomial", "Join", "Scaled",
+    "Shifted", "warmed_up", "goyal", "scaled_lr", "epochs_to_steps",
 ]
 
 
@@ -126,6 +126,41 @@ class Join:
         i = bisect.bisect_right(self.boundaries, step)
         start = self.boundaries[i - 1] if i else 0
         return self.schedules[i](step - start)
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """η(t) = factor · schedule(t) (a scaling rule applied to a whole schedule)."""
+
+    schedule: Schedule
+    factor: float
+
+    def __call__(self, step: int) -> float:
+        return float(self.factor * self.schedule(_check_step(step)))
+
+
+@dataclass(frozen=True)
+class Shifted:
+    """η(t) = schedule(t + offset): ``schedule`` keeps its absolute step numbers when it is the
+    second part of a :class:`Join` (which counts each part from its own start)."""
+
+    schedule: Schedule
+    offset: int
+
+    def __call__(self, step: int) -> float:
+        return float(self.schedule(_check_step(step) + self.offset))
+
+
+def warmed_up(main: Schedule, warmup_steps: int, warmup_lr: float) -> Schedule:
+    """Gradual warmup in front of any schedule (Goyal §2.2, per iteration).
+
+    η(t) = warmup_lr + (main(W) − warmup_lr) · t / W for t < W, then main(t): the ramp ends at
+    the value the main schedule has at W, so the two meet without a jump.
+    """
+    if warmup_steps <= 0:
+        return main
+    return Join((Linear(warmup_lr, float(main(warmup_steps)), warmup_steps),
+                 Shifted(main, warmup_steps)), (warmup_steps,))
 
 
 def scaled_lr(base_lr: float, reference_batch: int, global_batch: int, rule: str) -> float:

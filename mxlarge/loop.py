@@ -8,6 +8,7 @@ hook contract, the data hooks exchange and their order are in :mod:`mxlarge.hook
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -303,24 +304,66 @@ class CheckpointHook(Hook):
                         run_id=self.run_id, keep_last=self.keep_last)
 
 
+def _duration(seconds: float) -> str:
+    """``1h02m03s`` / ``2m03s`` / ``3s``."""
+    s = int(round(seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}h{m:02d}m{s % 60:02d}s" if h else (f"{m}m{s % 60:02d}s" if m else f"{s}s")
+
+
 class ProgressHook(Hook):
-    """A tqdm bar per epoch with loss and LR (rank 0)."""
+    """Where users look (rank 0): a progress line every ``every`` steps and one per epoch.
+
+    The line is ``step N/TOTAL epoch E/EPOCHS loss=… lr=… images/s=… eta=…``: images/s over all
+    ranks (this rank's images × workers, every worker takes the same batch) since the previous
+    line, and ETA = remaining steps × seconds per step since the previous line. On a terminal a
+    tqdm bar per epoch (``bar``) carries the same numbers instead, and nothing else writes
+    carriage-return frames; in a pipe or a launched job (the launcher prefixes each line) only
+    the lines are printed.
+    """
 
     stage = H.REPORT
 
-    def __init__(self, steps_per_epoch: int, epochs: int):
+    def __init__(self, steps_per_epoch: int, epochs: int, total_steps: int, every: int,
+                 bar: bool = True):
         self.steps = steps_per_epoch
         self.epochs = epochs
-        self.bar = None
+        self.total = total_steps
+        self.every = every
+        self.use_bar = bar and sys.stdout.isatty()
+        self.bar: Any = None
+        self.mark: tuple[float, int] | None = None  # (time, step) of the previous line
+
+    def before_train(self, loop: TrainLoop) -> None:
+        self.mark = (time.perf_counter(), loop.step)
 
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
-        from tqdm.auto import tqdm
-        if self.bar is None:
-            # disable=None: no bar when not on a terminal (a launched worker's prefixed
-            # output would be one long line of carriage returns); the epoch line remains
+        if self.use_bar and self.bar is None:
+            from tqdm.auto import tqdm
             self.bar = tqdm(total=self.steps, desc=f"epoch {out.epoch + 1}/{self.epochs}",
-                            leave=False, dynamic_ncols=True, disable=None)
-        self.bar.update(1)
+                            leave=False, dynamic_ncols=True)
+        if self.bar is not None:
+            self.bar.update(1)
+        done = out.step + 1
+        if done % self.every and done != self.total:
+            return
+        now = time.perf_counter()
+        since, at = self.mark if self.mark is not None else (now, out.step)
+        self.mark = (now, done)
+        per_step = (now - since) / max(done - at, 1)
+        fields = {}
+        if "train_loss_step" in out.metrics:
+            fields["loss"] = f"{out.metrics['train_loss_step']:.4g}"
+        fields["lr"] = f"{out.lr:.4g}"
+        if per_step > 0:
+            fields["images/s"] = f"{out.images * loop.trainer.num_workers / per_step:.1f}"
+            fields["eta"] = _duration(per_step * (self.total - done))
+        text = " ".join(f"{k}={v}" for k, v in fields.items())
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+        else:
+            print(f"step {done}/{self.total} epoch {out.epoch + 1}/{self.epochs} {text}",
+                  flush=True)
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         if self.bar is not None:

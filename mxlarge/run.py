@@ -159,8 +159,11 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
                                       every=cfg.train.eval_every)]
     if trainer.store.distributed and cfg.dist.check_every:
         hooks.append(L.ReplicaCheckHook(cfg.dist.check_every))
-    if rank == 0 and cfg.train.progress:
-        hooks.append(L.ProgressHook(p.steps_per_epoch, cfg.train.epochs))
+    if rank == 0:
+        total = (p.total_steps if cfg.train.max_steps is None
+                 else min(p.total_steps, cfg.train.max_steps))
+        hooks.append(L.ProgressHook(p.steps_per_epoch, cfg.train.epochs, total,
+                                    cfg.train.log_every, bar=cfg.train.progress))
     tmpdir = tempfile.TemporaryDirectory(prefix="mxlarge-")
     hooks.append(L.FinalParamsHook(rank, cfg.train.save_params, tmpdir.name))
     if cfg.train.checkpoint_every:

@@ -381,8 +381,10 @@ def run_sweep(sweep: Sweep, cells: Sequence[Cell]) -> list[CellOutcome]:
     from tqdm.auto import tqdm
 
     outcomes = []
+    # disable=None: no bar unless stderr is a terminal, so a pipe or log file never gets
+    # carriage-return frames; the line per cell is printed either way
     bar = tqdm(total=len(cells), desc=f"sweep {sweep.name}", unit="cell", file=sys.stderr,
-               dynamic_ncols=True)
+               dynamic_ncols=True, disable=None)
     try:
         for cell in cells:
             bar.set_postfix_str(f"{cell.label}, seed {cell.seed}")

@@ -39,6 +39,7 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, mlflow_uri, capsys):
     r = cli(["sweep", str(sweep), *TINY[1:]], tmp_path, mlflow_uri)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count(": FINISHED in") == 4, r.stdout
+    assert "\r" not in r.stdout + r.stderr  # no tqdm frames in a pipe
     c, runs = sweep_runs(mlflow_uri, "tiny")
     assert len(runs) == 4 and {x.info.status for x in runs} == {"FINISHED"}
     cells = {(x.data.tags["sweep_label"], x.data.tags["seed"]) for x in runs}

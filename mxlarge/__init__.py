@@ -5,11 +5,14 @@ runs its role inside ``import mxnet`` and must not have imported anything else f
 """
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "__version__"]
+__all__ = ["Trainer", "load", "__version__"]
 
 
 def __getattr__(name: str):
     if name == "Trainer":
         from mxlarge.trainer import Trainer
         return Trainer
+    if name == "load":  # mxlarge.load(run_id, uri=None): a run's exported model
+        from mxlarge.tracking import load
+        return load
     raise AttributeError(name)

@@ -80,13 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--label", action="append", default=None, metavar="LABEL",
                     help="run only this label's cells (repeatable); the others stay to run")
 
-    r = sub.add_parser("report", help="markdown table and plots of a sweep's runs, logged to a "
-                                      "summary MLflow run")
+    r = sub.add_parser("report", help="markdown table and plots of a sweep's runs, logged to its "
+                                      "parent MLflow run")
     r.add_argument("name", help="the sweep name (tag sweep=NAME)")
     r.add_argument("--out", default=None, help="output directory (default: reports/NAME)")
     r.add_argument("--target-fraction", type=float, default=0.99,
                    help="target = this x the best validation accuracy in the sweep")
-    r.add_argument("--experiment", default="mxlarge", help="MLflow experiment")
+    r.add_argument("--experiment", default=None,
+                   help="MLflow experiment (default: $MLFLOW_EXPERIMENT_NAME, else mxlarge)")
     return p
 
 
@@ -155,11 +156,12 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     run = None
-    if args.run_id is not None:
-        from mxlarge.tracking import RunHandle, tracking_uri
-        if not cfg.tracking.enabled:
-            raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
-        run = RunHandle(tracking_uri(cfg), args.run_id)
+    if args.run_id is not None and not cfg.tracking.enabled:
+        raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
+    if cfg.tracking.enabled:
+        from mxlarge.tracking import RunHandle, caller_run_id, tracking_uri
+        run_id = caller_run_id(args.run_id, cfg)  # --run-id, else $MLFLOW_RUN_ID
+        run = RunHandle(tracking_uri(cfg), run_id) if run_id is not None else None
     result = train(cfg, args.config, resume=args.resume, run=run)
     if result.rank == 0:
         acc = result.final.get("val_accuracy")

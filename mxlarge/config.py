@@ -448,6 +448,32 @@ def to_dict(cfg: Any) -> dict:
     return conv(dataclasses.asdict(cfg))
 
 
+def field_docs(node: Any = None, prefix: str = "") -> dict[str, str]:
+    """``{'optim.base_lr': '...', ...}``: each field's ``_f`` doc string by dotted key
+    (``mxlarge show --explain KEY``; which MLflow params apply, :func:`applies`)."""
+    node = Config() if node is None else node
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(field_docs(value, f"{prefix}{f.name}."))
+        elif "doc" in f.metadata and not f.metadata.get("internal"):
+            out[f"{prefix}{f.name}"] = f.metadata["doc"]
+    return out
+
+
+def applies(key: str, cfg: Config) -> bool:
+    """Whether ``key`` means anything for ``cfg``'s dataset: a doc string that starts with
+    dataset names (``imagenet: ...``, ``digits/cifar10: ...``, ``imagenet validation: ...``)
+    limits the field to those datasets."""
+    doc = field_docs().get(key, "")
+    head = doc.split(":", 1)[0].split(" ", 1)[0] if ":" in doc else ""
+    named = [d for d in head.split("/") if d]
+    if not named or any(d not in DATASETS for d in named):
+        return True
+    return cfg.data.dataset in named
+
+
 def flatten(cfg: Config) -> dict[str, Any]:
     """``{'optim.base_lr': 0.1, ...}``: the resolved config as dotted keys (MLflow params)."""
     out: dict[str, Any] = {}

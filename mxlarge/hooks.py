@@ -8,8 +8,9 @@ hands to the next,
   logging steps; ``gns_g2``, ``gns_trace``, ``gns_b_simple`` from the loop on measuring steps);
 * per epoch, the ``metrics`` dict (``epoch``, ``train_loss``, ``lr``, ``images_per_sec``,
   ``images_per_sec_global``, ``train_seconds``, ``val_*``);
-* after training, ``loop.artifacts`` (declared key: ``final_params``, the path of the final
-  parameters with the ``bn_stats`` statistics, written by the final-parameters hook).
+* after training, ``loop.artifacts`` (declared keys: ``final_params``, the path of the final
+  parameters with the ``bn_stats`` statistics, and ``model``, the directory of a hybridized
+  net's ``net.export`` (symbol + those parameters), both written by the final-parameters hook).
 
 The order is stated once, as each hook class's :attr:`Hook.stage`; the loop runs hooks sorted by
 stage (stable for equal stages), so producers always run before consumers:

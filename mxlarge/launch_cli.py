@@ -74,8 +74,9 @@ def launch(args: argparse.Namespace) -> int:
         from mxlarge import tracking
         uri = tracking.tracking_uri(cfg)
         tracking.check_reachable(uri)
-        if args.run_id is not None:  # the caller's run: it ends it
-            run = tracking.RunHandle(uri, args.run_id)
+        caller = tracking.caller_run_id(args.run_id, cfg)  # --run-id, else $MLFLOW_RUN_ID
+        if caller is not None:  # the caller's run: it ends it
+            run = tracking.RunHandle(uri, caller)
         elif meta is not None and meta.get("run_id"):
             owned = run = tracking.RunHandle.reopen(uri, meta["run_id"])
         else:

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import mxnet as mx
@@ -255,7 +256,9 @@ class FinalParamsHook(Hook):
     """After a successful run, saves the parameters with the ``bn_stats`` statistics.
 
     Registered on every rank because choosing the statistics is collective. Rank 0 writes
-    ``tmpdir/final.params`` and publishes it as ``loop.artifacts['final_params']``; with
+    ``tmpdir/final.params`` and publishes it as ``loop.artifacts['final_params']`` (a hybridized
+    net is also exported, ``net.export``, to ``tmpdir/model/`` as ``loop.artifacts['model']``:
+    symbol + parameters anyone can load without mxlarge's code); with
     ``template`` every unit also writes ``template.format(rank=unit)`` and, with its own BN
     statistics, that path + ``.local`` (units: :mod:`mxlarge.bnstats`).
     """
@@ -276,6 +279,11 @@ class FinalParamsHook(Hook):
                 path = f"{self.tmpdir}/final.params"
                 loop.net.save_parameters(path)
                 loop.artifacts["final_params"] = path
+                if getattr(loop.net, "_active", False):  # hybridized: a symbol to export
+                    model = Path(self.tmpdir) / "model"
+                    model.mkdir(exist_ok=True)
+                    loop.net.export(str(model / "model"))
+                    loop.artifacts["model"] = str(model)
             if self.template:
                 for unit in bn.unit_ids():
                     loop.net.save_parameters(self.template.format(rank=unit))

@@ -600,9 +600,10 @@ def _int_tag(value: str | None) -> int | None:
 
 
 def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
-                 experiment: str = "mxlarge", uri: str | None = None) -> Path:
+                 experiment: str | None = None, uri: str | None = None) -> Path:
     """Writes report.md, report.json and PNGs of sweep ``name`` into ``out_dir`` and logs them
-    to a new summary run (tags ``sweep=name``, ``summary=true``). Returns report.md's path.
+    to the sweep's parent run (else to a new summary run tagged ``sweep=name``,
+    ``summary=true``). Returns report.md's path.
 
     Raises:
         ConfigError: if MLflow holds no FINISHED run of the sweep.
@@ -611,6 +612,7 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
     from mxlarge.config import Config, ConfigError
 
     uri = uri or tracking.tracking_uri(Config())
+    experiment = experiment or tracking.experiment_name(Config())
     runs = load_sweep_runs(uri, experiment, name)
     used, notes = select_runs(runs)
     if not used:
@@ -625,10 +627,20 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
     summary = summarize(used, target_fraction, missing, order)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run = tracking.RunHandle.create_plain(
-        uri, experiment, {"sweep": name, "summary": "true", "mlflow.runName": f"{name} report"},
-        {"target_fraction": target_fraction, "target_accuracy": summary.target,
-         "runs_used": len(used), "labels": ", ".join(r.label for r in summary.rows)})
+    facts = {"target_fraction": target_fraction, "target_accuracy": summary.target,
+             "runs_used": len(used), "labels": ", ".join(r.label for r in summary.rows)}
+    # The sweep's parent run holds the report (the MLflow UI shows it above its cells); it was
+    # opened and ended by `mxlarge sweep`, so it is only logged to here. Sweeps made before
+    # parent runs existed get a summary run of their own, opened and ended here.
+    parent = tracking.find_sweep_parent(uri, experiment, name)
+    owned = None
+    if parent is not None:
+        run = parent
+        run.tag({f"report_{k}": v for k, v in facts.items()})
+    else:
+        owned = run = tracking.RunHandle.create_plain(
+            uri, experiment, {"sweep": name, "summary": "true",
+                              "mlflow.runName": f"{name} report"}, facts)
     ok = False
     try:
         images = ["val_error.png", "final_error_vs_batch.png", "loss_lr.png"]
@@ -650,7 +662,8 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
         ok = True
     finally:
-        run.end(ok)
+        if owned is not None:
+            owned.end(ok)
     return out / "report.md"
 
 
@@ -692,5 +705,5 @@ def report_command(args: Any) -> int:
         if head in text:
             start = text.index(head)
             print(text[start:text.index("\n\n", start)] + "\n")
-    print(f"report: {path} (and PNGs beside it), logged to a summary run in {uri}")
+    print(f"report: {path} (and PNGs beside it), logged to the sweep's MLflow run in {uri}")
     return 0

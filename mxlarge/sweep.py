@@ -336,19 +336,20 @@ def _run_launched(sweep: Sweep, cell: Cell, run: Any) -> tuple[bool, str]:
         t.strip() for t in tail)[-500:]
 
 
-def run_cell(sweep: Sweep, cell: Cell) -> CellOutcome:
-    """Skips the cell if MLflow holds its FINISHED run, else runs it; never raises on failure."""
+def run_cell(sweep: Sweep, cell: Cell, parent: Any = None) -> CellOutcome:
+    """Skips the cell if MLflow holds its FINISHED run, else runs it as a child of ``parent``
+    (the sweep's run); never raises on failure."""
     from mxlarge import tracking
 
     uri = tracking.tracking_uri(cell.cfg)
-    done = tracking.find_runs(uri, cell.cfg.tracking.experiment, _match_tags(sweep, cell),
+    done = tracking.find_runs(uri, tracking.experiment_name(cell.cfg), _match_tags(sweep, cell),
                               status="FINISHED")
     if done:
         run_id = done[0]["run_id"]
         return CellOutcome(cell, "SKIPPED", run_id, final_error=_final_error(uri, run_id),
                            message="FINISHED run already in MLflow")
     t0 = time.perf_counter()
-    run = tracking.RunHandle.create(cell.cfg, uri, cell_tags(sweep, cell))
+    run = tracking.RunHandle.create(cell.cfg, uri, cell_tags(sweep, cell), parent=parent)
     runner = _run_launched if sweep.mode == "launch" else _run_in_process
     ok, message = False, "interrupted"
     try:
@@ -377,9 +378,18 @@ def summary_line(o: CellOutcome, total: int) -> str:
 
 
 def run_sweep(sweep: Sweep, cells: Sequence[Cell]) -> list[CellOutcome]:
-    """Runs the cells one after another with a tqdm bar and a line per cell."""
+    """Runs the cells one after another with a tqdm bar and a line per cell, as child runs of
+    the sweep's parent run (one per store and experiment), which ends FINISHED if no cell
+    failed."""
     from tqdm.auto import tqdm
 
+    from mxlarge import tracking
+
+    parents: dict[tuple[str, str], Any] = {}
+    for c in cells:
+        key = (tracking.tracking_uri(c.cfg), tracking.experiment_name(c.cfg))
+        if key not in parents:
+            parents[key] = tracking.sweep_parent(*key, sweep.name)
     outcomes = []
     # disable=None: no bar unless stderr is a terminal, so a pipe or log file never gets
     # carriage-return frames; the line per cell is printed either way
@@ -388,12 +398,16 @@ def run_sweep(sweep: Sweep, cells: Sequence[Cell]) -> list[CellOutcome]:
     try:
         for cell in cells:
             bar.set_postfix_str(f"{cell.label}, seed {cell.seed}")
-            outcome = run_cell(sweep, cell)
+            key = (tracking.tracking_uri(cell.cfg), tracking.experiment_name(cell.cfg))
+            outcome = run_cell(sweep, cell, parents[key])
             outcomes.append(outcome)
             bar.write(summary_line(outcome, len(cells)), file=sys.stdout)
             bar.update(1)
     finally:
         bar.close()
+        ok = len(outcomes) == len(cells) and all(o.status != "FAILED" for o in outcomes)
+        for parent in parents.values():
+            parent.end(ok)
     return outcomes
 
 
@@ -427,7 +441,7 @@ def sweep_command(args: Any) -> int:
     if getattr(args, "dry_run", False):
         from mxlarge import tracking
         for c in cells:
-            done = tracking.find_runs(tracking.tracking_uri(c.cfg), c.cfg.tracking.experiment,
+            done = tracking.find_runs(tracking.tracking_uri(c.cfg), tracking.experiment_name(c.cfg),
                                       _match_tags(sweep, c), status="FINISHED")
             print(f"[{c.index + 1}/{len(cells)}] {c.label}, seed {c.seed}, k={c.workers}, "
                   f"config {c.config_hash[:12]}: {'done' if done else 'to run'}")

@@ -5,6 +5,16 @@ store unless ``MLFLOW_ALLOW_FILE_STORE=true``). Precedence: ``tracking.uri`` in 
 ``$MLFLOW_TRACKING_URI`` (read in :func:`tracking_uri` only), then the default.
 ``mlflow ui --backend-store-uri sqlite:///mlruns.db`` shows the runs.
 
+MLflow's own conventions, read here and nowhere else: ``$MLFLOW_EXPERIMENT_NAME`` names the
+experiment unless the config sets ``tracking.experiment`` (:func:`experiment_name`);
+``$MLFLOW_RUN_ID`` is a caller's run to attach to, as ``--run-id`` (:func:`caller_run_id`);
+every run gets the system tags ``mlflow.user``, ``mlflow.source.name``, ``mlflow.source.type``
+and ``mlflow.source.git.commit``; a sweep is a parent run (tag ``sweep_parent``) whose cells are
+child runs (tag ``mlflow.parentRunId``, which the MLflow UI nests), and its report is logged to
+the parent. Params that do not apply to the run's dataset are left out (``config.applies``).
+The trained model is logged as ``model/`` (``net.export``: ``model-symbol.json`` +
+``model-0000.params``, MLflow 3 has no Gluon flavour) and :func:`load` reads it back.
+
 A job's run is a :class:`RunHandle` (store URI + run id), passed down as a value: whoever opens
 a run ends it. ``mxlarge train`` opens one (or reopens the run of the checkpoint it resumes) and
 ends it FINISHED or FAILED; ``mxlarge launch`` opens the job's run before any process starts,
@@ -14,10 +24,13 @@ it to ``train`` in-process or to ``mxlarge launch --run-id ID``.
 """
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
+import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +39,7 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from mxlarge.config import Config, dump_yaml, flatten
+from mxlarge.config import Config, applies, dump_yaml, flatten
 from mxlarge.errors import InputError
 from mxlarge.hooks import REPORT, Hook, StepOutput
 
@@ -41,6 +54,36 @@ def tracking_uri(cfg: Config) -> str:
     if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
         return prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
+
+
+def experiment_name(cfg: Config) -> str:
+    """``tracking.experiment`` if the config sets it (anything but the default ``mxlarge``),
+    else ``$MLFLOW_EXPERIMENT_NAME``, else ``mxlarge``."""
+    default = type(cfg.tracking)().experiment
+    if cfg.tracking.experiment != default:
+        return cfg.tracking.experiment
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or default
+
+
+def caller_run_id(given: str | None, cfg: Config) -> str | None:
+    """The run a caller opened and will end: ``--run-id``, else ``$MLFLOW_RUN_ID`` (when
+    tracking is on), else None (this process opens its own run)."""
+    if given is not None or not cfg.tracking.enabled:
+        return given
+    return os.environ.get("MLFLOW_RUN_ID") or None
+
+
+def system_tags() -> dict[str, str]:
+    """MLflow's standard tags: who ran what from which commit."""
+    argv0 = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    source = ("mxlarge " + " ".join(sys.argv[1:2])).strip() if argv0 in (
+        "cli.py", "mxlarge", "__main__.py") else (sys.argv[0] if sys.argv else "mxlarge")
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        user = "unknown"
+    return {"mlflow.user": user, "mlflow.source.name": source, "mlflow.source.type": "LOCAL",
+            "mlflow.source.git.commit": git_commit()}
 
 
 def client(uri: str) -> MlflowClient:
@@ -81,14 +124,18 @@ class RunHandle:
     run_id: str
 
     @classmethod
-    def create(cls, cfg: Config, uri: str, tags: dict[str, Any] | None = None) -> RunHandle:
-        """A RUNNING run with the config as params."""
+    def create(cls, cfg: Config, uri: str, tags: dict[str, Any] | None = None,
+               parent: RunHandle | None = None) -> RunHandle:
+        """A RUNNING run with the config's applicable keys as params; a child of ``parent``."""
         c = client(uri)
-        all_tags = {"mlflow.runName": cfg.name, "git_commit": git_commit(),
+        all_tags = {**system_tags(), "mlflow.runName": cfg.name, "git_commit": git_commit(),
                     "dataset": cfg.data.dataset, "model": cfg.model.name, **(tags or {})}
-        run = c.create_run(_experiment_id(c, cfg.tracking.experiment),
+        if parent is not None:
+            all_tags["mlflow.parentRunId"] = parent.run_id
+        run = c.create_run(_experiment_id(c, experiment_name(cfg)),
                            tags={k: str(v) for k, v in all_tags.items()})
-        params = [mlflow.entities.Param(k, str(v)[:500]) for k, v in flatten(cfg).items()]
+        params = [mlflow.entities.Param(k, str(v)[:500]) for k, v in flatten(cfg).items()
+                  if applies(k, cfg)]
         for lo in range(0, len(params), 100):
             c.log_batch(run.info.run_id, params=params[lo:lo + 100])
         return cls(uri, run.info.run_id)
@@ -99,7 +146,7 @@ class RunHandle:
         """A RUNNING run without a training config (e.g. a sweep's summary)."""
         c = client(uri)
         run = c.create_run(_experiment_id(c, experiment),
-                           tags={"git_commit": git_commit(),
+                           tags={**system_tags(), "git_commit": git_commit(),
                                  **{k: str(v) for k, v in tags.items()}})
         if params:
             c.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)[:500])
@@ -131,9 +178,13 @@ class RunHandle:
         client(self.uri).log_batch(self.run_id, metrics=ms)
 
     def log_artifacts(self, paths: Sequence[str | Path]) -> None:
+        """Files at the artifact root; a directory ``d`` goes under ``d.name/``."""
         c = client(self.uri)
         for p in paths:
-            c.log_artifact(self.run_id, str(p))
+            if Path(p).is_dir():
+                c.log_artifacts(self.run_id, str(p), Path(p).name)
+            else:
+                c.log_artifact(self.run_id, str(p))
 
     def end(self, ok: bool, tags: dict[str, Any] | None = None) -> None:
         """FINISHED or FAILED, after the given tags (e.g. ``failure``)."""
@@ -175,7 +226,10 @@ class MLflowHook(Hook):
             self.run.log_metrics(metrics, out.step + 1)
 
     def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
-        self.run.log_metrics(metrics, loop.step)
+        # one lr per step: after_step already logged it when the epoch ends on a logging step
+        logged = loop.step % self.log_every == 0
+        self.run.log_metrics({k: v for k, v in metrics.items() if not (k == "lr" and logged)},
+                             loop.step)
 
     def after_train(self, loop: Any, error: BaseException | None) -> None:
         if error is not None:
@@ -202,6 +256,48 @@ class RankThroughputHook(Hook):
         if "images_per_sec" in metrics:
             self.run.log_metrics({f"images_per_sec_rank{self.rank}": metrics["images_per_sec"]},
                                  loop.step)
+
+
+def load(run_id: str, uri: str | None = None, ctx: Any = None) -> Any:
+    """The model a run logged (``model/``), as a ``gluon.SymbolBlock`` ready for inference.
+
+    ``uri`` defaults to :func:`tracking_uri` of a default config. Raises ``InputError`` if the
+    run has no model (a run of a non-hybridized net, or one that failed).
+    """
+    import mxnet as mx
+
+    uri = uri or tracking_uri(Config())
+    dst = tempfile.mkdtemp(prefix="mxlarge-model-")
+    try:
+        local = Path(client(uri).download_artifacts(run_id, "model", dst))
+    except mlflow.exceptions.MlflowException as exc:
+        raise InputError(f"run {run_id!r} in {uri!r} has no model artifact: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
+    symbols = sorted(local.glob("*-symbol.json"))
+    params = sorted(local.glob("*.params"))
+    if not symbols or not params:
+        raise InputError(f"run {run_id!r}: model/ holds no exported symbol and parameters")
+    with warnings.catch_warnings():
+        # imports() cannot infer the input's dtype from the symbol and warns; it is float32,
+        # the default it then uses
+        warnings.filterwarnings("ignore", message="Cannot decide type")
+        return mx.gluon.SymbolBlock.imports(str(symbols[0]), ["data"], str(params[0]),
+                                            ctx=ctx or mx.cpu())
+
+
+def sweep_parent(uri: str, experiment: str, name: str) -> RunHandle:
+    """The parent run of sweep ``name`` (tag ``sweep_parent``), reopened if a previous
+    invocation made it (a resumed sweep keeps one parent), else created."""
+    found = find_runs(uri, experiment, {"sweep_parent": name})
+    if found:
+        return RunHandle.reopen(uri, found[0]["run_id"])
+    return RunHandle.create_plain(uri, experiment, {"sweep_parent": name,
+                                                    "mlflow.runName": f"sweep {name}"})
+
+
+def find_sweep_parent(uri: str, experiment: str, name: str) -> RunHandle | None:
+    found = find_runs(uri, experiment, {"sweep_parent": name})
+    return RunHandle(uri, found[0]["run_id"]) if found else None
 
 
 # ---------------------------------------------------------------------------------------------

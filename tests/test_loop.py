@@ -58,4 +58,8 @@ def test_hooks_run_by_stage_whatever_the_registration_order(tmp_path):
     loop.run()
     assert seen.step_keys == {"train_loss_step"}
     assert {"train_loss", "images_per_sec", "val_accuracy", "lr"} <= seen.epoch_keys
-    assert seen.artifacts == {"final_params": f"{tmp_path}/final.params"}
+    # the hybridized net is also exported (symbol + parameters) for mxlarge.load
+    assert seen.artifacts == {"final_params": f"{tmp_path}/final.params",
+                              "model": f"{tmp_path}/model"}
+    assert {p.name for p in (tmp_path / "model").iterdir()} == {"model-symbol.json",
+                                                               "model-0000.params"}

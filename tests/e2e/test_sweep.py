@@ -67,12 +67,14 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, mlflow_uri, capsys):
     assert "| small batch | 1 | 64 |" in text and "| large batch | 1 | 256 |" in text
     for png in ("val_error.png", "final_error_vs_batch.png", "loss_lr.png"):
         assert (out / png).stat().st_size > 1000
-    _, runs = sweep_runs(mlflow_uri, "tiny")
-    summary = [x for x in runs if x.data.tags.get("summary") == "true"]
-    assert len(summary) == 1 and summary[0].info.status == "FINISHED"
-    arts = {a.path for a in c.list_artifacts(summary[0].info.run_id)}
+    # the report is logged to the sweep's one parent run (run twice, the sweep kept one parent)
+    exp = c.get_experiment_by_name("mxlarge")
+    parents = [x for x in c.search_runs([exp.experiment_id])
+               if x.data.tags.get("sweep_parent") == "tiny"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    arts = {a.path for a in c.list_artifacts(parents[0].info.run_id)}
     assert {"report.md", "report.json", "val_error.png", "loss_lr.png"} <= arts
-    # the summary run is not read back as a run of the sweep
+    # the parent run is not read back as a run of the sweep
     assert len(load_sweep_runs(mlflow_uri, "mxlarge", "tiny")) == 4
 
 

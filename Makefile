@@ -33,4 +33,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check mxlarge tests benchmarks
 
 clean:
-	rm -rf $(VENV) mlruns.db mxlarge-runs .pytest_cache
+	rm -rf $(VENV) mlruns.db mlruns mxlarge-runs .pytest_cache

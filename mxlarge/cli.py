@@ -1,11 +1,5 @@
-"""``mxlarge``: a few verbs, each a thin layer over the library.
-
-    mxlarge train  CONFIG [key=value ...]          train in this process (or as one launched rank)
-    mxlarge show   CONFIG [key=value ...] [--json] [--lr-at 0,10,...]
-    mxlarge launch CONFIG -n K [-s S] [--launcher local|ssh|mpi|slurm|yarn|sge] [-H HOSTFILE]
-
-Exit status: 0 done, 1 training failed, 2 bad input (config, arguments, files).
-"""
+"""The ``mxlarge`` command line: a few verbs, each a thin layer over the library (the verbs and
+the exit statuses are :data:`USAGE`, which is also the top-level help)."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +10,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from mxlarge.errors import DivergenceError, InputError, ReplicaMismatch
+
+USAGE = """\
+verbs:
+  mxlarge train  CONFIG [key=value ...]          train in this process (or as one launched rank)
+  mxlarge show   CONFIG [key=value ...] [--json] [--lr-at 0,10,...]
+  mxlarge show   --explain KEY                   what a config key means
+  mxlarge launch CONFIG -n K [-s S] [--launcher local|ssh|mpi|slurm] [-H HOSTFILE]
+  mxlarge sweep  SWEEP.yaml [key=value ...]      a grid of runs x seeds, one MLflow parent run
+  mxlarge report NAME                            tables and plots of a sweep
+
+exit status: 0 done, 1 training failed, 2 bad input (config, arguments, files)"""
+
+
+def _launcher_choice(name: str) -> str:
+    """``--launcher``: the backends that work; sge/yarn are refused with the reason."""
+    from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED
+
+    if name in UNSUPPORTED:
+        raise argparse.ArgumentTypeError(f"{name!r} is not supported: {UNSUPPORTED[name]}")
+    if name not in ("local", *SUPPORTED):
+        raise argparse.ArgumentTypeError(f"{name!r}: expected one of local, "
+                                         f"{', '.join(SUPPORTED)}")
+    return name
 
 
 def _run_ps_role_if_any() -> None:
@@ -30,7 +47,13 @@ def _run_ps_role_if_any() -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mxlarge", description=__doc__.split("\n\n")[0])
+    from mxlarge import __version__
+
+    p = argparse.ArgumentParser(
+        prog="mxlarge", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=USAGE,
+        description="Large-minibatch SGD (Goyal et al. 2017) for MXNet Gluon on dist_sync, "
+                    "tracked in MLflow.")
+    p.add_argument("--version", action="version", version=f"mxlarge {__version__}")
     sub = p.add_subparsers(dest="verb", required=True)
 
     t = sub.add_parser("train", help="train per an experiment YAML")
@@ -43,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                         "launch passes its job's run to every worker this way)")
 
     s = sub.add_parser("show", help="print the resolved config and derived numbers")
-    s.add_argument("config")
+    s.add_argument("config", nargs="?", default=None)
+    s.add_argument("--explain", default=None, metavar="KEY",
+                   help="print what config key KEY (e.g. optim.base_lr) means, and its default")
     s.add_argument("overrides", nargs="*", metavar="key=value")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--lr-at", default="", help="comma-separated steps to print the LR at")
@@ -58,8 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("-s", "--servers", type=int, default=None,
                     help="server processes: the override dist.servers=S (default: the "
                          "config's dist.servers)")
-    la.add_argument("--launcher", default="local",
-                    choices=["local", "ssh", "mpi", "slurm", "yarn", "sge"])
+    la.add_argument("--launcher", default="local", type=_launcher_choice,
+                    metavar="{local,ssh,mpi,slurm}",
+                    help="how processes are started (sge and yarn are refused: dmlc_tracker's "
+                         "backends cannot run a parameter-server job on MXNet 1.9.1)")
     la.add_argument("-H", "--hostfile", default=None)
     la.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
     la.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
@@ -91,10 +118,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _explain(key: str) -> int:
+    """``show --explain KEY``: the field's ``_f`` doc string and default."""
+    from mxlarge.config import Config, field_docs, flatten
+    from mxlarge.errors import closest
+
+    docs = field_docs()
+    if key not in docs:
+        near = closest(key, list(docs))
+        raise InputError(f"--explain {key!r}: no such config key"
+                         + (f" (did you mean {near[0]!r}?)" if near else ""))
+    print(f"{key}: {docs[key]} (default: {flatten(Config())[key]!r})")
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from mxlarge.config import dump_yaml, to_dict
     from mxlarge.plan import plan_for
 
+    if args.explain is not None:
+        return _explain(args.explain)
+    if args.config is None:
+        raise InputError("show: expected CONFIG (or --explain KEY)")
     cfg = _load(args)
     p = plan_for(cfg, args.config)
     try:

@@ -15,6 +15,14 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _launcher_choice(name: str) -> str:
+    if name in UNSUPPORTED:
+        raise argparse.ArgumentTypeError(f"{name!r} is not supported: {UNSUPPORTED[name]}")
+    if name not in ("local", *SUPPORTED):
+        raise argparse.ArgumentTypeError(f"{name!r}: expected one of local, {', '.join(SUPPORTED)}")
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the job, return its exit code."""
     p = argparse.ArgumentParser(prog="python -m mxlarge.launcher",
@@ -22,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", "--workers", type=int, required=True)
     p.add_argument("-s", "--servers", type=int, default=None,
                    help="number of servers (default: as many as workers)")
-    p.add_argument("--launcher", default="local",
-                   choices=["local", *SUPPORTED, *UNSUPPORTED])
+    p.add_argument("--launcher", default="local", type=_launcher_choice,
+                   metavar="{local," + ",".join(SUPPORTED) + "}")
     p.add_argument("-H", "--hostfile", default=None, help="hosts for ssh/mpi")
     p.add_argument("--port", type=int, default=None, help="scheduler port (local only)")
     p.add_argument("--host-ip", default=None,

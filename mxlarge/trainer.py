@@ -355,7 +355,11 @@ class Trainer:
 
     @property
     def learning_rate(self) -> float:
-        """η of the most recent update (of the next one before any), as gluon.Trainer's."""
+        """η of the most recent update (of the next one before any), as gluon.Trainer's.
+
+        In the Gluon form the scaling and warmup are known once the global batch is: before the
+        first update (without ``batch_size=``) this is the unscaled η_user(0).
+        """
         return self.lr_at(max(self.num_update - 1, 0))
 
     @property

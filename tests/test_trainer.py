@@ -266,6 +266,10 @@ def test_optimizer_instance_honoured_and_others_refused():
     nag = Trainer(_net().collect_params(), "nag", {"momentum": 0.9})
     lars = Trainer(_net().collect_params(), "lars", {"momentum": 0.9, "eta": 0.02})
     assert nag.optimizer.nesterov and lars.optimizer.lars and lars.optimizer.lars_eta == 0.02
+    lbsgd = Trainer(_net().collect_params(), "lbsgd", {"momentum": 0.9})
+    assert lbsgd.optimizer.lars and lbsgd.optimizer.momentum == 0.9
+    with pytest.raises(ValueError, match="lbsgd's warmup_epochs are not supported"):
+        Trainer(_net().collect_params(), "lbsgd", {"momentum": 0.9, "warmup_epochs": 3})
 
 
 def test_large_batch_keywords_derive_scaling_and_warmup_from_the_world():

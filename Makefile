@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.mxlarge-installed
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,test]"
 	touch $(STAMP)
 
 # The digits recipe as a local dist_sync job: scheduler, 1 server, 2 workers on 127.0.0.1,

@@ -19,6 +19,17 @@ A third: on CPU a dist push of one array keeps *that array* as the key's receive
 array with the sum as well as ``out``. Harmless for gradients (they are replaced by the sum
 anyway); anything else is pushed as a copy.
 
+A fourth: ``set_gradient_compression`` applies to *every* later push of the store, not only
+gradients (it cannot be set per key, and a second dist store in one process hangs in its
+constructor's barrier with the servers). 2-bit compression sends, per element, +t, −t or 0 and
+keeps the rest as a residual for the key's next push; a pushed value of exactly 0 or t is sent
+exactly and leaves a zero residual (``residual += g; if residual >= t: send t; residual -= t``,
+gradient_compression-inl.h). So every collective here is one exact *gather*: rank r writes its
+vector into slot r of a zero buffer and the pulled sum is every rank's vector side by side
+(x + 0 = x); under compression each float32 travels as its 32 bits, each bit pushed as 0 or t.
+Sums are then taken locally in rank order, so they are identical on every rank and independent
+of the order in which pushes reach the server.
+
 Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; small
 collective vectors (checksums, scalar sums) use the keys from ``AUX_KEY`` on (MXNet refuses
 mixed int/str keys). All stay below 215,330 (see ``MAX_KEY``).
@@ -91,10 +102,17 @@ class SyncStore:
         self.kv = None if isinstance(kvstore, str) else kvstore
         if self.kv is None and (kind.startswith("dist") or num_devices > 1):
             self.kv = create(kind)
+        # Under 2-bit compression a gathered float travels as 32 pushed values of 0 or t.
+        self._bit: float | None = None
+        if compression:
+            if not kind.startswith("dist") or self.kv is None:
+                raise ValueError("gradient compression needs a dist kvstore")
+            if compression.get("type") != "2bit":
+                raise ValueError(f"gradient compression {compression.get('type')!r}: only "
+                                 "'2bit' is supported")
+            self._bit = float(np.float32(compression.get("threshold", 0.5)))
         if self.kv is not None:
             if compression:
-                if not kind.startswith("dist"):
-                    raise ValueError("gradient compression needs a dist kvstore")
                 self.kv.set_gradient_compression(compression)
             self._init_keys()
 
@@ -123,11 +141,13 @@ class SyncStore:
         for i, p in enumerate(self.params):
             keys.append(i)
             values.append(p.list_data()[0])
-        for i in self.stats:
-            keys.append(STAT_KEY + i)
-            values.append(self.params[i].list_data()[0])
-        keys += [AUX_KEY, AUX_KEY + 1]
-        values += [mx.nd.zeros((max(len(self.pushed), 1),)), mx.nd.zeros((SCALARS,))]
+        if self.distributed:  # gather keys (module docstring); one process needs none
+            for i in self.stats:
+                keys.append(STAT_KEY + i)
+                values.append(mx.nd.zeros((self._gather_width(self.params[i].shape),)))
+            keys += [AUX_KEY, AUX_KEY + 1]
+            values += [mx.nd.zeros((self._gather_width((max(len(self.pushed), 1),)),)),
+                       mx.nd.zeros((self._gather_width((SCALARS,)),))]
         kv.init(keys, values)
         # Rank 0's initial weights (and BN statistics) reach every worker and device; waiting
         # here is what keeps the first gradient push from racing the broadcast.
@@ -153,24 +173,49 @@ class SyncStore:
             self.kv.pull(i, out=grads, priority=-i)
 
     # -- collectives ----------------------------------------------------------------------------
+    def _gather_width(self, shape: Sequence[int]) -> int:
+        """Pushed floats of one gather of an array of ``shape``: k · size (· 32 compressed)."""
+        size = int(np.prod(shape))
+        return self.num_workers * size * (32 if self._bit is not None else 1)
+
+    def _gather(self, key: int, mine: np.ndarray) -> np.ndarray:
+        """Every rank's float32 vector ``mine`` as rows of a (k, n) array, exactly (collective).
+
+        Slot r of the pushed buffer holds rank r's vector (raw, or under compression its bits as
+        0/t), every other slot zeros, so the pulled sum holds each rank's vector unchanged.
+        """
+        mine = np.ascontiguousarray(mine, np.float32).ravel()
+        k, n = self.num_workers, mine.size
+        if self._bit is None:
+            slot = mine
+        else:
+            slot = np.unpackbits(mine.view(np.uint8)).astype(np.float32) * self._bit
+        buf = np.zeros((k, slot.size), np.float32)
+        buf[self.rank] = slot
+        out = mx.nd.zeros((buf.size,))
+        self.kv.push(key, mx.nd.array(buf.ravel()))
+        self.kv.pull(key, out=out)
+        rows = out.asnumpy().reshape(k, slot.size)
+        if self._bit is None:
+            return rows
+        bits = (rows > self._bit / 2).astype(np.uint8)
+        return np.packbits(bits, axis=1).view(np.float32).reshape(k, n)
+
     def sum_scalars(self, values: Sequence[float]) -> list[float]:
-        """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms."""
+        """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms; summed in
+        rank order in float64, exactly the same on every rank."""
         if len(values) > SCALARS:
             raise ValueError(f"at most {SCALARS} scalars per call")
-        if self.kv is None or not self.distributed:
+        if not self.distributed:
             return [float(v) for v in values]
         buf = np.zeros(SCALARS, np.float32)
         buf[:len(values)] = values
-        out = mx.nd.zeros((SCALARS,))
-        self.kv.push(AUX_KEY + 1, mx.nd.array(buf))
-        self.kv.pull(AUX_KEY + 1, out=out)
-        return [float(x) for x in out.asnumpy()[:len(values)]]
+        rows = self._gather(AUX_KEY + 1, buf).astype(np.float64)
+        return [float(x) for x in rows.sum(axis=0)[:len(values)]]
 
     def check_replicas(self, step: int) -> None:
-        """Compares per-tensor weight sums with rank 0's, bitwise.
-
-        Rank 0 pushes its checksum vector and the others push zeros, so the pulled sum is rank 0's
-        vector exactly (x + 0 = x in floating point), whatever the number of workers.
+        """Compares per-tensor weight sums with rank 0's, bitwise (rank 0's vector is row 0 of
+        an exact gather).
 
         Raises:
             ReplicaMismatch: naming the step and the first differing parameter.
@@ -178,35 +223,33 @@ class SyncStore:
         if not self.distributed or not self.pushed:
             return
         mine = mx.nd.concat(*[self.params[i].list_data()[0].sum().reshape((1,))
-                              for i in self.pushed], dim=0)
-        contrib = mine.copy() if self.rank == 0 else mx.nd.zeros_like(mine)
-        ref = mx.nd.zeros_like(mine)
-        self.kv.push(AUX_KEY, contrib)
-        self.kv.pull(AUX_KEY, out=ref)
-        a, b = mine.asnumpy(), ref.asnumpy()
-        if not np.array_equal(a, b):
-            j = int(np.flatnonzero(a != b)[0])
+                              for i in self.pushed], dim=0).asnumpy()
+        ref = self._gather(AUX_KEY, mine)[0]
+        if not np.array_equal(mine, ref):
+            j = int(np.flatnonzero(mine != ref)[0])
             name = self.roles[self.pushed[j]].name
             raise ReplicaMismatch(
                 f"replica check failed at step {step}: rank {self.rank}'s '{name}' sums to "
-                f"{a[j]!r}, rank 0's to {b[j]!r}; the workers' weights have diverged")
+                f"{mine[j]!r}, rank 0's to {ref[j]!r}; the workers' weights have diverged")
 
     def sum_stat(self, i: int, arrays: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
-        """Σ over workers and devices of statistic ``i``'s per-device ``arrays`` (collective)."""
-        total = mx.nd.zeros_like(arrays[0])
-        self.kv.push(STAT_KEY + i, [a.copy() for a in arrays], priority=-i)
-        self.kv.pull(STAT_KEY + i, out=total, priority=-i)
-        return total
+        """Σ over workers and devices of statistic ``i``'s per-device ``arrays`` (collective):
+        devices summed in this process, then ranks in rank order."""
+        local = mx.nd.add_n(*[a.as_in_context(arrays[0].context) for a in arrays])
+        if not self.distributed:
+            return local
+        rows = self._gather(STAT_KEY + i, local.asnumpy())
+        total = rows[0].copy()
+        for row in rows[1:]:
+            total += row
+        return mx.nd.array(total.reshape(arrays[0].shape), ctx=arrays[0].context)
 
     def rank0_stat(self, i: int, array: mx.nd.NDArray) -> mx.nd.NDArray:
-        """Rank 0's ``array`` of statistic ``i`` on every rank (collective): rank 0 pushes it,
-        the others push zeros, so the pulled sum is rank 0's exactly."""
-        total = mx.nd.zeros_like(array)
-        contrib = array.copy() if self.rank == 0 else mx.nd.zeros_like(array)
-        # one array per call, so that local device summing cannot double it
-        self.kv.push(STAT_KEY + i, contrib, priority=-i)
-        self.kv.pull(STAT_KEY + i, out=total, priority=-i)
-        return total
+        """Rank 0's ``array`` of statistic ``i`` on every rank (collective), exactly."""
+        if not self.distributed:
+            return array.copy()
+        row = self._gather(STAT_KEY + i, array.asnumpy())[0]
+        return mx.nd.array(row.reshape(array.shape), ctx=array.context)
 
     def barrier(self) -> None:
         if self.distributed:

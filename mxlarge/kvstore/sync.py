@@ -140,7 +140,9 @@ class SyncStore:
         keys, values = [], []
         for i, p in enumerate(self.params):
             keys.append(i)
-            values.append(p.list_data()[0])
+            # A copy is in MXNet's default layout: after an inference forward pass on CPU a
+            # weight may be in MKLDNN's, which the store cannot read ("!IsMKLDNNData()").
+            values.append(p.list_data()[0].copy())
         if self.distributed:  # gather keys (module docstring); one process needs none
             for i in self.stats:
                 keys.append(STAT_KEY + i)
@@ -151,8 +153,15 @@ class SyncStore:
         kv.init(keys, values)
         # Rank 0's initial weights (and BN statistics) reach every worker and device; waiting
         # here is what keeps the first gradient push from racing the broadcast.
-        for i, p in enumerate(self.params):
-            kv.pull(i, out=p.list_data(), priority=-i)
+        # Pulled into fresh default-layout arrays, then copied in (the store cannot write into
+        # an MKLDNN-layout weight either).
+        pulled = [[mx.nd.zeros(p.shape, ctx=a.context, dtype=a.dtype) for a in p.list_data()]
+                  for p in self.params]
+        for i in range(len(self.params)):
+            kv.pull(i, out=pulled[i], priority=-i)
+        for p, arrays in zip(self.params, pulled):
+            for src, dst in zip(arrays, p.list_data()):
+                src.copyto(dst)
         mx.nd.waitall()
         if self.distributed:
             self.kv._barrier()

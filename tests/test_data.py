@@ -374,11 +374,38 @@ def test_imagenet_order_is_seeded_per_epoch(rec):
     data = build_data(rec_cfg(rec), rank=0, num_workers=1, seed=0)
     a, b, c = epoch_np(data, 0), epoch_np(data, 0), epoch_np(data, 1)
     assert all(np.array_equal(p[1], q[1]) for p, q in zip(a, b, strict=True))
-    # with one decoding thread the augmentation draws replay too (fresh iterator per epoch)
-    assert all(np.array_equal(p[0], q[0]) for p, q in zip(a, b, strict=True))
+    assert all(np.array_equal(p[0], q[0]) for p, q in zip(a, b, strict=True))  # same epoch
     assert not all(np.array_equal(p[1], q[1]) for p, q in zip(a, c, strict=True))
     other = epoch_np(build_data(rec_cfg(rec), rank=0, num_workers=1, seed=1), 0)
     assert not all(np.array_equal(p[1], q[1]) for p, q in zip(a, other, strict=True))
+
+
+def _ramp_epoch(tmp_path, seed: int, epoch: int, threads: int) -> np.ndarray:
+    """Epoch ``epoch`` of identical ramp images (so the pixels show only the crop/flip draws),
+    24 records, batches of 6."""
+    path = tmp_path / "ramp.rec"
+    if not path.exists():
+        ramp = np.zeros((60, 80, 3), np.uint8)
+        ramp[:, :, 0] = np.arange(80) * 3
+        datagen.make_recordio(path, [ramp] * 24, np.arange(24))
+    cfg = DataConfig(dataset="imagenet", train_rec=str(path), val_rec=str(path), image_size=16,
+                     batch_size=6, num_classes=24, threads=threads)
+    data = build_data(cfg, rank=0, num_workers=1, seed=seed)
+    return np.concatenate([x for x, _ in epoch_np(data, epoch)])
+
+
+def test_imagenet_augmentation_depends_on_seed_and_epoch_and_not_on_threads(tmp_path):
+    """The crop/flip draws change with ``train.seed`` and with the epoch, and replay bitwise for
+    the same (seed, epoch) with 1 or 3 decoding threads."""
+    a = _ramp_epoch(tmp_path, seed=0, epoch=0, threads=1)
+    assert np.array_equal(a, _ramp_epoch(tmp_path, seed=0, epoch=0, threads=1))
+    assert np.array_equal(a, _ramp_epoch(tmp_path, seed=0, epoch=0, threads=3))
+    assert not np.allclose(a, _ramp_epoch(tmp_path, seed=1, epoch=0, threads=1), atol=0.05)
+    assert not np.allclose(a, _ramp_epoch(tmp_path, seed=0, epoch=1, threads=1), atol=0.05)
+    # what seed_aug costs (imagenet.py): position j of every batch of an epoch repeats its draw
+    batches = a.reshape(4, 6, *a.shape[1:])
+    assert all(np.array_equal(batches[0], b) for b in batches[1:])
+    assert not np.allclose(batches[0][0], batches[0][1], atol=0.05)
 
 
 def test_imagenet_batches_do_not_alias(rec):

@@ -19,11 +19,19 @@ a fresh shuffle of itself, so a few of its records are seen twice in that epoch.
 run is statistically, not bitwise, equivalent to one process with batch ``k * n``; pack the
 .rec in random order (``im2rec.py --shuffle``), or a rank's part would hold only a few classes.
 
-Determinism: the record order of an epoch is reproducible. The crop/flip draws are not seeded by
-``seed``: each decoding thread has its own generator seeded by a constant when the iterator is
-built (one iterator is built per epoch), and with ``cfg.threads > 1`` which thread decodes which
-image is a race. ImageRecordIter's ``seed_aug`` would make draws reproducible but re-seeds per
-*position in the batch*, giving every batch the same crops, so it is not used.
+Augmentation draws: without ``seed_aug`` ImageRecordIter seeds each decoding thread's generator
+with a constant ((thread + 1) · 111, iter_image_recordio_2.cc), so the draws ignore the seed,
+replay every epoch (one iterator is built per epoch), and with ``cfg.threads > 1`` depend on
+which thread decodes which record (a race). Here ``seed_aug`` is set per epoch and rank from
+``(seed, epoch, rank)``: MXNet then re-seeds the generator before each record with
+``seed_aug + j + 111``, j the record's position in its batch, so the draws depend on the seed,
+are fresh every epoch, and are reproducible bitwise whatever ``cfg.threads``. The price: within
+one epoch, position j of every batch gets the same crop area, aspect ratio, crop offset draw and
+flip (applied to different images); the n draws of a batch are distinct, and an image's draw
+changes from epoch to epoch because both its position and ``seed_aug`` do.
+
+So a RecordIO run is reproducible (and resume is exact) given the same seed, worker count and
+batch size; it is equivalent to one process only statistically (contiguous parts, above).
 """
 from __future__ import annotations
 
@@ -165,6 +173,7 @@ class RecordTrain(TrainSource):
             path_imgrec=str(self.rec), path_imgidx=str(self.idx), data_shape=(3, s, s),
             batch_size=cfg.batch_size, label_width=1,
             shuffle=True, seed=sharding.recordio_seed(self.seed, epoch),
+            seed_aug=sharding.recordio_aug_seed(self.seed, epoch, self.rank),
             num_parts=self.num_workers, part_index=self.rank,
             random_resized_crop=True,
             min_random_area=cfg.scale[0], max_random_area=cfg.scale[1],

@@ -20,6 +20,7 @@ import numpy as np
 _STREAM_ORDER = 0
 _STREAM_AUGMENT = 1
 _STREAM_RECORDIO = 2
+_STREAM_RECORDIO_AUG = 3
 
 
 def derive_seed(seed: int, epoch: int, stream: int) -> int:
@@ -102,6 +103,13 @@ def shift_flip_draws(num_samples: int, epoch: int, seed: int, max_shift: int,
 def recordio_seed(seed: int, epoch: int) -> int:
     """Seed of ImageRecordIter's within-part shuffle for ``epoch`` (its ``seed`` is a C int)."""
     return derive_seed(seed, epoch, _STREAM_RECORDIO) & 0x7FFFFFFF
+
+
+def recordio_aug_seed(seed: int, epoch: int, rank: int) -> int:
+    """ImageRecordIter's ``seed_aug`` for ``epoch`` on ``rank``: < 2^30, because MXNet adds the
+    position in the batch (and 111) to it in a C int."""
+    return int(np.random.SeedSequence([seed, epoch, _STREAM_RECORDIO_AUG, rank])
+               .generate_state(1)[0]) & 0x3FFFFFFF
 
 
 def recordio_part_sizes(num_samples: int, num_parts: int) -> list[int]:

@@ -36,6 +36,7 @@ TITLES = {
     "input_pipeline": "5. Input pipeline: RecordIO decode vs training speed",
     "scale_model": "6. Scale model vs MXNet's published 128-GPU table",
     "gns_cost": "7. Cost of the gradient-noise-scale estimator",
+    "compression": "8. Bytes on the wire per step with 2-bit gradient compression",
 }
 
 
@@ -43,6 +44,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
     """name → (progress-bar length, callable(log, bar) → BenchResult)."""
     from benchmarks import (
         bandwidth,
+        compression,
         dist_step,
         gns_cost,
         input_pipeline,
@@ -52,6 +54,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
 
     # Rounds: short rounds, many of them, so that each A/B pair sits close in time.
     r1, r2, r2w, rb, rt = (3, 3, 3, 3, 3) if quick else (21, 21, 7, 9, 5)
+    rc = 1 if quick else 2  # the byte ratio is deterministic up to headers: few rounds suffice
     return {
         "trainer_overhead": (2 * r1, lambda log, bar: trainer_overhead.run(
             reps=r1, steps=3, bar=bar)),
@@ -62,6 +65,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "input_pipeline": (2 * rt, lambda log, bar: input_pipeline.run(reps=rt, bar=bar)),
         "scale_model": (1, lambda log, bar: scale_model.run()),
         "gns_cost": (3 * rt, lambda log, bar: gns_cost.run(reps=rt, bar=bar)),
+        "compression": (2 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
     }
 
 

@@ -99,8 +99,12 @@ class OptimConfig:
                                          ge=0)
     decay_factor: float = _f(0.1, "step decay: multiplier at each drop", gt=0, le=1)
     poly_power: float = _f(2.0, "poly decay: power", gt=0)
-    lars: bool = _f(False, "layer-wise adaptive rate scaling (You et al. 2017)")
-    lars_eta: float = _f(0.001, "LARS trust coefficient", gt=0)
+    lars: bool = _f(False, "layer-wise adaptive rate scaling (You et al. 2017); the scheduled LR "
+                           "is then the paper's global LR gamma, not an SGD LR (README, LARS)")
+    lars_eta: float = _f(0.001, "LARS trust coefficient eta (the paper's and MXNet's 0.001)",
+                         gt=0)
+    lars_lr: float | None = _f(None, "LARS: the global LR gamma at reference_batch, used "
+                                     "instead of base_lr (required with lars)", gt=0)
 
 
 @dataclass(frozen=True)
@@ -406,6 +410,15 @@ def validate(cfg: Config, source: str = "<config>") -> None:
             and o.decay_epochs[0] < o.warmup_epochs):
         raise ConfigError(f"{source}: optim.decay_epochs = {list(o.decay_epochs)}: expected every "
                           f"drop after the warmup (optim.warmup_epochs = {o.warmup_epochs})")
+    if o.lars and o.lars_lr is None:
+        raise ConfigError(f"{source}: optim.lars_lr = None: expected the LARS global LR gamma "
+                          "with optim.lars = true (it is not an SGD LR: each layer moves by "
+                          f"about gamma x lars_eta = gamma x {o.lars_eta:g} of its norm per step, "
+                          "so gamma is far above base_lr; 5 trains the digits proxy; README, "
+                          "LARS)")
+    if o.lars_lr is not None and not o.lars:
+        raise ConfigError(f"{source}: optim.lars_lr = {o.lars_lr}: expected it unset with "
+                          "optim.lars = false (base_lr is the LR without LARS)")
     if o.lars and o.nesterov:
         raise ConfigError(f"{source}: optim.nesterov = true: expected false with optim.lars = "
                           "true (the LARS update has no Nesterov form)")

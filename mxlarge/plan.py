@@ -9,7 +9,7 @@ no side effects)::
     global batch  B    = units · n
     steps per epoch    = floor(N / B)       (the last partial global batch is dropped, so every
                                              rank takes the same number of steps)
-    peak LR            = scaling rule from (base_lr, reference_batch) to B
+    peak LR            = scaling rule from (base_lr, or lars_lr with LARS, reference_batch) to B
     warmup, decay      = epochs · steps per epoch, rounded (``schedulers.epochs_to_steps``)
 
 ``mxlarge show``, ``train``, ``launch``, ``sweep``, checkpoints, the noise-scale estimator and
@@ -176,8 +176,9 @@ def plan(cfg: Config, world: World, train_samples: int, samples_from: str = "dat
         raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: the gradient noise "
                           "scale needs 2 or more workers, devices or simulated workers")
     o = cfg.optim
-    peak = schedulers.scaled_lr(o.base_lr, o.reference_batch, world.global_batch, o.scaling)
-    warmup_lr = o.warmup_lr if o.warmup_lr is not None else o.base_lr
+    base = o.lars_lr if o.lars else o.base_lr  # LARS's LR is its own global LR γ (README)
+    peak = schedulers.scaled_lr(base, o.reference_batch, world.global_batch, o.scaling)
+    warmup_lr = o.warmup_lr if o.warmup_lr is not None else base
     warmup = schedulers.epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0
     decay = (tuple(schedulers.epochs_to_steps(e, steps) for e in o.decay_epochs)
              if o.decay == "step" else ())

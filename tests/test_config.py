@@ -136,7 +136,16 @@ def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path, text):
 def test_lars_with_nesterov_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="optim.nesterov = true: expected false with "
                                           "optim.lars = true"):
-        load_config(_write(tmp_path, GOOD), ["optim.lars=true", "optim.nesterov=true"])
+        load_config(_write(tmp_path, GOOD), ["optim.lars=true", "optim.lars_lr=5",
+                                             "optim.nesterov=true"])
+
+
+def test_lars_needs_its_own_global_lr_and_only_lars_takes_one(tmp_path):
+    with pytest.raises(ConfigError, match="optim.lars_lr = None: expected the LARS global LR"):
+        load_config(_write(tmp_path, GOOD), ["optim.lars=true"])
+    with pytest.raises(ConfigError, match="optim.lars_lr = 5.0: expected it unset with "
+                                          "optim.lars = false"):
+        load_config(_write(tmp_path, GOOD), ["optim.lars_lr=5"])
 
 
 def test_step_decay_inside_the_warmup_is_refused(tmp_path):

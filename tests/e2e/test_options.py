@@ -66,3 +66,28 @@ def test_bn_stats_broadcast_gives_rank_0s_statistics(tmp_path):
     for rank in range(2):
         for n in stats:
             np.testing.assert_array_equal(shared[rank][n], local[0][n])
+
+
+# digits baseline for 4 epochs at batch 16 without decay (348 steps): without LARS it reaches
+# 0.72 validation accuracy; LARS at its former default (gamma = the SGD LR 0.05) stayed at 0.10.
+LARS_CONFIG = """
+name: lars
+data: {dataset: digits, batch_size: 16, augment: true}
+model: {name: small_resnet, width: 16}
+optim: {base_lr: 0.05, reference_batch: 16, warmup: none, decay: none, momentum: 0.9,
+        weight_decay: 0.0005, lars: true, lars_lr: 5.0}
+train: {epochs: 4, progress: false}
+tracking: {enabled: false}
+"""
+
+
+@pytest.mark.timeout(400)
+def test_lars_trains_with_its_global_lr(tmp_path):
+    """``optim.lars=true`` with its own global LR trains digits past 60% in 4 epochs (measured
+    0.82; chance is 0.10)."""
+    cfg = tmp_path / "lars.yaml"
+    cfg.write_text(LARS_CONFIG)
+    r = cli(["train", str(cfg)], tmp_path, timeout=380)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    acc = float(r.stdout.rsplit("final validation accuracy ", 1)[1].split()[0])
+    assert acc > 0.6, r.stdout[-2000:]

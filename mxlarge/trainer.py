@@ -14,6 +14,10 @@ number is passed in (the loop owns the only counter, as in timm's scheduler cont
 with rescale 1/(k·n): each worker's loss is normalised by the *global* batch (Goyal §3), not by
 its own n as ``gluon.Trainer.step(n)`` would, which on dist_sync applies k times the intended
 update because servers sum.
+
+A dist Trainer installs :func:`mxlarge.launcher.worker.install_fail_fast`: an uncaught exception
+prints its traceback and ends the process at once (status 1), instead of deadlocking in ps-lite's
+exit barrier; a normal exit still goes through the barrier, where rank 0 stops the servers.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Any
 import mxnet as mx
 
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
+from mxlarge.launcher.worker import install_fail_fast
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
 
@@ -67,6 +72,10 @@ class Trainer:
         self.roles: list[ParamRole] = param_roles(params, decay_bn_bias=decay_bn_bias)
         self.bn_stats = bn_stats
         self.store = SyncStore(kvstore, self.params, self.roles, compression=compression)
+        if self.store.distributed:
+            # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
+            # that wait in push/pull for it: every script using this Trainer leaves at once.
+            install_fail_fast()
         self.pushed = self.store.pushed
         self.updater = LargeBatchSGD(
             schedule, momentum=momentum, nesterov=nesterov,

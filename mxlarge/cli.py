@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
                     help="continue from a checkpoint (default: the latest of "
                          "train.checkpoint_dir)")
+    from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
+    la.add_argument("--stall-timeout", type=stall_seconds, default=None, metavar="SECONDS",
+                    help=STALL_HELP)
 
     sw = sub.add_parser("sweep", help="run a sweep file's grid of labelled runs x seeds "
                                       "(resumable; see mxlarge/sweep.py)")

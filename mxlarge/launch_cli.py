@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from mxlarge.config import Config, ConfigError, load_config
+from mxlarge.launcher.watchdog import STALL_EXIT
 
 
 def _abs_sqlite(uri: str) -> str:
@@ -102,7 +103,8 @@ def launch(args: argparse.Namespace) -> int:
         if args.launcher == "local":
             try:
                 outcome = launcher.run_local(command, workers=workers, servers=servers,
-                                             port=args.port, env=env)
+                                             port=args.port, env=env,
+                                             stall_timeout=args.stall_timeout)
             except launcher.PortInUseError as exc:
                 fail_tags = {"failure": str(exc)}
                 raise ConfigError(str(exc)) from None
@@ -112,18 +114,22 @@ def launch(args: argparse.Namespace) -> int:
                              "failed_rank": str(outcome.failed_rank),
                              "failed_status": str(outcome.failed_status),
                              "failure": outcome.message}
+                if outcome.reason == "stalled":
+                    fail_tags.update(failure="stalled", failure_detail=outcome.message)
                 print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
             code = outcome.exit_code
         else:
             try:
                 code = launcher.cluster_submit(args.launcher, command, workers=workers,
-                                               servers=servers, hostfile=args.hostfile, env=env)
+                                               servers=servers, hostfile=args.hostfile, env=env,
+                                               stall_timeout=args.stall_timeout)
             except (ValueError, NotImplementedError, FileNotFoundError) as exc:
                 fail_tags = {"failure": str(exc)}
                 raise ConfigError(str(exc)) from None
             ok = code == 0
             if not ok:
-                fail_tags = {"failure": f"{args.launcher} job exited with {code}"}
+                fail_tags = {"failure": "stalled" if code == STALL_EXIT
+                             else f"{args.launcher} job exited with {code}"}
                 print(f"mxlarge: job failed with exit code {code}", file=sys.stderr, flush=True)
         return 0 if ok else (code if code else 1)
     finally:

@@ -130,8 +130,9 @@ class TrainLoop:
                     if self.max_steps is not None and self.step >= self.max_steps:
                         break
                 metrics: dict[str, float] = {"epoch": float(epoch + 1)}
-                for h in self.hooks:
-                    h.after_epoch(self, epoch, metrics)
+                with self.trainer.busy("evaluating/checkpointing"):
+                    for h in self.hooks:
+                        h.after_epoch(self, epoch, metrics)
                 self.history.append(metrics)
                 if self.max_steps is not None and self.step >= self.max_steps:
                     break

@@ -28,9 +28,10 @@ from typing import Any
 import mxnet as mx
 
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
-from mxlarge.launcher.worker import install_fail_fast
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
+from mxlarge.launcher.heartbeat import Beat
+from mxlarge.launcher.worker import install_fail_fast
 
 
 class Trainer:
@@ -76,6 +77,9 @@ class Trainer:
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
             # that wait in push/pull for it: every script using this Trainer leaves at once.
             install_fail_fast()
+        # Progress for the launcher's stall watchdog (None outside a launched job).
+        self.heartbeat = Beat.from_env(self.store.rank) if self.store.distributed else None
+        self._last_update: mx.nd.NDArray | None = None
         self.pushed = self.store.pushed
         self.updater = LargeBatchSGD(
             schedule, momentum=momentum, nesterov=nesterov,
@@ -139,14 +143,35 @@ class Trainer:
             batch_size: images this worker processed in the step, over all its devices.
             step: updates applied so far.
         """
+        beat = self.heartbeat
+        if beat is not None:
+            beat.step(beat.done, step)  # this worker's gradients of `step` are pushed
+            # Python must not run ahead of a stuck job: wait for update step-1 (update `step`'s
+            # forward/backward are queued already, so the engine never idles here).
+            if self._last_update is not None:
+                self._last_update.wait_to_read()
+            beat.step(step, step)
         rescale = 1.0 / (batch_size * self.num_workers)
         for weights, grads, states in self._update_args:
             self.updater.apply(step, self.pushed, weights, grads, states, rescale)
+        if beat is not None and self._update_args:
+            self._last_update = self._update_args[0][0][0]
 
     def step(self, batch_size: int, step: int) -> None:
         """``allreduce_grads()`` then ``update(batch_size, step)``."""
         self.allreduce_grads()
         self.update(batch_size, step)
+
+    @contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Tells the launcher's stall watchdog that this worker is ``what`` (e.g. evaluating)
+        rather than stepping: such a phase may last 10 stall timeouts (see
+        :mod:`mxlarge.launcher.watchdog`). A no-op outside a launched job."""
+        if self.heartbeat is None:
+            yield
+            return
+        with self.heartbeat.busy(what):
+            yield
 
     def check_replicas(self, step: int) -> None:
         self.store.check_replicas(step)

@@ -6,6 +6,7 @@ import sys
 
 from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_submit
 from mxlarge.launcher.local import PortInUseError, run_local
+from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra environment for every process (repeatable)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL on teardown")
+    p.add_argument("--stall-timeout", type=stall_seconds, default=None, metavar="SECONDS",
+                   help=STALL_HELP)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -44,14 +47,15 @@ def main(argv: list[str] | None = None) -> int:
             if a.hostfile or a.host_ip:
                 p.error("--hostfile/--host-ip are for cluster launchers")
             outcome = run_local(command, workers=a.workers, servers=servers, port=a.port,
-                                env=env, grace=a.grace)
+                                env=env, grace=a.grace, stall_timeout=a.stall_timeout)
             print(f"[launcher] {outcome.message}", flush=True)
             return outcome.exit_code
         if a.port is not None:
             p.error("--port is for the local launcher (dmlc_tracker picks the scheduler port)")
         extra = {"host_ip": a.host_ip} if a.host_ip else {}
         return cluster_submit(a.launcher, command, workers=a.workers, servers=servers,
-                              hostfile=a.hostfile, env=env, extra=extra, grace=a.grace)
+                              hostfile=a.hostfile, env=env, extra=extra, grace=a.grace,
+                              stall_timeout=a.stall_timeout)
     except (ValueError, PortInUseError, NotImplementedError, FileNotFoundError) as e:
         print(f"mxlarge.launcher: error: {e}", file=sys.stderr)
         return 2

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from mxlarge.config import Config, ConfigError, load_config
-from mxlarge.launcher.watchdog import STALL_EXIT
+from mxlarge.launcher.local import Outcome
+from mxlarge.launcher.restart import (
+    Failure,
+    RestartPolicy,
+    cluster_outcome,
+    latest_checkpoint,
+    run_with_restarts,
+)
 
 
 def _abs_sqlite(uri: str) -> str:
@@ -43,6 +51,14 @@ def launch(args: argparse.Namespace) -> int:
     if servers < 1:
         raise ConfigError(f"-s/--servers = {servers}: expected an integer >= 1")
     overrides += launch_overrides(cfg, workers, servers)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
+    if args.max_restarts and not cfg.train.checkpoint_every:
+        # a restart resumes from the job's newest checkpoint: without any, it would start over
+        overrides.append("train.checkpoint_every=1")
+        print(f"mxlarge: --max-restarts {args.max_restarts}: checkpointing every epoch "
+              "(train.checkpoint_every=1) so that a restart resumes from the last one",
+              flush=True)
     cfg = load_config(args.config, overrides)
     # Fail on a batch that cannot fit before starting any process.
     if cfg.data.train_samples is None:
@@ -69,7 +85,7 @@ def launch(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
     command = [sys.executable, "-m", "mxlarge.cli", "train",
                str(Path(args.config).resolve()), *overrides]
-    meta = None
+    meta = path = None
     if args.resume is not None:
         from mxlarge import checkpoint
         from mxlarge.config import checkpoint_root
@@ -81,7 +97,6 @@ def launch(args: argparse.Namespace) -> int:
                 f"{path}: written by {saved['workers']} worker(s), launching {workers}: refused "
                 "(the global batch, LR schedule, data shards and per-worker BN statistics "
                 "depend on the world size); relaunch with the same -n")
-        command += ["--resume", str(path)]
     env: dict[str, str] = {}
     run_id = uri = None
     if cfg.tracking.enabled:
@@ -99,39 +114,57 @@ def launch(args: argparse.Namespace) -> int:
         print(f"mxlarge: MLflow run {run_id} in {uri}", flush=True)
     ok = False
     fail_tags: dict[str, str] = {}
-    try:
+    started = time.time()
+
+    def attempt(number: int) -> Outcome:
+        resume = path
+        if number:
+            from mxlarge.config import checkpoint_root
+            resume = latest_checkpoint(checkpoint_root(cfg), started) or path
+            print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
+                  "from the start (no checkpoint yet)"), flush=True)
+        cmd = command if resume is None else [*command, "--resume", str(resume)]
         if args.launcher == "local":
-            try:
-                outcome = launcher.run_local(command, workers=workers, servers=servers,
-                                             port=args.port, env=env,
-                                             stall_timeout=args.stall_timeout)
-            except launcher.PortInUseError as exc:
-                fail_tags = {"failure": str(exc)}
-                raise ConfigError(str(exc)) from None
-            ok = outcome.exit_code == 0
-            if not ok:
-                fail_tags = {"failed_role": str(outcome.failed_role),
-                             "failed_rank": str(outcome.failed_rank),
-                             "failed_status": str(outcome.failed_status),
-                             "failure": outcome.message}
-                if outcome.reason == "stalled":
-                    fail_tags.update(failure="stalled", failure_detail=outcome.message)
-                print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
-            code = outcome.exit_code
+            return launcher.run_local(cmd, workers=workers, servers=servers, port=args.port,
+                                      env=env, stall_timeout=args.stall_timeout)
+        return cluster_outcome(launcher.cluster_submit(
+            args.launcher, cmd, workers=workers, servers=servers, hostfile=args.hostfile,
+            env=env, stall_timeout=args.stall_timeout), args.launcher)
+
+    def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
+        if run_id is None:
+            return
+        from mxlarge import tracking
+        tags: dict[str, object] = {"restarts": restarts}
+        if gave_up is None:
+            tags[f"restart_{restarts}_reason"] = failure.message
         else:
-            try:
-                code = launcher.cluster_submit(args.launcher, command, workers=workers,
-                                               servers=servers, hostfile=args.hostfile, env=env,
-                                               stall_timeout=args.stall_timeout)
-            except (ValueError, NotImplementedError, FileNotFoundError) as exc:
-                fail_tags = {"failure": str(exc)}
-                raise ConfigError(str(exc)) from None
-            ok = code == 0
-            if not ok:
-                fail_tags = {"failure": "stalled" if code == STALL_EXIT
-                             else f"{args.launcher} job exited with {code}"}
-                print(f"mxlarge: job failed with exit code {code}", file=sys.stderr, flush=True)
-        return 0 if ok else (code if code else 1)
+            tags["restart_gave_up"] = gave_up
+        tracking.set_tags(uri, run_id, tags)
+        tracking.log_metrics(uri, run_id, {"restarts": restarts}, failure.step or 0)
+
+    try:
+        try:
+            outcome = run_with_restarts(
+                attempt, RestartPolicy(args.max_restarts),
+                lambda line: print(f"mxlarge: {line}", flush=True), record)
+        except launcher.PortInUseError as exc:
+            fail_tags = {"failure": str(exc)}
+            raise ConfigError(str(exc)) from None
+        except (ValueError, NotImplementedError, FileNotFoundError) as exc:
+            fail_tags = {"failure": str(exc)}
+            raise ConfigError(str(exc)) from None
+        ok = outcome.exit_code == 0
+        if not ok:
+            fail_tags = {"failure": outcome.message}
+            if outcome.failed_role is not None:
+                fail_tags.update(failed_role=outcome.failed_role,
+                                 failed_rank=str(outcome.failed_rank),
+                                 failed_status=str(outcome.failed_status))
+            if outcome.reason == "stalled":
+                fail_tags.update(failure="stalled", failure_detail=outcome.message)
+            print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
+        return outcome.exit_code
     finally:
         if run_id is not None:
             from mxlarge import tracking

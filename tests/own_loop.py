@@ -12,6 +12,14 @@ Options:
     the worker of kvstore rank R raises ``RuntimeError`` before step S.
 ``--sleep-from S --sleep SECONDS``
     every worker sleeps before each step from S on (a window to stop or kill one).
+``--ckpt DIR --save-every K``
+    the resume hook of the README: ``mxlarge.resume.restore`` at the start, ``save`` every K
+    steps.
+``--raise-once FILE``
+    with ``--raise-rank/--raise-step``: raise only if FILE does not exist yet (creating it),
+    i.e. in the first attempt of a restarted job.
+``--out PATH``
+    rank 0 saves the final parameters there.
 """
 import argparse
 import os
@@ -24,6 +32,7 @@ import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
 import mxlarge  # noqa: E402
+import mxlarge.resume  # noqa: E402
 
 
 def main() -> None:
@@ -33,6 +42,10 @@ def main() -> None:
     p.add_argument("--raise-step", type=int, default=-1)
     p.add_argument("--sleep-from", type=int, default=-1)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--ckpt", default=None)
+    p.add_argument("--save-every", type=int, default=4)
+    p.add_argument("--raise-once", default=None)
+    p.add_argument("--out", default=None)
     a = p.parse_args()
 
     mx.random.seed(0)
@@ -44,10 +57,14 @@ def main() -> None:
     net(x)
     trainer = mxlarge.Trainer(net.collect_params(), lambda step: 0.1, kvstore="dist_sync")
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    print(f"own_loop rank={trainer.rank} pid={os.getpid()}", flush=True)
-    for step in range(a.steps):
+    start = 0 if a.ckpt is None else mxlarge.resume.restore(a.ckpt, net, trainer)
+    print(f"own_loop rank={trainer.rank} pid={os.getpid()} start={start}", flush=True)
+    for step in range(start, a.steps):
         if trainer.rank == a.raise_rank and step == a.raise_step:
-            raise RuntimeError(f"own_loop raising at step {step}")
+            if a.raise_once is None or not os.path.exists(a.raise_once):
+                if a.raise_once is not None:
+                    open(a.raise_once, "w").close()
+                raise RuntimeError(f"own_loop raising at step {step}")
         if 0 <= a.sleep_from <= step:
             time.sleep(a.sleep)
         with autograd.record():
@@ -55,6 +72,10 @@ def main() -> None:
         loss.backward()
         trainer.step(x.shape[0], step)
         print(f"own_loop rank={trainer.rank} step={step}", flush=True)
+        if a.ckpt is not None and (step + 1) % a.save_every == 0:
+            mxlarge.resume.save(a.ckpt, step + 1, net, trainer)
+    if a.out is not None and trainer.rank == 0:
+        net.save_parameters(a.out)
     print(f"own_loop rank={trainer.rank} done", flush=True)
 
 

@@ -1,6 +1,7 @@
 """A user's own Gluon script (tests/own_loop.py) under ``python -m mxlarge.launcher``: what
 mxlarge.Trainer gives it without the script knowing about ps-lite (fail-fast, heartbeats)."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,4 +77,52 @@ def test_own_script_finishing_normally_exits_0(tmp_path):
     assert r.returncode == 0, out[-3000:]
     assert "own_loop rank=0 done" in out and "own_loop rank=1 done" in out
     assert "job finished" in out and "were stopped" not in out
+    assert dmlc_processes(marker) == []
+
+
+def _same_params(a, b):
+    import mxnet as mx
+    import numpy as np
+    x, y = mx.nd.load(str(a)), mx.nd.load(str(b))
+    assert x.keys() == y.keys()
+    for k in x:
+        np.testing.assert_array_equal(x[k].asnumpy(), y[k].asnumpy(), err_msg=k)
+
+
+@pytest.mark.timeout(300)
+def test_own_script_restarted_after_a_crash_resumes_through_its_hook(tmp_path):
+    """--max-restarts with the README's resume hook (mxlarge.resume): rank 1 raises at step 10
+    in the first attempt only; the second attempt resumes at step 8 (saved every 4) and ends
+    with weights bitwise equal to an uninterrupted run's."""
+    marker = f"own-{uuid.uuid4().hex}"
+    common = [sys.executable, SCRIPT, "--steps", "20", "--save-every", "4"]
+    ref = launcher(["-n", "2", "-s", "1", "--", *common, "--ckpt", str(tmp_path / "c1"),
+                    "--out", str(tmp_path / "ref.params")], tmp_path, marker)
+    assert ref.returncode == 0, ref.stdout[-3000:]
+    r = launcher(["-n", "2", "-s", "1", "--max-restarts", "2", "--", *common,
+                  "--ckpt", str(tmp_path / "c2"), "--out", str(tmp_path / "got.params"),
+                  "--raise-rank", "1", "--raise-step", "10",
+                  "--raise-once", str(tmp_path / "raised")], tmp_path, marker)
+    out = r.stdout
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(r"\[launcher\] restart 1/2 after: worker \d exited with status 1 at step",
+                     out), out[-3000:]
+    assert out.count("RuntimeError: own_loop raising at step 10") == 1
+    assert "own_loop rank=0 pid=" in out and " start=8" in out
+    assert "restart 2/2" not in out
+    _same_params(tmp_path / "ref.params", tmp_path / "got.params")
+    assert dmlc_processes(marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_own_script_failing_the_same_way_twice_is_not_restarted_again(tmp_path):
+    marker = f"own-{uuid.uuid4().hex}"
+    r = launcher(["-n", "2", "-s", "1", "--max-restarts", "3", "--", sys.executable, SCRIPT,
+                  "--steps", "400", "--raise-rank", "1", "--raise-step", "5"], tmp_path, marker)
+    out = r.stdout
+    assert r.returncode == 1, out[-3000:]
+    assert out.count("RuntimeError: own_loop raising at step 5") == 2
+    assert "[launcher] restart 1/3 after: worker" in out and "restart 2/3" not in out
+    assert re.search(r"\[launcher\] not restarting: the same failure at step \d+ twice \(crashed, "
+                     r"worker status 1\): a deterministic bug, not a fault", out), out[-3000:]
     assert dmlc_processes(marker) == []

@@ -36,6 +36,7 @@ TITLES = {
     "input_pipeline": "5. Input pipeline: RecordIO decode vs training speed",
     "scale_model": "6. Scale model vs MXNet's published 128-GPU table",
     "gns_cost": "7. Cost of the gradient-noise-scale estimator",
+    "heartbeat_cost": "8. Cost of the stall watchdog's heartbeat",
 }
 
 
@@ -45,6 +46,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         bandwidth,
         dist_step,
         gns_cost,
+        heartbeat_cost,
         input_pipeline,
         scale_model,
         trainer_overhead,
@@ -62,6 +64,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "input_pipeline": (2 * rt, lambda log, bar: input_pipeline.run(reps=rt, bar=bar)),
         "scale_model": (1, lambda log, bar: scale_model.run()),
         "gns_cost": (3 * rt, lambda log, bar: gns_cost.run(reps=rt, bar=bar)),
+        "heartbeat_cost": (2 * r1, lambda log, bar: heartbeat_cost.run(
+            reps=r1, log=log, bar=bar)),
     }
 
 

@@ -82,12 +82,13 @@ def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
     """Runs ``attempt(0)``, then ``attempt(1)``, ... while failures are to be restarted.
 
     ``on_failure(failure, restarts, gave_up)`` is told of each failure, with the restarts
-    granted so far and, when the policy stops, why. Returns the last attempt's outcome.
+    granted so far and, when the policy stops, why. Returns the last attempt's outcome. With
+    ``max_restarts = 0`` this is ``attempt(0)`` and nothing more (no lines, no callback).
     """
     number = 0
     while True:
         outcome = attempt(number)
-        if outcome.exit_code == 0 or outcome.reason is None:
+        if outcome.exit_code == 0 or outcome.reason is None or not policy.max_restarts:
             return outcome
         failure = Failure.of(outcome)
         why = policy.give_up(failure)

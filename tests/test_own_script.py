@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import dmlc_processes
+from tests.test_launcher import fakes  # noqa: F401  (fixture: fake ssh on PATH)
 
 SCRIPT = str(Path(__file__).with_name("own_loop.py"))
 
@@ -125,4 +126,26 @@ def test_own_script_failing_the_same_way_twice_is_not_restarted_again(tmp_path):
     assert "[launcher] restart 1/3 after: worker" in out and "restart 2/3" not in out
     assert re.search(r"\[launcher\] not restarting: the same failure at step \d+ twice \(crashed, "
                      r"worker status 1\): a deterministic bug, not a fault", out), out[-3000:]
+    assert dmlc_processes(marker) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("fakes")
+def test_cluster_launcher_restarts_an_own_script_too(tmp_path):
+    """dmlc_tracker's ssh backend (fake ssh, processes on this machine in a clean environment):
+    the restart loop sees only the job's exit code, and the script resumes through its hook."""
+    marker = f"own-{uuid.uuid4().hex}"
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1\n127.0.0.1\n")
+    r = launcher(["-n", "2", "-s", "1", "--launcher", "ssh", "-H", str(hosts), "--host-ip",
+                  "127.0.0.1", "--max-restarts", "1", "--env",
+                  f"PYTHONPATH={os.pathsep.join(sys.path)}", "--", sys.executable, SCRIPT,
+                  "--steps", "20", "--save-every", "4", "--ckpt", str(tmp_path / "c"),
+                  "--raise-rank", "0", "--raise-step", "10",
+                  "--raise-once", str(tmp_path / "raised")], tmp_path, marker)
+    out = r.stdout
+    assert r.returncode == 0, out[-3000:]
+    assert "[launcher] restart 1/1 after: ssh job exited with 1" in out, out[-3000:]
+    assert " start=8" in out and out.count("own_loop rank=0 done") == 1
+    assert not (tmp_path / ".mxlarge-heartbeat").exists()  # heartbeats cleaned up
     assert dmlc_processes(marker) == []

@@ -524,11 +524,18 @@ def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, serve
                 args.host_file = hostfile
             if beats is not None:
                 os.makedirs(beats, exist_ok=True)
+                if heartbeat_dir is None:  # ours: the parent goes too once no job uses it
+                    stack.callback(_remove_if_empty, os.path.dirname(beats))
                 stack.callback(shutil.rmtree, beats, True)
             return _submit(backend, tracker, args, launcher, job_env["MXLARGE_JOB_ID"], grace,
                            output, shutdown_timeout, beats, stall_timeout)
     finally:
         _submit_lock.release()
+
+
+def _remove_if_empty(directory: str) -> None:
+    with contextlib.suppress(OSError):  # not empty: another job's heartbeats are there
+        os.rmdir(directory)
 
 
 def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, job_id: str,

@@ -140,8 +140,10 @@ class TrainLoop:
             error = exc
             raise
         finally:
-            for h in self.hooks:
-                h.after_train(self, error)
+            # rank 0 may upload artifacts for a while, the others wait in ps-lite's exit barrier
+            with self.trainer.busy("finishing"):
+                for h in self.hooks:
+                    h.after_train(self, error)
 
 
 class LossHook(Hook):

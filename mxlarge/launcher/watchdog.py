@@ -15,9 +15,10 @@ The rules:
   for ``timeout`` seconds, measured on the launcher's clock (no clock skew between hosts).
   A warning naming the ranks behind comes at half of it.
 * **Busy phases.** While any worker reports a phase other than ``train`` (the training loop
-  marks its end-of-epoch hooks, evaluation and checkpoints, as ``evaluating/checkpointing``;
-  a script marks its own with ``trainer.busy("...")``), the allowance is :data:`BUSY_FACTOR`
-  times the timeout.
+  marks its end-of-epoch hooks, evaluation and checkpoints, as ``evaluating/checkpointing``,
+  and its final hooks as ``finishing``; a script marks its own with ``trainer.busy("...")``),
+  the allowance is :data:`BUSY_FACTOR` times the timeout.
+* **Done once a worker has exited**: the end of a job is the shutdown timeout's business.
 * **Default timeout** (``timeout=None``): max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` × the
   median step time measured so far).
 * **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`

@@ -37,6 +37,7 @@ TITLES = {
     "scale_model": "6. Scale model vs MXNet's published 128-GPU table",
     "gns_cost": "7. Cost of the gradient-noise-scale estimator",
     "compression": "8. Bytes on the wire per step with 2-bit gradient compression",
+    "heartbeat_cost": "9. Cost of the stall watchdog's heartbeat",
 }
 
 
@@ -47,6 +48,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         compression,
         dist_step,
         gns_cost,
+        heartbeat_cost,
         input_pipeline,
         scale_model,
         trainer_overhead,
@@ -66,6 +68,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "scale_model": (1, lambda log, bar: scale_model.run()),
         "gns_cost": (3 * rt, lambda log, bar: gns_cost.run(reps=rt, bar=bar)),
         "compression": (2 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
+        "heartbeat_cost": (2 * r1, lambda log, bar: heartbeat_cost.run(
+            reps=r1, log=log, bar=bar)),
     }
 
 

@@ -95,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--run-id", default=None, metavar="ID",
                     help="run the job in this existing MLflow run, which the caller ends "
                          "(mxlarge sweep does this); default: a new run that launch ends")
+    from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
+    la.add_argument("--stall-timeout", type=stall_seconds, default=None, metavar="SECONDS",
+                    help=STALL_HELP)
+    la.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                    help="after a failure (crash, kill, stall) relaunch the whole job from its "
+                         "newest checkpoint, up to N times, in the same MLflow run (turns on "
+                         "train.checkpoint_every=1 if checkpoints are off); see "
+                         "mxlarge/launcher/restart.py")
 
     sw = sub.add_parser("sweep", help="run a sweep file's grid of labelled runs x seeds "
                                       "(resumable; see mxlarge/sweep.py)")

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
+from mxlarge.launcher.local import Outcome
+from mxlarge.launcher.restart import (
+    Failure,
+    RestartPolicy,
+    cluster_outcome,
+    latest_checkpoint,
+    run_with_restarts,
+)
 
 
 def launch_overrides(cfg: Config, workers: int | None, servers: int | None) -> list[str]:
@@ -39,6 +48,14 @@ def launch(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} = {value}: expected an integer >= 1")
     cfg = load_config(args.config, overrides)
     overrides += launch_overrides(cfg, args.workers, args.servers)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
+    if args.max_restarts and not cfg.train.checkpoint_every:
+        # a restart resumes from the job's newest checkpoint: without any, it would start over
+        overrides.append("train.checkpoint_every=1")
+        print(f"mxlarge: --max-restarts {args.max_restarts}: checkpointing every epoch "
+              "(train.checkpoint_every=1) so that a restart resumes from the last one",
+              flush=True)
     cfg = load_config(args.config, overrides)
     workers, servers = cfg.dist.workers, cfg.dist.servers
     # Fail on a job that cannot run (world, batch, model) before starting any process.
@@ -60,14 +77,13 @@ def launch(args: argparse.Namespace) -> int:
             raise InputError(str(exc)) from None
     command = [sys.executable, "-m", "mxlarge.cli", "train",
                str(Path(args.config).resolve()), *overrides]
-    meta = None
+    meta = path = None
     if args.resume is not None:
         from mxlarge import checkpoint
         from mxlarge.config import checkpoint_root
         path = checkpoint.resolve(args.resume, checkpoint_root(cfg)).resolve()
         meta = checkpoint.read_meta(path)
         checkpoint.check_world(path, meta, plan.world)
-        command += ["--resume", str(path)]
     env: dict[str, str] = {}
     run = owned = None
     if cfg.tracking.enabled:
@@ -91,39 +107,61 @@ def launch(args: argparse.Namespace) -> int:
           f"{plan.total_steps} steps", flush=True)
     ok = False
     end_tags: dict[str, str] = {}
-    try:
+    started = time.time()
+    hosts: list[str] = []  # cluster jobs: where the last attempt ran
+
+    def attempt(number: int) -> Outcome:
+        resume = path
+        if number:
+            from mxlarge.config import checkpoint_root
+            resume = latest_checkpoint(checkpoint_root(cfg), started) or path
+            print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
+                  "from the start (no checkpoint yet)"), flush=True)
+        cmd = command if resume is None else [*command, "--resume", str(resume)]
         if args.launcher == "local":
-            try:
-                outcome = launcher.run_local(command, workers=workers, servers=servers,
-                                             port=args.port, env=env)
-            except launcher.PortInUseError as exc:
-                end_tags = {"failure": str(exc)}
-                raise InputError(str(exc)) from None
-            ok = outcome.exit_code == 0
-            if not ok:
-                end_tags = {"failed_role": str(outcome.failed_role),
-                             "failed_rank": str(outcome.failed_rank),
-                             "failed_status": str(outcome.failed_status),
-                             "failure": outcome.message}
-                print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
-            code = outcome.exit_code
+            return launcher.run_local(cmd, workers=workers, servers=servers, port=args.port,
+                                      env=env, stall_timeout=args.stall_timeout)
+        result = launcher.cluster_run(args.launcher, cmd, workers=workers, servers=servers,
+                                      hostfile=args.hostfile, env=env,
+                                      stall_timeout=args.stall_timeout)
+        hosts[:] = result.hosts
+        if result.failed_host is not None:
+            end_tags["failed_host"] = str(result.failed_host)
+        return cluster_outcome(result)
+
+    def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
+        if run is None:
+            return
+        tags: dict[str, object] = {"restarts": restarts}
+        if gave_up is None:
+            tags[f"restart_{restarts}_reason"] = failure.message
         else:
-            try:
-                result = launcher.cluster_run(args.launcher, command, workers=workers,
-                                              servers=servers, hostfile=args.hostfile, env=env)
-            except (ValueError, NotImplementedError, FileNotFoundError) as exc:
-                end_tags = {"failure": str(exc)}
-                raise InputError(str(exc)) from None
-            code = result.exit_code
-            ok = code == 0
-            # Cluster jobs: where they ran, and which process on which host failed.
-            end_tags = {"hosts": ",".join(result.hosts)}
-            if not ok:
-                end_tags.update(failed_role=str(result.failed_role),
-                                 failed_rank=str(result.failed_rank),
-                                 failed_host=str(result.failed_host), failure=result.message)
-                print(f"mxlarge: job failed: {result.message}", file=sys.stderr, flush=True)
-        return 0 if ok else (code if code else 1)
+            tags["restart_gave_up"] = gave_up
+        run.tag(tags)
+        run.log_metrics({"restarts": restarts}, failure.step or 0)
+
+    try:
+        try:
+            outcome = run_with_restarts(
+                attempt, RestartPolicy(args.max_restarts),
+                lambda line: print(f"mxlarge: {line}", flush=True), record)
+        except (launcher.PortInUseError, ValueError, NotImplementedError,
+                FileNotFoundError) as exc:
+            end_tags["failure"] = str(exc)
+            raise InputError(str(exc)) from None
+        ok = outcome.exit_code == 0
+        if hosts:
+            end_tags["hosts"] = ",".join(hosts)
+        if not ok:
+            end_tags["failure"] = outcome.message
+            if outcome.failed_role is not None:
+                end_tags.update(failed_role=outcome.failed_role,
+                                failed_rank=str(outcome.failed_rank),
+                                failed_status=str(outcome.failed_status))
+            if outcome.reason == "stalled":
+                end_tags.update(failure="stalled", failure_detail=outcome.message)
+            print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
+        return outcome.exit_code
     finally:
         if owned is not None:
             owned.end(ok, end_tags)

@@ -116,8 +116,9 @@ class TrainLoop:
                     if self.max_steps is not None and self.step >= self.max_steps:
                         break
                 metrics: dict[str, float] = {"epoch": float(epoch + 1)}
-                for h in self.hooks:
-                    h.after_epoch(self, epoch, metrics)
+                with self.trainer.busy("evaluating/checkpointing"):
+                    for h in self.hooks:
+                        h.after_epoch(self, epoch, metrics)
                 self.history.append(metrics)
                 if self.max_steps is not None and self.step >= self.max_steps:
                     break
@@ -125,8 +126,10 @@ class TrainLoop:
             error = exc
             raise
         finally:
-            for h in self.hooks:
-                h.after_train(self, error)
+            # rank 0 may upload artifacts for a while, the others wait in ps-lite's exit barrier
+            with self.trainer.busy("finishing"):
+                for h in self.hooks:
+                    h.after_train(self, error)
 
 
 class LossHook(Hook):

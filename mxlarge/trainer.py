@@ -42,12 +42,17 @@ What cannot be honoured is refused with the reason (:data:`REFUSED`): the optimi
 on the servers (``update_on_kvstore=True`` loses ``wd_mult`` and LR changes on MXNet 1.9.1),
 every gradient is pushed every step (``ignore_stale_grad=True``), and parameters must have
 their shapes (deferred initialisation) before the store broadcasts them.
+
+A dist Trainer installs :func:`mxlarge.launcher.worker.install_fail_fast`: an uncaught exception
+prints its traceback and ends the process at once (status 1), instead of deadlocking in ps-lite's
+exit barrier; a normal exit still goes through the barrier, where rank 0 stops the servers.
 """
 from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import mxnet as mx
@@ -57,6 +62,8 @@ from mxlarge.bnstats import BNStats
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
+from mxlarge.launcher.heartbeat import Beat
+from mxlarge.launcher.worker import install_fail_fast
 from mxlarge.plan import World
 from mxlarge.schedulers import Schedule
 
@@ -267,6 +274,13 @@ class Trainer:
         self.roles: list[ParamRole] = param_roles(params, decay_bn_bias=decay_bn_bias)
         self.store = SyncStore("local" if kvstore is None else kvstore, self.params,
                                self.roles, compression=compression)
+        if self.store.distributed:
+            # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
+            # that wait in push/pull for it: every script using this Trainer leaves at once.
+            install_fail_fast()
+        # Progress for the launcher's stall watchdog (None outside a launched job).
+        self.heartbeat = Beat.from_env(self.store.rank) if self.store.distributed else None
+        self._last_update: mx.nd.NDArray | None = None
         self.pushed = self.store.pushed
         self.scale = opt["rescale"]
         self.num_update = opt["begin"]
@@ -407,9 +421,19 @@ class Trainer:
         if self._batch is None:
             self._fix_schedule(batch_size)
         t = self.num_update if step is None else int(step)
+        beat = self.heartbeat
+        if beat is not None:
+            beat.step(beat.done, t)  # this worker's gradients of update t are pushed
+            # Python must not run ahead of a stuck job: wait for update t-1 (update t's
+            # forward/backward are queued already, so the engine never idles here).
+            if self._last_update is not None:
+                self._last_update.wait_to_read()
+            beat.step(t, t)
         rescale = self.scale / (batch_size * self.num_workers)
         for weights, grads, states in self._update_args:
             self.updater.apply(t, self.pushed, weights, grads, states, rescale)
+        if beat is not None and self._update_args:
+            self._last_update = self._update_args[0][0][0]
         self.num_update = t + 1
 
     def step(self, batch_size: int, step: int | None = None,
@@ -418,6 +442,17 @@ class Trainer:
         step = _explicit_step(step, ignore_stale_grad)  # refused before anything is pushed
         self.allreduce_grads()
         self.update(batch_size, step)
+
+    @contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Tells the launcher's stall watchdog that this worker is ``what`` (e.g. evaluating)
+        rather than stepping: such a phase may last 10 stall timeouts (see
+        :mod:`mxlarge.launcher.watchdog`). A no-op outside a launched job."""
+        if self.heartbeat is None:
+            yield
+            return
+        with self.heartbeat.busy(what):
+            yield
 
     def check_replicas(self, step: int) -> None:
         self.store.check_replicas(step)

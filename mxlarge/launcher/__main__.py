@@ -1,11 +1,14 @@
-"""``python -m mxlarge.launcher -n 2 -s 1 [--launcher ssh -H hosts] -- CMD ...`` (manual use)."""
+"""``python -m mxlarge.launcher -n 2 -s 1 [--launcher ssh -H hosts] [--stall-timeout S]
+[--max-restarts N] -- CMD ...`` (manual use, e.g. your own training script)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_submit
-from mxlarge.launcher.local import PortInUseError, run_local
+from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_run
+from mxlarge.launcher.local import Outcome, PortInUseError, run_local
+from mxlarge.launcher.restart import RestartPolicy, cluster_outcome, run_with_restarts
+from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -40,26 +43,39 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra environment for every process (repeatable)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL on teardown")
+    p.add_argument("--stall-timeout", type=stall_seconds, default=None, metavar="SECONDS",
+                   help=STALL_HELP)
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="after a failure (crash, kill, stall) run the whole job again, up to N "
+                        "times; the command resumes from its own checkpoints (mxlarge.resume)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("no command given (put it after --)")
+    if a.max_restarts < 0:
+        p.error(f"--max-restarts {a.max_restarts}: expected an integer >= 0")
     servers = a.workers if a.servers is None else a.servers
     env = dict(a.env)
-    try:
+    if a.launcher == "local" and (a.hostfile or a.host_ip):
+        p.error("--hostfile/--host-ip are for cluster launchers")
+    if a.launcher != "local" and a.port is not None:
+        p.error("--port is for the local launcher (dmlc_tracker picks the scheduler port)")
+
+    def attempt(number: int) -> Outcome:
         if a.launcher == "local":
-            if a.hostfile or a.host_ip:
-                p.error("--hostfile/--host-ip are for cluster launchers")
             outcome = run_local(command, workers=a.workers, servers=servers, port=a.port,
-                                env=env, grace=a.grace)
+                                env=env, grace=a.grace, stall_timeout=a.stall_timeout)
             print(f"[launcher] {outcome.message}", flush=True)
-            return outcome.exit_code
-        if a.port is not None:
-            p.error("--port is for the local launcher (dmlc_tracker picks the scheduler port)")
+            return outcome
         extra = {"host_ip": a.host_ip} if a.host_ip else {}
-        return cluster_submit(a.launcher, command, workers=a.workers, servers=servers,
-                              hostfile=a.hostfile, env=env, extra=extra, grace=a.grace)
+        return cluster_outcome(cluster_run(
+            a.launcher, command, workers=a.workers, servers=servers, hostfile=a.hostfile,
+            env=env, extra=extra, grace=a.grace, stall_timeout=a.stall_timeout))
+
+    try:
+        return run_with_restarts(attempt, RestartPolicy(a.max_restarts),
+                                 lambda line: print(f"[launcher] {line}", flush=True)).exit_code
     except (ValueError, PortInUseError, NotImplementedError, FileNotFoundError) as e:
         print(f"mxlarge.launcher: error: {e}", file=sys.stderr)
         return 2

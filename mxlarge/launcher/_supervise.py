@@ -266,6 +266,8 @@ class Supervisor:
             return
         for pgid in live:
             _killpg(pgid, signal.SIGTERM)
+            # a stopped process (SIGSTOP, a stalled job) acts on SIGTERM only once continued
+            _killpg(pgid, signal.SIGCONT)
         deadline = time.monotonic() + grace
         while live and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)

@@ -85,6 +85,8 @@ from mxlarge.launcher._supervise import (
     exit_code_for,
     termination_signals,
 )
+from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
 SUPPORTED = ("ssh", "mpi", "slurm")
 
@@ -118,6 +120,7 @@ _SECRET_WORDS = ("PASSWORD", "TOKEN", "SECRET")
 OWNED_ENV = frozenset({
     "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
     "DMLC_NODE_HOST", "DMLC_RANK", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER", "MXLARGE_JOB_ID",
+    HEARTBEAT_ENV,
 })
 
 _TOOLS = {"ssh": "ssh", "mpi": "mpirun", "slurm": "srun"}
@@ -517,18 +520,21 @@ def _slurm_nodes() -> list[str]:
 def cluster_submit(launcher: str, command: Sequence[str], *, workers: int, servers: int,
                    hostfile: str | None, env: Mapping[str, str] | None = None,
                    extra: Mapping[str, Any] | None = None, grace: float = 10.0,
-                   output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0) -> int:
+                   output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0,
+                   stall_timeout: float | None = None, heartbeat_dir: str | None = None) -> int:
     """:func:`cluster_run` that returns only the exit code."""
     return cluster_run(launcher, command, workers=workers, servers=servers, hostfile=hostfile,
                        env=env, extra=extra, grace=grace, output=output,
-                       shutdown_timeout=shutdown_timeout).exit_code
+                       shutdown_timeout=shutdown_timeout, stall_timeout=stall_timeout,
+                       heartbeat_dir=heartbeat_dir).exit_code
 
 
 def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers: int,
                 hostfile: str | None, env: Mapping[str, str] | None = None,
                 extra: Mapping[str, Any] | None = None, grace: float = 10.0,
-                output: IO[str] | Any = sys.stdout,
-                shutdown_timeout: float = 60.0) -> ClusterOutcome:
+                output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0,
+                stall_timeout: float | None = None,
+                heartbeat_dir: str | None = None) -> ClusterOutcome:
     """Run ``command`` as a dist_sync job through dmlc_tracker's ``launcher`` backend.
 
     The scheduler runs on this host (that is how dmlc_tracker works), servers and workers where
@@ -553,9 +559,16 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
         grace: seconds between SIGTERM and SIGKILL during teardown.
         output: text stream for the processes' prefixed output.
         shutdown_timeout: seconds the remaining processes may take to exit after the scheduler.
+        stall_timeout: the stall watchdog's timeout as for :func:`run_local` (``None`` the
+            default rule, 0 off).
+        heartbeat_dir: where workers write their heartbeats; it must be on a filesystem shared
+            by every host and this one, or the watchdog never hears from remote workers and
+            stays unarmed (default: ``.mxlarge-heartbeat/<job id>`` in the current directory,
+            which the ssh backend also ``cd``s to on every host). Removed afterwards.
 
     Returns:
-        The :class:`ClusterOutcome`.
+        The :class:`ClusterOutcome`; its exit code is 0 if every process started here exited
+        0, else that of the first failure (128 + n for a signal n, 124 for a stall).
 
     Raises:
         ValueError: invalid arguments, hostfile missing/empty/too short.
@@ -581,6 +594,13 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
     # Unbuffered by default so that lines arrive through ssh/mpirun/srun as they are printed.
     job_env = {"PYTHONUNBUFFERED": "1", **forwarded_env(env)}
     job_env["MXLARGE_JOB_ID"] = uuid.uuid4().hex[:12]
+    if stall_timeout is not None and stall_timeout < 0:
+        raise ValueError(f"stall_timeout must be >= 0 (0 disables), got {stall_timeout}")
+    beats = None
+    if stall_timeout != 0:
+        beats = os.path.abspath(heartbeat_dir or os.path.join(
+            ".mxlarge-heartbeat", job_env["MXLARGE_JOB_ID"]))
+        job_env[HEARTBEAT_ENV] = beats
     words = render_command(command, job_env)
     if launcher == "ssh":
         bad = next((w for w in words if "'" in w), None)
@@ -625,18 +645,30 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
                                  for e in entries)
             else:
                 args.host_file = hostfile
+            if beats is not None:
+                os.makedirs(beats, exist_ok=True)
+                if heartbeat_dir is None:  # ours: the parent goes too once no job uses it
+                    stack.callback(_remove_if_empty, os.path.dirname(beats))
+                stack.callback(shutil.rmtree, beats, True)
             hosts = _slurm_nodes() if launcher == "slurm" else [e.host for e in entries or ()]
             return _submit(backend, tracker, args, launcher, job_env["MXLARGE_JOB_ID"], grace,
-                           output, shutdown_timeout, hosts)
+                           output, shutdown_timeout, hosts, beats, stall_timeout)
     finally:
         _submit_lock.release()
 
 
+def _remove_if_empty(directory: str) -> None:
+    with contextlib.suppress(OSError):  # not empty: another job's heartbeats are there
+        os.rmdir(directory)
+
+
 def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, job_id: str,
             grace: float, output: IO[str] | Any, shutdown_timeout: float,
-            hosts: list[str]) -> ClusterOutcome:
+            hosts: list[str], beats: str | None, stall_timeout: float | None) -> ClusterOutcome:
     sink = _ReportSink(output, launcher)
     sup = Supervisor(output, sink=sink)
+    watchdog = None if beats is None else Watchdog(
+        beats, args.num_workers, stall_timeout, emit=lambda line: sup.sink.emit("launcher", line))
     shim = _SubprocessShim(sup, launcher, srun_overlap=launcher == "slurm" and srun_has_overlap())
     stop = threading.Event()
     received: list[int] = []
@@ -656,7 +688,8 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
         with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
                 scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
             thread.start()
-            rc, message, failed = _watch(sup, thread, errors, stop, received, shutdown_timeout)
+            rc, message, failed = _watch(sup, thread, errors, stop, received, shutdown_timeout,
+                                         watchdog)
             if message:
                 bad = rc not in (0, None) and not stop.is_set()
                 sup.sink.emit("launcher", f"{message}; stopping the job" if bad else message)
@@ -687,8 +720,8 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
 
 
 def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],
-           stop: threading.Event, received: list[int],
-           shutdown_timeout: float) -> tuple[int | None, str, Child | None]:
+           stop: threading.Event, received: list[int], shutdown_timeout: float,
+           watchdog: Watchdog | None) -> tuple[int | None, str, Child | None]:
     done_at: float | None = None
     while True:
         if stop.is_set():
@@ -702,6 +735,13 @@ def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException
                 failed.label else ""
             return (exit_code_for(failed.status),
                     f"{failed.label} exited with {describe_status(failed.status)}{hint}", failed)
+        # As in run_local: judged while training runs, until a worker (or its ssh/mpirun/srun)
+        # has ended.
+        if watchdog is not None and not any(c.status is not None for c in sup.children
+                                            if c.role == "worker"):
+            stall = watchdog.check()
+            if stall is not None:
+                return STALL_EXIT, stall.message, None
         if not thread.is_alive():
             if errors:
                 return None, "", None

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -38,6 +40,8 @@ from mxlarge.launcher._supervise import (
     exit_code_for,
     termination_signals,
 )
+from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
 LOOPBACK = "127.0.0.1"
 
@@ -47,7 +51,7 @@ LOOPBACK = "127.0.0.1"
 OWNED_ENV = frozenset({
     "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
     "DMLC_NODE_HOST", "DMLC_INTERFACE", "DMLC_RANK", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER",
-    "MXLARGE_ROLE", "MXLARGE_LOCAL_RANK", "MXLARGE_JOB_ID",
+    "MXLARGE_ROLE", "MXLARGE_LOCAL_RANK", "MXLARGE_JOB_ID", HEARTBEAT_ENV,
 })
 
 
@@ -67,6 +71,10 @@ class Outcome:
         failed_rank: launch index of that process within its role (not its kvstore rank).
         failed_status: its Popen-style return code: exit status, or ``-n`` for signal n.
         message: one human-readable line, e.g. ``"worker 1 exited with signal 9 (SIGKILL)"``.
+        reason: ``"crashed"`` (a process failed) or ``"stalled"`` (the stall watchdog stopped
+            the job); ``None`` on success or when the launcher was interrupted.
+        step: on failure, the last step the failed worker (a crash), or every worker (a
+            stall or a server crash), had completed, as far as the heartbeats tell.
     """
 
     exit_code: int
@@ -74,6 +82,8 @@ class Outcome:
     failed_rank: int | None
     failed_status: int | None
     message: str
+    reason: str | None = None
+    step: int | None = None
 
 
 def free_port() -> int:
@@ -144,7 +154,8 @@ def _role_env(base: Mapping[str, str], *, role: str, index: int, port: int, work
 
 def run_local(command: Sequence[str], *, workers: int, servers: int, port: int | None = None,
               env: Mapping[str, str] | None = None, grace: float = 10.0,
-              output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 30.0) -> Outcome:
+              output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 30.0,
+              stall_timeout: float | None = None) -> Outcome:
     """Run ``command`` as 1 scheduler, ``servers`` servers and ``workers`` workers on loopback.
 
     Each process gets the ``DMLC_*`` variables of its role, plus ``MXLARGE_ROLE``,
@@ -158,6 +169,11 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
     SIGINT/SIGTERM/SIGHUP to the launcher (main thread only) tear the job down as well. No child
     outlives this call, including when it raises.
 
+    Workers report their progress through heartbeat files (:mod:`mxlarge.launcher.heartbeat`,
+    in a temporary directory named by ``MXLARGE_HEARTBEAT_DIR``); a job in which no worker
+    advances for the stall timeout is torn down the same way, with exit code 124 and the ranks
+    behind named (:mod:`mxlarge.launcher.watchdog`).
+
     Args:
         command: argv run for every role (no shell).
         workers: number of workers (>= 1).
@@ -167,6 +183,8 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
         grace: seconds between SIGTERM and SIGKILL during teardown.
         output: text stream for the children's prefixed output.
         shutdown_timeout: seconds servers/scheduler may take to exit after the last worker.
+        stall_timeout: seconds without progress that stop the job; ``None`` for the default
+            (max(120 s, 20 x the median step time)); 0 disables the watchdog.
 
     Returns:
         The :class:`Outcome`.
@@ -178,6 +196,8 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
     command = check_job(command, workers, servers)
     if grace < 0 or shutdown_timeout < 0:
         raise ValueError("grace and shutdown_timeout must be >= 0")
+    if stall_timeout is not None and stall_timeout < 0:
+        raise ValueError(f"stall_timeout must be >= 0 (0 disables), got {stall_timeout}")
     base = _job_env(env)
     if port is None:
         port = free_port()
@@ -188,6 +208,12 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
     sup = Supervisor(output)
     stop = threading.Event()
     received: list[int] = []
+    watchdog = None
+    if stall_timeout != 0:
+        beats = tempfile.mkdtemp(prefix=f"mxlarge-heartbeat-{job_id}-")
+        base[HEARTBEAT_ENV] = beats
+        watchdog = Watchdog(beats, workers, stall_timeout,
+                            emit=lambda line: sup.sink.emit("launcher", line))
     try:
         with termination_signals(stop, received):
             def start(role: str, index: int) -> None:
@@ -202,8 +228,8 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
                 start("server", i)
             for i in range(workers):
                 start("worker", i)
-            outcome = _supervise(sup, stop, received, shutdown_timeout)
-            if outcome.failed_role is not None:
+            outcome = _supervise(sup, stop, received, shutdown_timeout, watchdog)
+            if outcome.reason is not None:
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job")
             elif outcome.exit_code != 0:
                 sup.sink.emit("launcher", outcome.message)
@@ -212,10 +238,25 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
         return outcome
     finally:
         sup.close(grace)
+        if watchdog is not None:
+            shutil.rmtree(watchdog.directory, ignore_errors=True)
+
+
+def _stalled(sup: Supervisor, watchdog: Watchdog | None) -> Outcome | None:
+    """The watchdog's verdict while training runs (once a worker has ended, it has ended)."""
+    if watchdog is None or any(c.status is not None for c in sup.children if c.role == "worker"):
+        return None
+    stall = watchdog.check()
+    if stall is None:
+        return None
+    pids = {watchdog.seen[r].record.pid for r in stall.behind}
+    child = next((c for c in sup.children if c.role == "worker" and c.pid in pids), None)
+    return Outcome(STALL_EXIT, "worker" if child else None, child.index if child else None,
+                   None, stall.message, "stalled", stall.step)
 
 
 def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
-               shutdown_timeout: float) -> Outcome:
+               shutdown_timeout: float, watchdog: Watchdog | None) -> Outcome:
     workers_done_at: float | None = None
     while True:
         if stop.is_set():
@@ -226,9 +267,17 @@ def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
         failed = sup.first_failure()
         if failed is not None:
             assert failed.status is not None
+            step = None
+            if watchdog is not None:
+                watchdog.read(force=True)  # the failed worker's last record
+                step = watchdog.step_of_pid(failed.pid) if failed.role == "worker" else None
+                step = watchdog.progress() if step is None else step
             return Outcome(exit_code_for(failed.status), failed.role, failed.index,
                            failed.status, f"{failed.label} exited with "
-                                          f"{describe_status(failed.status)}")
+                                          f"{describe_status(failed.status)}", "crashed", step)
+        stalled = _stalled(sup, watchdog)
+        if stalled is not None:
+            return stalled
         if sup.all_exited("worker"):
             if sup.all_exited():
                 n_w = sum(c.role == "worker" for c in sup.children)

@@ -1,0 +1,168 @@
+"""Progress reports from workers to their launcher: one small file per rank, no KVStore traffic.
+
+The launcher gives every process of a job the directory :data:`ENV` (``MXLARGE_HEARTBEAT_DIR``);
+this module's :meth:`Beat.from_env` is the only place that reads it. A worker that finds it
+writes ``worker-<rank>.json`` there, a :class:`Record` padded to :data:`SIZE` bytes and rewritten
+in place (one ``pwrite``, so a reader sees an old or a new record, never a mix of both lengths).
+
+What is cheap, and why it is correct:
+
+* The training step writes the record when an update completes (one ``pwrite`` of
+  :data:`SIZE` bytes to an open file, a few microseconds: ``make bench`` row
+  ``heartbeat_cost``), so the last record of a crashed worker names its last step exactly
+  (the restart policy compares steps). A daemon thread also writes it every :data:`INTERVAL`.
+* MXNet runs the step asynchronously: Python returns from ``trainer.step`` long before the
+  engine has pushed, pulled and updated, and could run ahead of a stuck job indefinitely. So
+  ``done`` only counts an update after its result exists (the Trainer waits for update t−1
+  when it issues update t, while update t's forward/backward are already queued, which costs
+  the engine nothing), and Python never gets more than one step ahead of the real progress.
+* The writer thread's counter ``tick`` tells the launcher whether a process runs at all: a
+  worker stopped by SIGSTOP, a frozen VM or a dead node stops ticking, while a worker that
+  merely waits in push/pull for a slow peer keeps ticking (MXNet waits without the GIL).
+
+On a shared filesystem (cluster launchers) the records reach the launcher as fast as the
+filesystem propagates writes (NFS: the client's write-back and attribute caching, seconds to
+tens of seconds): choose a stall timeout well above that.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENV = "MXLARGE_HEARTBEAT_DIR"
+SIZE = 512
+INTERVAL = 1.0  # seconds between writes of one worker's record
+
+
+@dataclass(frozen=True)
+class Record:
+    """One worker's last report.
+
+    Attributes:
+        rank: kvstore rank.
+        host: where the worker runs; pid: its process id there.
+        done: updates known to be complete (the step counter of the next update to apply).
+        issued: the last update this worker has issued (its gradients are on their way), -1
+            before the first.
+        here: updates completed by this process (0 until its first step is done: a
+            restarted worker starts at a checkpoint's step).
+        phase: ``train``, or what the worker says it is busy with (``evaluating``, ...).
+        tick: the writer's counter, +1 per write.
+    """
+
+    rank: int
+    host: str
+    pid: int
+    done: int
+    issued: int
+    here: int
+    phase: str
+    tick: int
+
+    def encode(self) -> bytes:
+        data = json.dumps(asdict(self), separators=(",", ":")).encode()
+        if len(data) >= SIZE:
+            raise ValueError(f"heartbeat record longer than {SIZE} bytes: {data[:80]!r}...")
+        return data.ljust(SIZE - 1) + b"\n"
+
+    @classmethod
+    def decode(cls, data: bytes) -> Record | None:
+        """The record in ``data``, or ``None`` if it is empty or torn (read mid-write)."""
+        try:
+            return cls(**json.loads(data))
+        except (ValueError, TypeError):
+            return None
+
+
+def path_for(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"worker-{rank}.json"
+
+
+def read_all(directory: str | Path) -> dict[int, Record]:
+    """Every readable worker record in ``directory``, by rank."""
+    out: dict[int, Record] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            if not (entry.name.startswith("worker-") and entry.name.endswith(".json")):
+                continue
+            try:
+                with open(entry.path, "rb") as f:
+                    record = Record.decode(f.read(SIZE))
+            except OSError:
+                continue
+            if record is not None:
+                out[record.rank] = record
+    return out
+
+
+class Beat:
+    """A worker's side: :meth:`step` on the hot path, a thread that writes the record.
+
+    Use :meth:`from_env` (``None`` outside a launched job).
+    """
+
+    def __init__(self, directory: str | Path, rank: int, interval: float = INTERVAL) -> None:
+        self.rank = rank
+        self.done = 0
+        self.issued = -1
+        self.here = 0
+        self.phase = "train"
+        self._first: int | None = None
+        self._tick = 0
+        self._interval = interval
+        self._host = socket.gethostname()
+        self._fd = os.open(path_for(directory, rank), os.O_WRONLY | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        self._write()
+        self._thread = threading.Thread(target=self._run, name=f"mxlarge heartbeat {rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls, rank: int) -> Beat | None:
+        """A running Beat if the launcher asked for heartbeats (:data:`ENV` set), else None."""
+        directory = os.environ.get(ENV)
+        return cls(directory, rank) if directory else None
+
+    def step(self, done: int, issued: int) -> None:
+        """Record progress: updates before ``done`` are complete, ``issued`` is on its way.
+
+        The first call starts this process's count (``here``): its ``issued`` is the step the
+        process started at (0, or a checkpoint's step), all before it complete.
+        """
+        if self._first is None:
+            self._first = done = issued
+        advanced = done != self.done
+        self.done, self.issued, self.here = done, issued, done - self._first
+        if advanced:
+            self._write()
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Mark a phase without steps (evaluation, checkpointing) for the watchdog."""
+        before, self.phase = self.phase, what
+        try:
+            yield
+        finally:
+            self.phase = before
+
+    def _write(self) -> None:
+        with self._lock:  # the step and the writer thread: ticks stay in order
+            self._tick += 1
+            record = Record(self.rank, self._host, os.getpid(), self.done, self.issued,
+                            self.here, self.phase, self._tick)
+            with contextlib.suppress(OSError):  # a full or vanished disk must not stop training
+                os.pwrite(self._fd, record.encode(), 0)
+
+    def _run(self) -> None:
+        # Runs until the process ends (daemon thread); the launcher removes the directory.
+        while True:
+            time.sleep(self._interval)
+            self._write()

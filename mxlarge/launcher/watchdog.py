@@ -1,0 +1,205 @@
+"""The launcher's stall watchdog: "no worker advanced for T seconds" ends the job, named.
+
+ps-lite has no timeout on a silent peer: one stopped worker (a hung GPU, a stuck NFS read, a
+partitioned node, ``SIGSTOP``) leaves every other process waiting in push/pull forever. The
+supervision loops (:mod:`mxlarge.launcher.local`, :mod:`mxlarge.launcher.cluster`) call
+:meth:`Watchdog.check` on every poll; it reads the workers' heartbeat files
+(:mod:`mxlarge.launcher.heartbeat`) at most every :data:`READ_EVERY` seconds.
+
+The rules:
+
+* **Armed after the first step.** Until every worker has completed one step in this launch,
+  nothing is judged: imports, data loading, KVStore start-up and the first step (graph building,
+  allocation) may take long. A job that hangs before its first step is not detected.
+* **Stall.** Once armed, the job is stalled when no worker's record (steps, phase) has changed
+  for ``timeout`` seconds, measured on the launcher's clock (no clock skew between hosts).
+  A warning naming the ranks behind comes at half of it.
+* **Busy phases.** While any worker reports a phase other than ``train`` (the training loop
+  marks its end-of-epoch hooks, evaluation and checkpoints, as ``evaluating/checkpointing``,
+  and its final hooks as ``finishing``; a script marks its own with ``trainer.busy("...")``),
+  the allowance is :data:`BUSY_FACTOR` times the timeout.
+* **Done once a worker has exited**: the end of a job is the shutdown timeout's business.
+* **Default timeout** (``timeout=None``): max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` × the
+  median step time measured so far).
+* **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`
+  seconds (stopped, frozen or dead machine); else those with the lowest issued step (they have
+  not pushed what the others wait for); else none: every worker waits at the same step, so a
+  server, the scheduler or the network is the suspect.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mxlarge.launcher.heartbeat import Record, read_all
+
+MIN_TIMEOUT = 120.0
+STEP_FACTOR = 20.0
+BUSY_FACTOR = 10.0
+FROZEN_AFTER = 5.0
+READ_EVERY = 0.5
+# Exit code of a job the watchdog stopped (as coreutils' `timeout` does).
+STALL_EXIT = 124
+
+
+def stall_seconds(text: str) -> float:
+    """``--stall-timeout``: seconds >= 0 (0 disables the watchdog)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 (0 disables), got {text!r}")
+    return value
+
+
+STALL_HELP = ("stop the job when no worker advanced for this many seconds (default: "
+              "max(120, 20 x the median step time); 0 disables); see mxlarge/launcher/watchdog.py")
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A stalled job: ``message`` is the one line for the user, ``behind`` the ranks named,
+    ``step`` the last step all workers had completed (the job's progress)."""
+
+    message: str
+    behind: tuple[int, ...]
+    step: int
+
+
+class _Seen:
+    """What the watchdog knows of one rank: its record and when things last changed."""
+
+    def __init__(self, record: Record, now: float) -> None:
+        self.record = record
+        self.changed = now   # steps or phase
+        self.ticked = now    # any write at all
+
+    def update(self, record: Record, now: float) -> tuple[int, float] | None:
+        """Takes a new record; returns (steps done since, seconds) when ``done`` advanced."""
+        old, self.record = self.record, record
+        if record.tick != old.tick:
+            self.ticked = now
+        if (record.done, record.issued, record.phase) == (old.done, old.issued, old.phase):
+            return None
+        since, self.changed = self.changed, now
+        if record.done > old.done and record.phase == old.phase == "train":
+            return record.done - old.done, now - since
+        return None
+
+
+class Watchdog:
+    """Judges a job's progress from its heartbeat directory.
+
+    Args:
+        directory: the job's heartbeat directory (what :data:`heartbeat.ENV` points to).
+        workers: how many workers the job has.
+        timeout: seconds without progress that make a stall; ``None`` for the default rule
+            (see the module docstring). 0 is not allowed here: a disabled watchdog is no
+            watchdog.
+        emit: receives the warning lines.
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(self, directory: str | Path, workers: int, timeout: float | None,
+                 emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"stall timeout must be > 0 seconds, got {timeout}")
+        self.directory = Path(directory)
+        self.workers = workers
+        self.fixed_timeout = timeout
+        self.emit = emit
+        self.clock = clock
+        self.seen: dict[int, _Seen] = {}
+        self.step_times: deque[float] = deque(maxlen=200)
+        self._read_at = -float("inf")
+        self._warned_for: float | None = None
+
+    # -- facts ------------------------------------------------------------------------------------
+    @property
+    def timeout(self) -> float:
+        """The stall timeout in force now."""
+        if self.fixed_timeout is not None:
+            return self.fixed_timeout
+        if not self.step_times:
+            return MIN_TIMEOUT
+        return max(MIN_TIMEOUT, STEP_FACTOR * statistics.median(self.step_times))
+
+    @property
+    def armed(self) -> bool:
+        return len(self.seen) >= self.workers and all(s.record.here >= 1
+                                                      for s in self.seen.values())
+
+    def progress(self) -> int | None:
+        """Updates every worker has completed, ``None`` before any report."""
+        if not self.seen:
+            return None
+        return min(s.record.done for s in self.seen.values())
+
+    def step_of_pid(self, pid: int) -> int | None:
+        """The completed steps reported by the worker with process id ``pid``, if any."""
+        return next((s.record.done for s in self.seen.values() if s.record.pid == pid), None)
+
+    # -- judging ----------------------------------------------------------------------------------
+    def read(self, force: bool = False) -> None:
+        """Takes in the current records (unless ``force``, at most one scan per READ_EVERY)."""
+        now = self.clock()
+        if not force and now - self._read_at < READ_EVERY:
+            return
+        self._read_at = now
+        for rank, record in read_all(self.directory).items():
+            seen = self.seen.get(rank)
+            if seen is None:
+                self.seen[rank] = _Seen(record, now)
+                continue
+            advanced = seen.update(record, now)
+            if advanced is not None:
+                steps, seconds = advanced
+                self.step_times.append(seconds / steps)
+
+    def check(self) -> Stall | None:
+        """Reads the records; returns a :class:`Stall` once the job is stalled, warns at half."""
+        self.read()
+        if not self.armed:
+            return None
+        now = self.clock()
+        last = max(s.changed for s in self.seen.values())
+        busy = sorted({s.record.phase for s in self.seen.values() if s.record.phase != "train"})
+        allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)
+        idle = now - last
+        if idle >= allowed:
+            behind, names = self._behind(now)
+            return Stall(f"stalled: no worker advanced for {idle:.0f} s (stall timeout "
+                         f"{allowed:g} s{', busy: ' + ', '.join(busy) if busy else ''}); "
+                         f"{names}", behind, self.progress() or 0)
+        if idle >= allowed / 2 and self._warned_for != last:
+            self._warned_for = last
+            _, names = self._behind(now)
+            self.emit(f"warning: no worker advanced for {idle:.0f} s (the job is stopped "
+                      f"after {allowed:g} s); {names}")
+        return None
+
+    def _behind(self, now: float) -> tuple[tuple[int, ...], str]:
+        frozen = [r for r, s in self.seen.items() if now - s.ticked >= FROZEN_AFTER]
+        if frozen:
+            behind = sorted(frozen)
+            why = "not responding (stopped, frozen or its machine is gone)"
+        else:
+            low = min(s.record.issued for s in self.seen.values())
+            high = max(s.record.issued for s in self.seen.values())
+            behind = sorted(r for r, s in self.seen.items() if s.record.issued == low) \
+                if low < high else []
+            why = "has not pushed the step the others wait for"
+        parts = [f"rank {r} at step {self.seen[r].record.done} on "
+                 f"{self.seen[r].record.host} (pid {self.seen[r].record.pid}), {why}"
+                 for r in behind]
+        if not parts:
+            step = self.progress()
+            return (), (f"every worker waits at step {step}: suspect a server, the scheduler "
+                        "or the network")
+        return tuple(behind), "behind: " + "; ".join(parts)

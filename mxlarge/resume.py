@@ -1,0 +1,78 @@
+"""The smallest resume hook for your own Gluon loop, for ``--max-restarts`` and for resuming.
+
+Under ``python -m mxlarge.launcher --max-restarts N -- python my_train.py`` a failed job is
+started again as it was; a script that wants to continue rather than start over saves with
+:func:`save` and starts with :func:`restore`::
+
+    start = mxlarge.resume.restore("ckpt", net, trainer)   # 0 when there is no checkpoint yet
+    for step in range(start, total_steps):
+        x, y = batch(step)                                  # the data of step `step`
+        ...
+        trainer.step(x.shape[0], step)
+        if (step + 1) % 100 == 0:
+            mxlarge.resume.save("ckpt", step + 1, net, trainer)
+
+Both are collective (every worker calls them, at the same step). A checkpoint is a directory
+``step-00000100`` holding each rank's parameters (with its own BN statistics), the momentum
+buffers and ``step.json``, written to a temporary directory and renamed, so a crash mid-save
+leaves the previous one intact; the last two are kept. Only MXNet NDArray files and JSON. The
+directory must be shared by every host. One device per worker (``mxlarge train`` / ``launch``
+checkpoints cover several devices and simulated workers: :mod:`mxlarge.checkpoint`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+KEEP = 2
+
+
+def _complete(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("step-*") if (p / "step.json").is_file())
+
+
+def save(directory: str | Path, step: int, net: Any, trainer: Any) -> Path:
+    """Saves the state after ``step`` updates (collective); returns the checkpoint directory."""
+    directory = Path(directory)
+    final = directory / f"step-{step:08d}"
+    tmp = directory / f".step-{step:08d}.tmp"
+    rank = trainer.rank
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    trainer.store.barrier()
+    net.save_parameters(str(tmp / f"params-{rank}.nd"))
+    if rank == 0:
+        trainer.save_states(str(tmp / "momentum.nd"))
+    trainer.store.barrier()
+    if rank == 0:
+        (tmp / "step.json").write_text(json.dumps({"step": step,
+                                                   "workers": trainer.num_workers}))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in _complete(directory)[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
+    trainer.store.barrier()
+    return final
+
+
+def restore(directory: str | Path, net: Any, trainer: Any) -> int:
+    """Loads the newest complete checkpoint under ``directory``; returns its step (0 if none).
+
+    Raises:
+        ValueError: the checkpoint was written by another number of workers.
+    """
+    found = _complete(Path(directory))
+    if not found:
+        return 0
+    path = found[-1]
+    meta = json.loads((path / "step.json").read_text())
+    if meta["workers"] != trainer.num_workers:
+        raise ValueError(f"{path}: written by {meta['workers']} worker(s), this job has "
+                         f"{trainer.num_workers}")
+    net.load_parameters(str(path / f"params-{trainer.rank}.nd"))
+    trainer.load_states(str(path / "momentum.nd"))
+    return int(meta["step"])

@@ -167,3 +167,19 @@ def test_updater_pickles(proto):
 def test_lars_with_nesterov_refused():
     with pytest.raises(ValueError, match="Nesterov"):
         LargeBatchSGD(SCHED, nesterov=True, lars=True)
+
+
+def test_mxnet_lr_accessors_are_refused_not_answered_from_a_stale_lr():
+    """``trainer.optimizer.learning_rate``/``set_learning_rate`` would read or set MXNet's stored
+    LR, which the schedule-driven update never uses: refused with where to look instead."""
+    import pytest
+
+    from mxlarge.kvstore.updater import LargeBatchSGD
+    from mxlarge.schedulers import Linear
+
+    opt = LargeBatchSGD(Linear(0.1, 1.0, 10))
+    assert opt.lr_at(5) == pytest.approx(0.55)
+    with pytest.raises(AttributeError, match="trainer.learning_rate"):
+        _ = opt.learning_rate
+    with pytest.raises(AttributeError, match=r"trainer.set_learning_rate\(lr\)"):
+        opt.set_learning_rate(0.5)

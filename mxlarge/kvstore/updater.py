@@ -72,6 +72,17 @@ class LargeBatchSGD(mxopt.Optimizer):
         self.lars_eta = float(lars_eta)
         self.lars_eps = float(lars_eps)
 
+    # MXNet's own LR accessors would answer from a stored LR that this optimizer never uses (its
+    # LR is schedule(step)): refuse them instead of answering η(0) or ignoring a change.
+    @property
+    def learning_rate(self) -> float:
+        raise AttributeError("the LR of mxlarge's optimizer is a function of the step: read "
+                             "trainer.learning_rate (or optimizer.lr_at(step))")
+
+    def set_learning_rate(self, lr: float) -> None:
+        raise AttributeError("the LR of mxlarge's optimizer is a function of the step: use "
+                             "trainer.set_learning_rate(lr), which keeps the momentum correction")
+
     # -- pure functions of the step ------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         return float(self.schedule(step))

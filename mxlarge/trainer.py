@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -211,7 +211,7 @@ class Trainer:
             update with rescale 1/(K·n) follows. Needs a local store and one device.
     """
 
-    def __init__(self, params: Mapping[str, mx.gluon.Parameter],
+    def __init__(self, params: Mapping[str, mx.gluon.Parameter] | Sequence[mx.gluon.Parameter],
                  optimizer: str | mx.optimizer.Optimizer | Schedule = "sgd",
                  optimizer_params: Mapping[str, Any] | None = None,
                  kvstore: str | mx.kv.KVStore | None = "local",
@@ -262,6 +262,13 @@ class Trainer:
                              "mx.optimizer instance or a schedule(step) -> lr")
         if scaling not in ("linear", "sqrt", "none"):
             raise ValueError(f"scaling {scaling!r}: expected linear, sqrt or none")
+        if not hasattr(params, "keys"):  # gluon.Trainer also takes a list of Parameters
+            params = list(params)
+            bad = [p for p in params if not isinstance(p, mx.gluon.Parameter)]
+            if bad:
+                raise ValueError(f"params: expected a ParameterDict (net.collect_params()), a "
+                                 f"dict or a list of Parameters, got a {type(bad[0]).__name__}")
+            params = {p.name: p for p in params}
         self.names = list(params.keys())
         self.params = list(params.values())
         for name, p in zip(self.names, self.params):

@@ -420,3 +420,17 @@ def test_the_two_forms_do_not_mix():
         Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1}, momentum=0.9)
     with pytest.raises(ValueError, match="schedule passed to the Trainer is final"):
         Trainer(_net().collect_params(), Constant(0.1), reference_batch=256)
+
+
+def test_a_list_of_parameters_works_as_with_gluon_and_anything_else_is_refused():
+    """gluon.Trainer takes ``list(net.collect_params().values())`` too: same weights."""
+    batches = _batches(steps=4)
+    a, b = _net(), _net()
+    ta = Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    tb = Trainer(list(b.collect_params().values()), "sgd", {"learning_rate": 0.1,
+                                                            "momentum": 0.9})
+    for x, y in zip(_train(a, lambda n, t: ta.step(n), batches),
+                    _train(b, lambda n, t: tb.step(n), batches)):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="params: expected a ParameterDict"):
+        Trainer([1, 2], "sgd", {"learning_rate": 0.1})

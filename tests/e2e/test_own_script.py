@@ -145,7 +145,9 @@ def test_cluster_launcher_restarts_an_own_script_too(tmp_path):
                   "--raise-once", str(tmp_path / "raised")], tmp_path, marker)
     out = r.stdout
     assert r.returncode == 0, out[-3000:]
-    assert "[launcher] restart 1/1 after: ssh job exited with 1" in out, out[-3000:]
+    # the failing process and its host, from cluster_run (launch index: not the kvstore rank)
+    assert re.search(r"\[launcher\] restart 1/1 after: worker [01] via ssh 127\.0\.0\.1:22 "
+                     r"exited with status 1", out), out[-3000:]
     assert " start=8" in out and out.count("own_loop rank=0 done") == 1
     assert not (tmp_path / ".mxlarge-heartbeat").exists()  # heartbeats cleaned up
     assert dmlc_processes(marker) == []

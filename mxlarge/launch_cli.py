@@ -125,8 +125,11 @@ def launch(args: argparse.Namespace) -> int:
                                       hostfile=args.hostfile, env=env,
                                       stall_timeout=args.stall_timeout)
         hosts[:] = result.hosts
-        if result.failed_host is not None:
-            end_tags["failed_host"] = str(result.failed_host)
+        for key in ("failed_role", "failed_rank", "failed_host"):  # this attempt's only
+            end_tags.pop(key, None)
+        if result.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM came first
+            end_tags.update(failed_role=result.failed_role, failed_rank=str(result.failed_rank),
+                            failed_host=str(result.failed_host))
         return cluster_outcome(result)
 
     def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
@@ -156,8 +159,9 @@ def launch(args: argparse.Namespace) -> int:
             end_tags["failure"] = outcome.message
             if outcome.failed_role is not None:
                 end_tags.update(failed_role=outcome.failed_role,
-                                failed_rank=str(outcome.failed_rank),
-                                failed_status=str(outcome.failed_status))
+                                failed_rank=str(outcome.failed_rank))
+            if outcome.failed_status is not None:
+                end_tags["failed_status"] = str(outcome.failed_status)
             if outcome.reason == "stalled":
                 end_tags.update(failure="stalled", failure_detail=outcome.message)
             print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)

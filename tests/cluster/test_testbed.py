@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import socket
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,11 +59,18 @@ def test_ssh_mpirun_and_slurm_reach_every_host(testbed: Testbed) -> None:
 
 
 def test_without_root_it_says_what_it_needs(testbed: Testbed) -> None:
-    """One clear line and exit status 2, nothing created (run as nobody)."""
-    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        sys.executable, "-m", "tests.cluster.testbed", "--root",
-                        str(testbed.root / "work" / "not-root"), "up"],
-                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    """One clear line and exit status 2, nothing created (run as nobody).
+
+    The script (stdlib only) runs from a world-readable copy: the checkout itself may be
+    private to root (a clone under ``mktemp -d`` is mode 700, so is pytest's tmp_path)."""
+    with tempfile.TemporaryDirectory(prefix="mxlarge-nobody-") as tmp:
+        copy = Path(tmp)
+        copy.chmod(0o755)
+        shutil.copy(REPO / "tests" / "cluster" / "testbed.py", copy / "testbed.py")
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "/usr/bin/python3", str(copy / "testbed.py"), "--root",
+                            str(testbed.root / "work" / "not-root"), "up"],
+                           capture_output=True, text=True, timeout=60, cwd=copy)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "testbed: error: the cluster testbed needs root: it creates network namespaces and runs "

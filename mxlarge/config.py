@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from mxlarge.errors import InputError, closest
+from mxlarge.kvstore import FUSION_BYTES
 
 DATASETS = ("digits", "synthetic", "imagenet", "cifar10", "mnist1d")
 KVSTORES = ("local", "device", "dist_sync", "dist_device_sync")
@@ -150,6 +151,9 @@ class DistConfig:
                           ge=0)
     compression: str = _f("none", "gradient compression on push", choices=("none", "2bit"))
     compression_threshold: float = _f(0.5, "2bit compression threshold", gt=0)
+    fusion_bytes: int = _f(FUSION_BYTES, "gradient fusion: tensors smaller than this travel "
+                                         "packed in buckets of up to this many bytes, one "
+                                         "push/pull each (0: one key per tensor)", ge=0)
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,8 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None) -> Built:
                       momentum_correction=o.momentum_correction, weight_decay=o.weight_decay,
                       decay_bn_bias=o.decay_bn_bias, lars=o.lars, lars_eta=o.lars_eta,
                       kvstore=kv if kv is not None else cfg.dist.kvstore,
-                      compression=compression, bn_stats=cfg.dist.bn_stats,
-                      simulate_workers=world.simulated)
+                      compression=compression, fusion_bytes=cfg.dist.fusion_bytes,
+                      bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,
                  rank=rank)
 

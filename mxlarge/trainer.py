@@ -59,6 +59,7 @@ import mxnet as mx
 
 from mxlarge import schedulers
 from mxlarge.bnstats import BNStats
+from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
@@ -203,6 +204,9 @@ class Trainer:
         decay_bn_bias: also decay BN γ/β and biases (off in Goyal et al.). A parameter with
             ``wd_mult = 0`` is never decayed.
         compression: e.g. ``{'type': '2bit', 'threshold': 0.5}`` (dist only).
+        fusion_bytes: gradients of tensors smaller than this travel packed in buckets of up
+            to this many bytes, one push/pull per bucket, bitwise the same sums
+            (:func:`mxlarge.kvstore.sync.fuse`); 0: one key per tensor.
         bn_stats: BN statistics for evaluation/checkpoints: ``local``, ``broadcast``, ``reduce``
             (owned by :attr:`bn`, a :class:`~mxlarge.bnstats.BNStats`).
         simulate_workers: K > 1 reproduces K dist_sync workers in this process: the loop runs
@@ -223,6 +227,7 @@ class Trainer:
                  weight_decay: float | None = None, lars: bool | None = None,
                  lars_eta: float | None = None, momentum_correction: bool = True,
                  decay_bn_bias: bool = False, compression: dict | None = None,
+                 fusion_bytes: int = FUSION_BYTES,
                  bn_stats: str = "reduce", simulate_workers: int = 1):
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: on MXNet 1.9.1 the "
@@ -280,7 +285,8 @@ class Trainer:
                                  "supported (one LR schedule; decay on or off per tensor)")
         self.roles: list[ParamRole] = param_roles(params, decay_bn_bias=decay_bn_bias)
         self.store = SyncStore("local" if kvstore is None else kvstore, self.params,
-                               self.roles, compression=compression)
+                               self.roles, compression=compression,
+                               fusion_bytes=fusion_bytes)
         if self.store.distributed:
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
             # that wait in push/pull for it: every script using this Trainer leaves at once.

@@ -55,8 +55,9 @@ def main():
     loop.run()
     roles = [{"name": r.name, "pushed": r.pushed, "local_stat": r.local_stat}
              for r in trainer.roles]
+    buckets = [{"key": b.key, "members": list(b.members)} for b in trainer.store.buckets]
     with open(os.path.join(outdir, f"keys-{trainer.rank}.json"), "w") as fh:
-        json.dump({**rec.keys, "roles": roles}, fh)
+        json.dump({**rec.keys, "roles": roles, "buckets": buckets}, fh)
 
 
 if __name__ == "__main__":

@@ -30,28 +30,101 @@ vector into slot r of a zero buffer and the pulled sum is every rank's vector si
 Sums are then taken locally in rank order, so they are identical on every rank and independent
 of the order in which pushes reach the server.
 
-Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; small
-collective vectors (checksums, scalar sums) use the keys from ``AUX_KEY`` on (MXNet refuses
-mixed int/str keys). All stay below 215,330 (see ``MAX_KEY``).
+Fusion (Horovod's tensor fusion on a parameter server): per-key push/pull costs a round trip
+and a server request per tensor, which dominates for nets of many small tensors (a BN layer is
+two tensors of C floats). :func:`fuse` packs the pushed gradients, in backward order, into
+buckets of at most ``fusion_bytes``; a bucket of several tensors travels as one key whose value
+is their concatenation (one copy in, one copy out per device, both engine ops that start when
+their inputs are ready, so a bucket is pushed as soon as its last gradient exists and the
+overlap with backward is kept). A tensor of ``fusion_bytes`` or more travels alone under its own
+key, with no copy. The server sums each element of a bucket exactly as it sums the same element
+of a lone key, so the sums are bitwise the same as per-key push/pull. A bucket larger than
+``MXNET_KVSTORE_BIGARRAY_BOUND`` elements is split evenly over the servers by MXNet like any big
+array.
+
+Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; bucket
+``b`` uses ``FUSE_KEY + b``; small collective vectors (checksums, scalar sums) use the keys from
+``AUX_KEY`` on (MXNet refuses mixed int/str keys). All stay below 215,330 (see ``MAX_KEY``).
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
 
 from mxlarge.errors import InputError, ReplicaMismatch
+from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.roles import ParamRole
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
 # MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C int:
 # keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with 2 servers.
+MAX_PARAMS = 50_000
 STAT_KEY = 100_000
+FUSE_KEY = 150_000
 AUX_KEY = 200_000
 MAX_KEY = 2**31 // 9973 - 1
 SCALARS = 8  # length of the scalar-sum vector
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Gradients that travel as one key: ``members`` (parameter indices, backward order) at
+    element ``offsets`` of a flat buffer of ``size`` floats. One member: its own key, no buffer."""
+
+    key: int
+    members: tuple[int, ...]
+    offsets: tuple[int, ...]
+    size: int
+
+    @property
+    def fused(self) -> bool:
+        return len(self.members) > 1
+
+
+def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
+         alone: frozenset[int] = frozenset()) -> list[Bucket]:
+    """Greedy buckets over the parameters ``order`` (backward order) of ``sizes`` elements each.
+
+    A parameter of ``limit`` elements or more (or every one when ``limit`` ≤ 0) is a bucket of
+    its own under key ``i``, as is every index in ``alone``; the others fill buckets in order
+    while their total stays ≤ ``limit``. Buckets come in the order they are complete (a bucket
+    is ready when its last member is); bucket ``b`` of several members gets key
+    ``FUSE_KEY + b``.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i in order:
+        n = int(sizes[i])
+        if limit <= 0 or n >= limit or i in alone:
+            groups.append([i])
+            continue
+        if current and total + n > limit:
+            groups.append(current)
+            current, total = [], 0
+        current.append(i)
+        total += n
+        if total == limit:
+            groups.append(current)
+            current, total = [], 0
+    if current:
+        groups.append(current)
+    out, b = [], 0
+    for g in groups:
+        offsets = [0]
+        for i in g[:-1]:
+            offsets.append(offsets[-1] + int(sizes[i]))
+        size = offsets[-1] + int(sizes[g[-1]])
+        if len(g) == 1:
+            out.append(Bucket(g[0], (g[0],), (0,), size))
+        else:
+            out.append(Bucket(FUSE_KEY + b, tuple(g), tuple(offsets), size))
+            b += 1
+    return out
 
 
 def validate_kvstore(kind: str) -> str:
@@ -87,16 +160,27 @@ class SyncStore:
         params: every parameter of the net, in the order of ``roles``; initialised.
         roles: their roles (pushed / local statistic).
         compression: MXNet gradient-compression dict, e.g. ``{'type': '2bit', 'threshold': 0.5}``.
+        fusion_bytes: bucket size of gradient fusion (module docstring); 0: one key per tensor.
     """
 
     def __init__(self, kvstore: str | mx.kv.KVStore, params: Sequence[mx.gluon.Parameter],
-                 roles: Sequence[ParamRole], compression: dict | None = None):
+                 roles: Sequence[ParamRole], compression: dict | None = None,
+                 fusion_bytes: int = FUSION_BYTES):
         kind = kvstore if isinstance(kvstore, str) else kvstore.type
         self.kind = validate_kvstore(kind)
         self.params = list(params)
         self.roles = list(roles)
         self.pushed = [i for i, r in enumerate(roles) if r.pushed]
         self.stats = [i for i, r in enumerate(roles) if r.local_stat]
+        if fusion_bytes < 0:
+            raise ValueError(f"fusion_bytes {fusion_bytes}: expected ≥ 0 (0: one key per "
+                             "tensor)")
+        # Only float32 tensors share a buffer (a bucket has one dtype).
+        self.buckets = fuse([int(np.prod(p.shape)) for p in self.params],
+                            list(reversed(self.pushed)), fusion_bytes // 4,
+                            alone=frozenset(i for i in self.pushed
+                                            if np.dtype(self.params[i].dtype) != np.float32))
+        self._flat: dict[int, list[mx.nd.NDArray]] = {}
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
         # One process with one device has nothing to aggregate: skip the store entirely.
         self.kv = None if isinstance(kvstore, str) else kvstore
@@ -135,14 +219,20 @@ class SyncStore:
 
     def _init_keys(self) -> None:
         kv = self.kv
-        if len(self.params) >= STAT_KEY:
-            raise ValueError(f"{len(self.params)} parameters: at most {STAT_KEY - 1} supported")
+        if len(self.params) > MAX_PARAMS:
+            raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
         keys, values = [], []
         for i, p in enumerate(self.params):
             keys.append(i)
             # A copy is in MXNet's default layout: after an inference forward pass on CPU a
             # weight may be in MKLDNN's, which the store cannot read ("!IsMKLDNNData()").
             values.append(p.list_data()[0].copy())
+        contexts = self.params[0].list_ctx() if self.params else []
+        for b in self.buckets:
+            if b.fused:
+                self._flat[b.key] = [mx.nd.zeros((b.size,), ctx=c) for c in contexts]
+                keys.append(b.key)
+                values.append(mx.nd.zeros((b.size,)))
         if self.distributed:  # gather keys (module docstring); one process needs none
             for i in self.stats:
                 keys.append(STAT_KEY + i)
@@ -170,16 +260,30 @@ class SyncStore:
     def allreduce_grads(self) -> None:
         """Replaces every pushed gradient by its sum over workers and devices.
 
-        Pushes go in reverse parameter order with priority −i: the last layers' gradients exist
-        first during backward, and MXNet's engine starts each push as soon as its gradient is
-        ready, so communication overlaps the rest of backward.
+        Buckets (:func:`fuse`) go in backward order with priority −(their first parameter): the
+        last layers' gradients exist first during backward, and MXNet's engine starts each
+        bucket's copy and push as soon as its last gradient is ready, so communication overlaps
+        the rest of backward.
         """
         if self.kv is None:
             return
-        for i in reversed(self.pushed):
-            grads = self.params[i].list_grad()
-            self.kv.push(i, grads, priority=-i)
-            self.kv.pull(i, out=grads, priority=-i)
+        for b in self.buckets:
+            priority = -min(b.members)
+            if not b.fused:
+                grads = self.params[b.key].list_grad()
+                self.kv.push(b.key, grads, priority=priority)
+                self.kv.pull(b.key, out=grads, priority=priority)
+                continue
+            flats = self._flat[b.key]
+            grads = [self.params[i].list_grad() for i in b.members]  # [member][device]
+            for d, flat in enumerate(flats):
+                mx.nd.concat(*[g[d].reshape((-1,)) for g in grads], dim=0, out=flat)
+            self.kv.push(b.key, flats, priority=priority)
+            self.kv.pull(b.key, out=flats, priority=priority)
+            for d, flat in enumerate(flats):
+                for g, start in zip(grads, b.offsets):
+                    n = g[d].size
+                    flat[start:start + n].reshape(g[d].shape).copyto(g[d])
 
     # -- collectives ----------------------------------------------------------------------------
     def _gather_width(self, shape: Sequence[int]) -> int:

@@ -52,6 +52,31 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
 
 
 @pytest.mark.timeout(300)
+def test_fused_and_per_key_push_pull_give_bitwise_identical_weights(tmp_path):
+    """10 steps of a BN net (momentum, warmup, weight decay), 2 workers + 2 servers with arrays
+    above 500 elements split over both servers: gradients fused into buckets of 2 KiB (several
+    buckets, big tensors alone) and into the default 4 MiB bucket give bitwise the same weights
+    on every rank as one key per tensor."""
+    cfg = tmp_path / "fuse.yaml"
+    cfg.write_text(BN_CONFIG.replace("max_steps: 12", "max_steps: 10"))
+    env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500"}
+    weights = {}
+    for fusion in (0, 2048, 4 << 20):
+        out = tmp_path / f"f{fusion}"
+        r = cli(["launch", str(cfg), "-n", "2", "-s", "2", f"dist.fusion_bytes={fusion}",
+                 f"train.save_params={out}-{{rank}}.params"], tmp_path, env=env)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        weights[fusion] = [load_params(f"{out}-{rank}.params") for rank in range(2)]
+    ref = weights[0][0]
+    assert any(np.abs(ref[n]).sum() > 0 for n in ref)
+    for fusion, ranks in weights.items():
+        for got in ranks:
+            assert got.keys() == ref.keys()
+            for n in ref:
+                np.testing.assert_array_equal(got[n], ref[n], err_msg=f"{fusion} {n}")
+
+
+@pytest.mark.timeout(300)
 def test_bn_net_weights_identical_statistics_local_and_reduced(tmp_path):
     """Also with 2 servers: MXNet's key-to-server hash overflows above key 215,330."""
     cfg = tmp_path / "bn.yaml"
@@ -82,7 +107,7 @@ def test_bn_statistics_are_pulled_once_at_init_and_never_exchanged_as_parameters
     """At init every parameter, BN statistics included, is pulled once (rank 0's initial
     values); during training no statistic is pushed or pulled under its parameter key, and
     only `reduce` exchanges statistics, on their own keys, once per evaluation."""
-    from mxlarge.kvstore.sync import AUX_KEY, STAT_KEY
+    from mxlarge.kvstore.sync import FUSE_KEY, STAT_KEY
     from mxlarge.launcher import run_local
 
     cfg = tmp_path / "bn.yaml"
@@ -101,11 +126,15 @@ def test_bn_statistics_are_pulled_once_at_init_and_never_exchanged_as_parameters
         # init: one pull of every parameter key, statistics included; nothing pushed
         assert sorted(rec["pulled_init"]) == list(range(len(roles)))
         assert rec["pushed_init"] == []
-        # training: statistics never under their parameter keys, in either direction
+        # training: statistics never under their parameter keys, in either direction, nor
+        # inside a fused bucket
         assert not (set(rec["pushed_train"]) | set(rec["pulled_train"])) & stat_idx
-        assert pushed_idx <= set(rec["pushed_train"])  # every gradient went through the store
+        travelled = {i for b in rec["buckets"] if b["key"] in rec["pushed_train"]
+                     for i in b["members"]}
+        assert not travelled & stat_idx
+        assert travelled == pushed_idx  # every gradient went through the store
         for direction in ("pushed_train", "pulled_train"):
-            stat_keys = [k for k in rec[direction] if STAT_KEY <= k < AUX_KEY]
+            stat_keys = [k for k in rec[direction] if STAT_KEY <= k < FUSE_KEY]
             if bn_stats == "local":
                 assert stat_keys == []
             else:  # only for evaluation (one per epoch; 1 epoch here), each statistic once

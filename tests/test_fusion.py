@@ -1,0 +1,82 @@
+"""Gradient fusion: the bucket plan (pure) and bitwise-equal sums on a real multi-device store.
+
+The dist_sync equivalence (2 workers + 2 servers, fused vs per key, bitwise after 10 steps) is
+tests/e2e/test_dist.py::test_fused_and_per_key_push_pull_give_bitwise_identical_weights.
+"""
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxlarge.kvstore.roles import param_roles
+from mxlarge.kvstore.sync import FUSE_KEY, Bucket, SyncStore, fuse
+
+
+def test_buckets_fill_in_backward_order_and_big_tensors_travel_alone():
+    sizes = [10, 3, 100, 4, 4]
+    got = fuse(sizes, [4, 3, 2, 1, 0], limit=8)
+    assert got == [Bucket(FUSE_KEY, (4, 3), (0, 4), 8), Bucket(2, (2,), (0,), 100),
+                   Bucket(0, (0,), (0,), 10), Bucket(1, (1,), (0,), 3)]
+
+
+@pytest.mark.parametrize("limit", [0, 1, 5, 7, 64, 10**9])
+def test_every_tensor_in_exactly_one_bucket_and_no_bucket_over_the_limit(limit):
+    rng = np.random.default_rng(limit)
+    sizes = [int(s) for s in rng.integers(1, 20, size=40)]
+    order = list(reversed(range(40)))
+    buckets = fuse(sizes, order, limit, alone=frozenset({7}))
+    members = [i for b in buckets for i in b.members]
+    assert sorted(members) == list(range(40))
+    assert len({b.key for b in buckets}) == len(buckets)
+    for b in buckets:
+        assert b.size == sum(sizes[i] for i in b.members)
+        assert list(b.offsets) == list(np.cumsum([0] + [sizes[i] for i in b.members])[:-1])
+        assert [order.index(i) for i in b.members] == sorted(order.index(i) for i in b.members)
+        if b.fused:
+            assert b.size <= limit and b.key >= FUSE_KEY and 7 not in b.members
+        else:
+            assert b.key == b.members[0]
+    if limit <= 0:
+        assert not any(b.fused for b in buckets)
+    if limit >= sum(sizes):
+        assert sum(b.fused for b in buckets) == 1
+
+
+def _grads_after_allreduce(fusion_bytes: int) -> tuple[SyncStore, list[np.ndarray]]:
+    mx.random.seed(1)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
+            mx.gluon.nn.Dense(10))
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net.hybridize()
+    x = [mx.nd.random.uniform(shape=(4, 3, 8, 8), ctx=c) for c in ctx]
+    for xi in x:
+        net(xi)
+    params = net.collect_params()
+    store = SyncStore("device", list(params.values()), param_roles(params),
+                      fusion_bytes=fusion_bytes)
+    with mx.autograd.record():
+        losses = [net(xi).sum() for xi in x]
+    mx.autograd.backward(losses)
+    store.allreduce_grads()
+    return store, [g.asnumpy() for p in params.values() if p.grad_req != "null"
+                   for g in p.list_grad()]
+
+
+def test_fused_sums_over_two_devices_equal_per_key_sums_bitwise():
+    per_key, want = _grads_after_allreduce(0)
+    fused, got = _grads_after_allreduce(64)  # 16 floats: several buckets, big tensors alone
+    assert not any(b.fused for b in per_key.buckets)
+    assert sum(b.fused for b in fused.buckets) >= 1
+    assert any(not b.fused for b in fused.buckets)
+    assert any(np.abs(g).sum() > 0 for g in want)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_negative_fusion_size_is_refused():
+    net = mx.gluon.nn.Dense(2, in_units=2)
+    net.initialize()
+    params = net.collect_params()
+    with pytest.raises(ValueError, match="fusion_bytes -1"):
+        SyncStore("local", list(params.values()), param_roles(params), fusion_bytes=-1)

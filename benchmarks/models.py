@@ -14,7 +14,8 @@ PEAK_LR, WARMUP_LR, WARMUP_STEPS, DECAY_STEPS = 0.4, 0.1, 10_000, (20_000,)
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
 
 
-def build_net(name: str, classes: int, size: int, seed: int = 0) -> Any:
+def build_net(name: str, classes: int, size: int, seed: int = 0, channels: int = 3,
+              width: int | None = None) -> Any:
     """A GluonCV/mxlarge net, initialised by mxlarge (He init, zero-γ) and hybridized static.
 
     Hybridized with ``static_alloc=True, static_shape=True`` as :func:`mxlarge.run.build` does,
@@ -26,14 +27,15 @@ def build_net(name: str, classes: int, size: int, seed: int = 0) -> Any:
     from mxlarge.nets import build_net as _build
     from mxlarge.nets import initialize
 
-    cfg = ModelConfig(name=name)
+    cfg = ModelConfig(name=name) if width is None else ModelConfig(name=name, width=width)
     net = _build(cfg, classes)
-    initialize(net, cfg, seed=seed, ctx=[mx.cpu()], input_shape=(3, size, size))
+    initialize(net, cfg, seed=seed, ctx=[mx.cpu()], input_shape=(channels, size, size))
     net.hybridize(static_alloc=True, static_shape=True)
     return net
 
 
-def synthetic_batches(count: int, batch: int, size: int, classes: int, seed: int = 0) -> list:
+def synthetic_batches(count: int, batch: int, size: int, classes: int, seed: int = 0,
+                      channels: int = 3) -> list:
     """``count`` fixed ``(data, label)`` batches of uniform noise (the same for every mode)."""
     import mxnet as mx
     import numpy as np
@@ -41,21 +43,24 @@ def synthetic_batches(count: int, batch: int, size: int, classes: int, seed: int
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
-        x = rng.uniform(-1, 1, size=(batch, 3, size, size)).astype(np.float32)
+        x = rng.uniform(-1, 1, size=(batch, channels, size, size)).astype(np.float32)
         y = rng.integers(0, classes, size=batch).astype(np.float32)
         out.append((mx.nd.array(x), mx.nd.array(y)))
     return out
 
 
-def recipe_trainer(net: Any, kvstore: Any = "local") -> Any:
-    """``mxlarge.Trainer`` with warmup schedule, momentum correction and no-decay roles."""
+def recipe_trainer(net: Any, kvstore: Any = "local", fusion_bytes: int | None = None) -> Any:
+    """``mxlarge.Trainer`` with warmup schedule, momentum correction and no-decay roles;
+    gradient fusion at ``fusion_bytes`` (default: mxlarge's)."""
+    from mxlarge.kvstore import FUSION_BYTES
     from mxlarge.schedulers import goyal
     from mxlarge.trainer import Trainer
 
     schedule = goyal(peak_lr=PEAK_LR, warmup_lr=WARMUP_LR, warmup_steps=WARMUP_STEPS,
                      decay_steps=DECAY_STEPS)
     return Trainer(net.collect_params(), schedule, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
-                   momentum_correction=True, decay_bn_bias=False, kvstore=kvstore)
+                   momentum_correction=True, decay_bn_bias=False, kvstore=kvstore,
+                   fusion_bytes=FUSION_BYTES if fusion_bytes is None else fusion_bytes)
 
 
 def recipe_loop(net: Any, trainer: Any) -> Any:

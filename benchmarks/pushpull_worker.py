@@ -1,10 +1,10 @@
 """Worker script of benchmark 3: push+pull bandwidth of a ResNet-50-sized parameter set.
 
 Started as every role of a local dist_sync job (scheduler/server exit inside ``import mxnet``).
-Each worker initialises one key per tensor of the given shapes (ResNet-50 v1b's 161 trainable
-tensors, 25.6 M float32, in their real shapes) and, per iteration, pushes every tensor and pulls
-it back exactly as :meth:`mxlarge.kvstore.sync.SyncStore.allreduce_grads` does (reverse order,
-priority −i), then waits for all of it.
+Each worker makes one Gluon parameter per tensor of the given shapes (ResNet-50 v1b's 161
+trainable tensors, 25.6 M float32, in their real shapes) and, per iteration, sums their
+gradients with mxlarge's own :meth:`mxlarge.kvstore.sync.SyncStore.allreduce_grads` (buckets of
+``--fusion-bytes``, 0: one key per tensor; backward order, priorities), then waits for all of it.
 
 Rank 0 alternates those push/pull rounds with rounds of a raw loopback TCP baseline in the same
 process (:mod:`benchmarks.tcp_peer`: send the same number of bytes to an echo peer process and
@@ -36,6 +36,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("shapes", help="JSON file with the list of tensor shapes")
     p.add_argument("--iters", type=int, default=4, help="push+pull iterations per round")
     p.add_argument("--reps", type=int, default=5, help="rounds")
+    p.add_argument("--fusion-bytes", type=int, default=None,
+                   help="SyncStore bucket size (default: mxlarge's default; 0: per key)")
     return p.parse_args(argv)
 
 
@@ -63,18 +65,23 @@ def work(opts: argparse.Namespace) -> None:
     with open(opts.shapes) as f:
         shapes = [tuple(s) for s in json.load(f)]
     nbytes = 4 * sum(int(np.prod(s)) for s in shapes)
+    from mxlarge.kvstore import FUSION_BYTES
+    from mxlarge.kvstore.roles import param_roles
+    from mxlarge.kvstore.sync import SyncStore
+
     kv = mx.kv.create("dist_sync")
     rank, k = kv.rank, kv.num_workers
-    keys = list(range(len(shapes)))
-    grads = [mx.nd.zeros(s) for s in shapes]
-    kv.init(keys, [mx.nd.zeros(s) for s in shapes])
-    mx.nd.waitall()
+    params = {}
+    for i, shape in enumerate(shapes):
+        p = mx.gluon.Parameter(f"t{i}_weight", shape=shape)
+        p.initialize(init=mx.init.Zero(), ctx=mx.cpu())
+        params[p.name] = p
+    fusion = FUSION_BYTES if opts.fusion_bytes is None else opts.fusion_bytes
+    store = SyncStore(kv, list(params.values()), param_roles(params), fusion_bytes=fusion)
     kv._barrier()
 
     def push_pull() -> None:
-        for i in reversed(keys):
-            kv.push(i, grads[i], priority=-i)
-            kv.pull(i, out=grads[i], priority=-i)
+        store.allreduce_grads()
         mx.nd.waitall()
 
     raw = RawTCP(nbytes) if rank == 0 else None
@@ -109,7 +116,8 @@ def work(opts: argparse.Namespace) -> None:
     emit_result({"rank": rank, "workers": k,
                  "servers": int(os.environ.get("DMLC_NUM_SERVER", "0")),
                  "bigarray_bound": os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "default"),
-                 "bytes": nbytes, "tensors": len(shapes), "sec_per_iter": t})
+                 "bytes": nbytes, "tensors": len(shapes), "keys": len(store.buckets),
+                 "fusion_bytes": fusion, "sec_per_iter": t})
 
 
 def main(argv: list[str] | None = None) -> int:

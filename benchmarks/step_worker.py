@@ -39,6 +39,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--width", type=int, default=None, help="width of mxlarge's own nets")
+    p.add_argument("--fusion-bytes", type=int, default=None,
+                   help="gradient fusion bucket (default: mxlarge's; 0: one key per tensor)")
     p.add_argument("--steps", type=int, default=2, help="steps per round")
     p.add_argument("--reps", type=int, default=9, help="rounds")
     p.add_argument("--modes", default="local,dist,dist_waitall")
@@ -53,11 +57,13 @@ def work(opts: argparse.Namespace) -> None:
     kv = sync.create("dist_sync")
     rank = kv.rank
     modes = opts.modes.split(",")
-    batches = synthetic_batches(4, opts.batch, opts.size, opts.classes, seed=rank)
-
-    net_d = build_net(opts.net, opts.classes, opts.size, seed=0)
-    loop_d = recipe_loop(net_d, recipe_trainer(net_d, kv))
-    net_l = build_net(opts.net, opts.classes, opts.size, seed=0)
+    batches = synthetic_batches(4, opts.batch, opts.size, opts.classes, seed=rank,
+                                channels=opts.channels)
+    shape = {"channels": opts.channels, "width": opts.width}
+    net_d = build_net(opts.net, opts.classes, opts.size, seed=0, **shape)
+    trainer_d = recipe_trainer(net_d, kv, fusion_bytes=opts.fusion_bytes)
+    loop_d = recipe_loop(net_d, trainer_d)
+    net_l = build_net(opts.net, opts.classes, opts.size, seed=0, **shape)
     loop_l = recipe_loop(net_l, recipe_trainer(net_l, "local"))
     fwd_bwd: list[float] = []  # dist_waitall: time to the end of backward, per step
 
@@ -109,7 +115,9 @@ def work(opts: argparse.Namespace) -> None:
                  "servers": int(os.environ.get("DMLC_NUM_SERVER", "0")),
                  "sec_per_step": t, "worker_cores_busy": cores,
                  "dist_waitall_fwd_bwd": fb, "batch": opts.batch,
-                 "steps_per_round": opts.steps, "net": opts.net})
+                 "steps_per_round": opts.steps, "net": opts.net,
+                 "keys": len(trainer_d.store.buckets),
+                 "tensors": len(trainer_d.store.pushed)})
 
 
 def main(argv: list[str] | None = None) -> int:

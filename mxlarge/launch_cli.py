@@ -120,10 +120,12 @@ def launch(args: argparse.Namespace) -> int:
         cmd = command if resume is None else [*command, "--resume", str(resume)]
         if args.launcher == "local":
             return launcher.run_local(cmd, workers=workers, servers=servers, port=args.port,
-                                      env=env, stall_timeout=args.stall_timeout)
+                                      env=env, stall_timeout=args.stall_timeout,
+                                      tuning=not args.no_tuning)
         result = launcher.cluster_run(args.launcher, cmd, workers=workers, servers=servers,
                                       hostfile=args.hostfile, env=env,
-                                      stall_timeout=args.stall_timeout)
+                                      stall_timeout=args.stall_timeout,
+                                      tuning=not args.no_tuning)
         hosts[:] = result.hosts
         for key in ("failed_role", "failed_rank", "failed_host"):  # this attempt's only
             end_tags.pop(key, None)

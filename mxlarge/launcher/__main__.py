@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="after a failure (crash, kill, stall) run the whole job again, up to N "
                         "times; the command resumes from its own checkpoints (mxlarge.resume)")
+    p.add_argument("--no-tuning", action="store_true",
+                   help="add no process settings (malloc, OpenMP threads; see "
+                        "mxlarge.launcher.tuning): MXNet's and glibc's defaults")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -65,13 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     def attempt(number: int) -> Outcome:
         if a.launcher == "local":
             outcome = run_local(command, workers=a.workers, servers=servers, port=a.port,
-                                env=env, grace=a.grace, stall_timeout=a.stall_timeout)
+                                env=env, grace=a.grace, stall_timeout=a.stall_timeout,
+                                tuning=not a.no_tuning)
             print(f"[launcher] {outcome.message}", flush=True)
             return outcome
         extra = {"host_ip": a.host_ip} if a.host_ip else {}
         return cluster_outcome(cluster_run(
             a.launcher, command, workers=a.workers, servers=servers, hostfile=a.hostfile,
-            env=env, extra=extra, grace=a.grace, stall_timeout=a.stall_timeout))
+            env=env, extra=extra, grace=a.grace, stall_timeout=a.stall_timeout,
+            tuning=not a.no_tuning))
 
     try:
         return run_with_restarts(attempt, RestartPolicy(a.max_restarts),

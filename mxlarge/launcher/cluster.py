@@ -86,6 +86,7 @@ from mxlarge.launcher._supervise import (
     termination_signals,
 )
 from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.launcher.tuning import cluster_env
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
 SUPPORTED = ("ssh", "mpi", "slurm")
@@ -534,7 +535,7 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
                 extra: Mapping[str, Any] | None = None, grace: float = 10.0,
                 output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0,
                 stall_timeout: float | None = None,
-                heartbeat_dir: str | None = None) -> ClusterOutcome:
+                heartbeat_dir: str | None = None, tuning: bool = True) -> ClusterOutcome:
     """Run ``command`` as a dist_sync job through dmlc_tracker's ``launcher`` backend.
 
     The scheduler runs on this host (that is how dmlc_tracker works), servers and workers where
@@ -565,6 +566,8 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
             by every host and this one, or the watchdog never hears from remote workers and
             stays unarmed (default: ``.mxlarge-heartbeat/<job id>`` in the current directory,
             which the ssh backend also ``cd``s to on every host). Removed afterwards.
+        tuning: add :mod:`mxlarge.launcher.tuning`'s malloc settings where ``env`` and this
+            process's environment leave them unset.
 
     Returns:
         The :class:`ClusterOutcome`; its exit code is 0 if every process started here exited
@@ -593,6 +596,8 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
 
     # Unbuffered by default so that lines arrive through ssh/mpirun/srun as they are printed.
     job_env = {"PYTHONUNBUFFERED": "1", **forwarded_env(env)}
+    if tuning:
+        job_env.update(cluster_env({**os.environ, **job_env}))
     job_env["MXLARGE_JOB_ID"] = uuid.uuid4().hex[:12]
     if stall_timeout is not None and stall_timeout < 0:
         raise ValueError(f"stall_timeout must be >= 0 (0 disables), got {stall_timeout}")

@@ -41,6 +41,7 @@ from mxlarge.launcher._supervise import (
     termination_signals,
 )
 from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.launcher.tuning import local_role_env
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
 LOOPBACK = "127.0.0.1"
@@ -155,7 +156,7 @@ def _role_env(base: Mapping[str, str], *, role: str, index: int, port: int, work
 def run_local(command: Sequence[str], *, workers: int, servers: int, port: int | None = None,
               env: Mapping[str, str] | None = None, grace: float = 10.0,
               output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 30.0,
-              stall_timeout: float | None = None) -> Outcome:
+              stall_timeout: float | None = None, tuning: bool = True) -> Outcome:
     """Run ``command`` as 1 scheduler, ``servers`` servers and ``workers`` workers on loopback.
 
     Each process gets the ``DMLC_*`` variables of its role, plus ``MXLARGE_ROLE``,
@@ -185,6 +186,8 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
         shutdown_timeout: seconds servers/scheduler may take to exit after the last worker.
         stall_timeout: seconds without progress that stop the job; ``None`` for the default
             (max(120 s, 20 x the median step time)); 0 disables the watchdog.
+        tuning: add :mod:`mxlarge.launcher.tuning`'s settings (malloc, OpenMP threads per
+            role) where ``env`` and this process's environment leave them unset.
 
     Returns:
         The :class:`Outcome`.
@@ -217,9 +220,11 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
     try:
         with termination_signals(stop, received):
             def start(role: str, index: int) -> None:
-                sup.spawn(role, None if role == "scheduler" else index, command,
-                          env=_role_env(base, role=role, index=index, port=port, workers=workers,
-                                        servers=servers, job_id=job_id))
+                env = _role_env(base, role=role, index=index, port=port, workers=workers,
+                                servers=servers, job_id=job_id)
+                if tuning:
+                    env.update(local_role_env(role, workers, env))
+                sup.spawn(role, None if role == "scheduler" else index, command, env=env)
 
             sup.sink.emit("launcher", f"job {job_id}: scheduler on {LOOPBACK}:{port}, "
                                       f"{servers} server(s), {workers} worker(s)")

@@ -23,6 +23,7 @@ class Proc:
     role: str
     host: str | None  # testbed host of its network namespace; None if in no testbed host
     listen: set[str] = field(default_factory=set)  # addresses of its listening TCP sockets
+    malloc: str | None = None  # its MALLOC_MMAP_THRESHOLD_ (the launcher's tuning reached it)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -97,6 +98,7 @@ class Observer:
                         env = _environ(pid)
                         host = self._hosts.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
                         p = self.procs[pid] = Proc(pid, env.get("DMLC_ROLE", "?"), host)
+                        p.malloc = env.get("MALLOC_MMAP_THRESHOLD_")
                     p.listen |= _listening(pid)
                 except OSError:
                     continue  # it exited meanwhile

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from mxlarge.launcher.tuning import MALLOC
 from tests.cluster.observe import Observer, start
 from tests.cluster.testbed import Testbed
 from tests.datagen import make_imagenet
@@ -80,6 +81,8 @@ def check_placement(tb: Testbed, obs: Observer, scheduler_host: str, hosts: set[
         own = tb.addr(p.host)
         assert own in p.listen, p  # ps-lite listens on its own host's address ...
         assert p.listen <= {own, "127.0.0.1"}, p  # ... and nowhere else (no 0.0.0.0)
+        if p.role != "scheduler":  # the launcher's settings reached every remote process
+            assert p.malloc == MALLOC["MALLOC_MMAP_THRESHOLD_"], p
 
 
 def check_run(work: Path, hosts: str | None):  # type: ignore[no-untyped-def]

@@ -815,3 +815,41 @@ def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     slurm.emit("servers via srun", "srun: error: h1: tasks 0-1: Exited with exit code 3")
     slurm.emit("other via srun", "srun: error: Unable to create step for job 4: busy")
     assert slurm.reports == {"workers via srun": (1, "h2"), "servers via srun": (0, "h1")}
+
+
+@pytest.mark.timeout(60)
+def test_launcher_process_settings_per_role_and_the_users_values_win(marker: str) -> None:
+    """Local jobs: every role gets glibc's keep-freed-memory thresholds; OpenMP threads are 1 for
+    the scheduler and servers and cores // workers for each worker; a variable the user sets
+    wins; tuning=False adds none. (No MXNet: each role prints its settings and exits.)"""
+    from mxlarge.launcher.tuning import MALLOC
+
+    names = [*MALLOC, "OMP_NUM_THREADS"]
+    script = ('echo "$DMLC_ROLE ' + " ".join(f"{n}=${{{n}:-unset}}" for n in names) + '"')
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+
+    def settings(tuning: bool, env: dict[str, str]) -> dict[str, set[str]]:
+        out = Collector()
+        outcome = run_local(["sh", "-c", script], workers=2, servers=2,
+                            env={MARKER_VAR: marker, **env}, output=out, tuning=tuning,
+                            shutdown_timeout=5.0)
+        assert outcome.exit_code == 0, outcome.message
+        seen: dict[str, set[str]] = {}
+        for _, line in out.lines:
+            m = re.match(r"^\[(?:scheduler|server \d|worker \d)\] (\w+) (.*)$", line)
+            if m:
+                seen.setdefault(m.group(1), set()).add(m.group(2))
+        assert set(seen) == {"scheduler", "server", "worker"}
+        return seen
+
+    malloc = " ".join(f"{k}={v}" for k, v in MALLOC.items())
+    tuned = settings(True, {})
+    assert tuned["scheduler"] == tuned["server"] == {f"{malloc} OMP_NUM_THREADS=1"}
+    assert tuned["worker"] == {f"{malloc} OMP_NUM_THREADS={threads}"}
+    user = settings(True, {"OMP_NUM_THREADS": "3", "MALLOC_TOP_PAD_": "0"})
+    assert all(v == {malloc.replace("536870912", "0") + " OMP_NUM_THREADS=3"}
+               for v in user.values())
+    plain = settings(False, {})
+    if "OMP_NUM_THREADS" not in os.environ and not set(MALLOC) & set(os.environ):
+        assert all(v == {" ".join(f"{n}=unset" for n in names)} for v in plain.values())
+    assert_no_leftovers(marker)

@@ -1,0 +1,44 @@
+"""Process settings the launcher adds to each role's environment, and why (measured in
+``benchmarks/``: rows ``bandwidth_1w1s`` vs ``bandwidth_1w1s_untuned``).
+
+A setting is added only when its variable is not set already (in the launcher's own
+environment or its ``env`` argument): the user's value always wins, and ``tuning=False``
+(``--no-tuning``) adds none.
+
+* **glibc malloc keeps freed memory** (:data:`MALLOC`, every role). ps-lite and MXNet's server
+  allocate fresh buffers for every request; glibc serves large ones with ``mmap`` and unmaps
+  them on ``free``, so every push and pull pays page faults and kernel zeroing of its buffers
+  (~9 % of a server's and ~5 % of a worker's CPU time in the perf profile of
+  benchmarks/README.md). With these thresholds freed memory stays in the heap and is reused.
+  The price: a process's resident memory does not shrink back after its peak.
+* **OMP_NUM_THREADS** (local jobs only): 1 for the scheduler and servers (they receive, copy
+  and sum; no operator needs a thread team) and ``cores // workers`` (at least 1) for each
+  worker, which share this machine's cores: more OpenMP threads than cores make every
+  operator's team wait on preempted members. A cluster launcher cannot know each host's
+  cores or how many processes it places there, so for cluster jobs set it yourself; it is
+  forwarded to every process.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+#: glibc tunables: no ``mmap`` below 2 GB, never trim the heap below 4 GB free, grow it by
+#: 512 MB at a time (address space only: pages are touched when used).
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000",
+          "MALLOC_TOP_PAD_": "536870912"}
+
+
+def local_role_env(role: str, workers: int, given: Mapping[str, str],
+                   cores: int | None = None) -> dict[str, str]:
+    """The variables a local job's ``role`` process gets on top of ``given`` (its environment
+    so far); none that ``given`` already sets."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    threads = max(1, cores // workers) if role == "worker" else 1
+    wanted = {**MALLOC, "OMP_NUM_THREADS": str(threads)}
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
+def cluster_env(given: Mapping[str, str]) -> dict[str, str]:
+    """The variables every process of a cluster job gets on top of ``given``."""
+    return {k: v for k, v in MALLOC.items() if k not in given}

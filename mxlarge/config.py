@@ -144,7 +144,9 @@ class DistConfig:
     simulate_workers: int = _f(1, "reproduce this many dist_sync workers exactly in one "
                                   "process (micro-batches of data.batch_size, own BN "
                                   "statistics each)", ge=1)
-    servers: int = _f(1, "parameter servers the experiment is written for", ge=1)
+    servers: int = _f(0, "parameter servers the experiment is written for (0: one per worker, "
+                         "as MXNet's launch.py: each server then carries a worker's share of "
+                         "every gradient, |g| per step, as much as a worker's own link)", ge=0)
     bn_stats: str = _f("reduce", "BN statistics for evaluation/checkpoints",
                        choices=("local", "broadcast", "reduce"))
     check_every: int = _f(50, "compare a weight checksum across ranks every N steps (0: never)",

@@ -40,7 +40,7 @@ def launch_overrides(cfg: Config, workers: int | None, servers: int | None) -> l
 
 def launch(args: argparse.Namespace) -> int:
     from mxlarge import launcher
-    from mxlarge.plan import plan_for
+    from mxlarge.plan import plan_for, servers_of
 
     overrides = list(args.overrides)
     for flag, value in (("-n/--workers", args.workers), ("-s/--servers", args.servers)):
@@ -57,7 +57,7 @@ def launch(args: argparse.Namespace) -> int:
               "(train.checkpoint_every=1) so that a restart resumes from the last one",
               flush=True)
     cfg = load_config(args.config, overrides)
-    workers, servers = cfg.dist.workers, cfg.dist.servers
+    workers, servers = cfg.dist.workers, servers_of(cfg)
     # Fail on a job that cannot run (world, batch, model) before starting any process.
     plan = plan_for(cfg, args.config)
     from mxlarge.nets import build_net

@@ -214,3 +214,8 @@ def plan_for(cfg: Config, source: str = "<config>", need_data: bool = False) -> 
     world = world_of(cfg, source)
     samples, samples_from = train_samples(cfg, need_data)
     return plan(cfg, world, samples, samples_from, source)
+
+
+def servers_of(cfg: Config) -> int:
+    """Server processes of a launched job: ``dist.servers``, or one per worker when it is 0."""
+    return cfg.dist.servers or cfg.dist.workers

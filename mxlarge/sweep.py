@@ -220,7 +220,7 @@ def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
         ConfigError: a config that does not load or does not fit the mode (a dist store in mode
             train, tracking disabled) or whose plan fails (e.g. a batch larger than the data).
     """
-    from mxlarge.plan import plan_for
+    from mxlarge.plan import plan_for, servers_of
 
     cells = []
     for run in sweep.runs:
@@ -250,7 +250,7 @@ def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
                 raise ConfigError(f"{where}: {exc}") from None
             cells.append(Cell(index=len(cells), label=run.label, seed=seed, config=run.config,
                               config_path=path, overrides=tuple(overrides),
-                              workers=plan.world.processes, servers=cfg.dist.servers, cfg=cfg,
+                              workers=plan.world.processes, servers=servers_of(cfg), cfg=cfg,
                               config_hash=config_sha256(cfg)))
     return cells
 

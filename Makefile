@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mxlarge-installed
 
-.PHONY: demo test test-cluster bench lint clean
+.PHONY: demo test test-cluster bench bench-cluster lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test-cluster: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
+
+# Push/pull against tc-shaped links on the namespace testbed (root; installs its Debian packages
+# when missing). Results in benchmarks/results/cluster/.
+bench-cluster: $(STAMP)
+	$(BIN)/python -m benchmarks.run --only cluster_link --out benchmarks/results/cluster
 
 lint: $(STAMP)
 	$(BIN)/ruff check mxlarge tests benchmarks

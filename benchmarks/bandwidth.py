@@ -15,11 +15,11 @@ two processes achieves on this machine).
 
 Ratio = push/pull GB/s ÷ raw TCP GB/s of the same round, each side taken as its best of the
 round's iterations (see :func:`run`; the ratio of the rounds' mean speeds is reported beside it
-in the markdown). Target ≥ 60 % for 1 worker + 1 server
-with MXNet's defaults; reported for ``MXNET_KVSTORE_BIGARRAY_BOUND`` = 1e6 (default: tensors of
-more than 1e6 elements are sliced evenly over all servers) vs 1e9 (no tensor sliced; each goes
-whole to one server chosen by its key), for 1 vs 2 servers and 1 vs 2 workers, and with glibc's
-malloc told to keep freed memory (:data:`KEEP_FREED_MEMORY`).
+in the markdown). Target ≥ 85 % for 1 worker + 1 server with mxlarge's defaults (gradient
+fusion, the launcher's process settings). Also reported (:data:`CONFIGS`): without the
+launcher's settings (``--no-tuning``), one key per tensor, other bucket sizes (the measurement
+behind the default), ``MXNET_KVSTORE_BIGARRAY_BOUND`` = 1e9 (no tensor sliced over servers), 2
+servers and 2 workers.
 
 Where the time goes (``perf record`` of the worker and server of a 1 + 1 job, see
 ``results/latest.md``): the server copies every pushed array into its merge buffer and from
@@ -35,30 +35,50 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from benchmarks.common import BenchResult, Ratio, launch, md_table, median, mmm, ratios_of
 
-#: glibc malloc tunables that keep freed memory in the heap instead of returning big blocks to
-#: the kernel (``mmap``/``munmap`` per request means page faults and zeroing on every push).
-KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "2000000000",
-                     "MALLOC_TRIM_THRESHOLD_": "4000000000", "MALLOC_TOP_PAD_": "536870912"}
 BOUND_1E9 = {"MXNET_KVSTORE_BIGARRAY_BOUND": str(10**9)}
 WARMUP_REPS = 5  # rounds of the discarded warm-up job
+DEFAULT = None  # mxlarge's default fusion bucket
+MIB = 1 << 20
 
-#: (key suffix, workers, servers, extra environment of every process, label)
-CONFIGS: tuple[tuple[str, int, int, dict[str, str], str], ...] = (
-    ("1w1s", 1, 1, {}, "MXNet defaults"),
-    ("1w1s_bound1e9", 1, 1, BOUND_1E9, "BIGARRAY_BOUND 1e9"),
-    ("1w1s_malloc", 1, 1, KEEP_FREED_MEMORY, "malloc keeps freed memory"),
-    ("1w1s_bound1e9_malloc", 1, 1, {**BOUND_1E9, **KEEP_FREED_MEMORY},
-     "BIGARRAY_BOUND 1e9, malloc keeps freed memory"),
-    ("1w2s", 1, 2, {}, "MXNet defaults"),
-    ("1w2s_bound1e9", 1, 2, BOUND_1E9, "BIGARRAY_BOUND 1e9"),
-    ("2w1s", 2, 1, {}, "MXNet defaults"),
-    ("2w2s", 2, 2, {}, "MXNet defaults"),
+
+@dataclass(frozen=True)
+class Config:
+    suffix: str
+    workers: int
+    servers: int
+    label: str
+    #: bucket sizes measured in the same rounds: (key suffix, bytes or "default", label)
+    variants: tuple[tuple[str, str, str], ...] = (("", "default", "fused (default)"),)
+    env: dict[str, str] = field(default_factory=dict)
+    tuning: bool = True  # the launcher's process settings (mxlarge.launcher.tuning)
+
+
+FUSION_VARIANTS = (("", "default", "fused (default)"), ("_perkey", "0", "one key per tensor"),
+                   ("_fusion1m", str(MIB), "buckets of 1 MiB"),
+                   ("_fusion4m", str(4 * MIB), "buckets of 4 MiB"))
+CONFIGS: tuple[Config, ...] = (
+    Config("1w1s", 1, 1, "launcher settings", variants=FUSION_VARIANTS),
+    Config("1w1s_untuned", 1, 1, "MXNet's and glibc's defaults (--no-tuning)",
+           variants=FUSION_VARIANTS[:2], tuning=False),
+    Config("1w1s_bound1e9", 1, 1, "BIGARRAY_BOUND 1e9", env=BOUND_1E9),
+    Config("1w2s", 1, 2, "launcher settings"),
+    Config("1w2s_bound1e9", 1, 2, "BIGARRAY_BOUND 1e9 (no tensor split)", env=BOUND_1E9),
+    Config("2w1s", 2, 1, "launcher settings"),
+    Config("2w2s", 2, 2, "launcher settings"),
 )
+#: the target row and its target
+TARGET = ("1w1s", 0.85)
+
+
+def rounds(reps: int) -> int:
+    """Progress-bar length of :func:`run`."""
+    return WARMUP_REPS * 2 + sum(reps * (len(c.variants) + 1) for c in CONFIGS)
 
 
 def resnet50_shapes() -> list[list[int]]:
@@ -85,33 +105,50 @@ def run(reps: int = 5, iters: int = 4, log: IO[str] | None = None,
         warm = launch("benchmarks.pushpull_worker",
                       [str(path), "--reps", str(WARMUP_REPS), "--iters", str(iters)],
                       workers=1, servers=1, log=log, bar=bar)[0]
-        for suffix, workers, servers, env, label in CONFIGS:
+        for c in CONFIGS:
+            fusion = ",".join(v[1] for v in c.variants)
             res = launch("benchmarks.pushpull_worker",
-                         [str(path), "--reps", str(reps), "--iters", str(iters)],
-                         workers=workers, servers=servers, env=env, log=log, bar=bar)
+                         [str(path), "--reps", str(reps), "--iters", str(iters),
+                          "--fusion", fusion],
+                         workers=c.workers, servers=c.servers, env=c.env, log=log, bar=bar,
+                         tuning=c.tuning)
             r0 = res[0]
             nbytes, t = r0["bytes"], r0["sec_per_iter"]
-            # Per round, each side's best iteration: interference from other tenants only ever
-            # slows a transfer down, so the fastest of a few back-to-back iterations is the
-            # least disturbed estimate of each side, and the two are treated alike.
-            pp = [workers * 2 * nbytes / min(x) / 1e9 for x in t["pushpull"]]
             raw = [2 * nbytes / min(x) / 1e9 for x in t["raw_tcp"]]
-            mean_ratio = [(workers * len(a) / sum(a)) / (len(b) / sum(b))
-                          for a, b in zip(t["pushpull"], t["raw_tcp"], strict=True)]
-            target = 0.60 if suffix == "1w1s" else None
-            ratios.append(Ratio(
-                f"bandwidth_{suffix}", f"push+pull GB/s ÷ raw loopback TCP GB/s, {workers} "
-                f"worker(s), {servers} server(s), {label}", ratios_of(pp, raw), target=target,
-                higher_is_better=True, unit="%",
-                note=f"{len(shapes)} tensors, {nbytes / 1e6:.1f} MB; best of {iters} "
-                     "iterations per round on each side"))
-            rows.append([workers, servers, label, mmm(pp, "{:.2f}"), mmm(raw, "{:.2f}"),
-                         f"{100 * median(ratios[-1].values):.0f}%",
-                         f"{100 * median(mean_ratio):.0f}%"])
-            details.append({"key": suffix, "workers": workers, "servers": servers, "env": env,
-                            "pushpull_gb_s": pp, "raw_gb_s": raw, "bytes": nbytes,
-                            "sec_per_iter": t, "ratio_of_means": mean_ratio})
-    md = md_table(["workers", "servers", "setting", "push+pull GB/s (min / med / max)",
+            speeds = {}
+            for (tail, _, vlabel), fb in zip(c.variants, r0["fusion_bytes"], strict=True):
+                mode = f"pushpull_{fb}"
+                # Per round, each side's best iteration: interference from other tenants only
+                # ever slows a transfer down, so the fastest of a few back-to-back iterations
+                # is the least disturbed estimate of each side, and all sides are treated alike.
+                pp = speeds[tail] = [c.workers * 2 * nbytes / min(x) / 1e9 for x in t[mode]]
+                mean_ratio = [(c.workers * len(a) / sum(a)) / (len(b) / sum(b))
+                              for a, b in zip(t[mode], t["raw_tcp"], strict=True)]
+                key = c.suffix.replace("_untuned", "") + tail + \
+                    ("_untuned" if "_untuned" in c.suffix else "")
+                target = TARGET[1] if key == TARGET[0] else None
+                ratios.append(Ratio(
+                    f"bandwidth_{key}", f"push+pull GB/s ÷ raw loopback TCP GB/s, {c.workers} "
+                    f"worker(s), {c.servers} server(s), {c.label}, {vlabel}",
+                    ratios_of(pp, raw), target=target, higher_is_better=True, unit="%",
+                    note=f"{len(shapes)} tensors in {r0['keys'][mode]} keys, "
+                         f"{nbytes / 1e6:.1f} MB; best of {iters} iterations per round on "
+                         "each side"))
+                rows.append([c.workers, c.servers, f"{c.label}, {vlabel}", r0["keys"][mode],
+                             mmm(pp, "{:.2f}"), mmm(raw, "{:.2f}"),
+                             f"{100 * median(ratios[-1].values):.0f}%",
+                             f"{100 * median(mean_ratio):.0f}%"])
+            if "_perkey" in speeds:
+                ratios.append(Ratio(
+                    f"bandwidth_fused_vs_perkey_{c.suffix}", "push+pull GB/s, fused (default) "
+                    f"÷ one key per tensor, same rounds, {c.workers} worker(s), {c.servers} "
+                    f"server(s), {c.label}", ratios_of(speeds[""], speeds["_perkey"]),
+                    higher_is_better=True))
+            details.append({"key": c.suffix, "workers": c.workers, "servers": c.servers,
+                            "env": c.env, "tuning": c.tuning, "fusion_bytes": r0["fusion_bytes"],
+                            "keys": r0["keys"], "pushpull_gb_s": speeds, "raw_gb_s": raw,
+                            "bytes": nbytes, "sec_per_iter": t})
+    md = md_table(["workers", "servers", "setting", "keys", "push+pull GB/s (min / med / max)",
                    "raw TCP GB/s (min / med / max)", "ratio (median)",
                    "ratio of round means (median)"], rows)
     big = sum(1 for s in shapes if _numel(s) > 10**6)

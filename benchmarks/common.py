@@ -29,6 +29,39 @@ RESULT_MARK = "BENCH_RESULT "
 PROGRESS_MARK = "BENCH_PROGRESS"
 
 
+#: Key range of one variant under :class:`OffsetKV`: mxlarge's keys reach 200,001 and must stay
+#: below 215,330 (``mxlarge.kvstore.sync.MAX_KEY``), so four variants fit (offsets 0 to 15,000),
+#: their parameter, statistic, bucket and collective keys apart for nets of < 5,000 tensors.
+KEY_STRIDE = 5_000
+
+
+class OffsetKV:
+    """A KVStore seen with every key shifted by ``offset``: two ``SyncStore``s of the same
+    tensors on one real store, for A/B rounds inside one job (everything else forwarded)."""
+
+    def __init__(self, kv: Any, offset: int):
+        self._kv = kv
+        self._offset = offset
+
+    def _keys(self, key: Any) -> Any:
+        if isinstance(key, (list, tuple)):
+            return [k + self._offset for k in key]
+        return key + self._offset
+
+    def init(self, key: Any, value: Any) -> None:
+        self._kv.init(self._keys(key), value)
+
+    def push(self, key: Any, value: Any, priority: int = 0) -> None:
+        self._kv.push(self._keys(key), value, priority=priority)
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0,
+             ignore_sparse: bool = True) -> None:
+        self._kv.pull(self._keys(key), out=out, priority=priority, ignore_sparse=ignore_sparse)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kv, name)
+
+
 class BenchmarkError(RuntimeError):
     """A benchmark could not produce its measurements (a crash, not a missed target)."""
 
@@ -242,8 +275,9 @@ class JobOutput:
 
 def launch(module: str, args: Sequence[str], *, workers: int, servers: int,
            env: Mapping[str, str] | None = None, log: IO[str] | None = None, bar: Any = None,
-           timeout_note: str = "") -> list[dict[str, Any]]:
-    """Runs ``python -m module args`` as a local dist_sync job and returns each worker's result.
+           timeout_note: str = "", tuning: bool = True) -> list[dict[str, Any]]:
+    """Runs ``python -m module args`` as a local dist_sync job and returns each worker's result
+    (with the launcher's process settings unless ``tuning`` is False).
 
     Raises:
         BenchmarkError: if the job failed or a worker reported nothing (the last lines of
@@ -256,9 +290,9 @@ def launch(module: str, args: Sequence[str], *, workers: int, servers: int,
     out = JobOutput(log, bar)
     if log is not None:
         log.write(f"=== {module} {' '.join(args)} workers={workers} servers={servers} "
-                  f"env={dict(env or {})} {timeout_note}\n")
+                  f"env={dict(env or {})} tuning={tuning} {timeout_note}\n")
     outcome = run_local([sys.executable, "-m", module, *args], workers=workers, servers=servers,
-                        env=job_env, output=out)
+                        env=job_env, output=out, tuning=tuning)
     out.flush()
     if outcome.exit_code != 0 or len(out.results) != workers:
         tail = "\n".join(out.tail[-15:])

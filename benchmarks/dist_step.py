@@ -24,6 +24,10 @@ from benchmarks.common import BenchResult, Ratio, launch, md_table, median, mmm,
 
 SMALL = ["--net", "cifar_resnet20_v1", "--size", "32", "--classes", "10", "--batch", "32"]
 HEAVY = ["--net", "resnet18_v1b", "--size", "32", "--classes", "1000", "--batch", "32"]
+#: The demo's net (experiments/proxy/digits-largebatch.yaml: small_resnet of width 16 on 1×8×8
+#: digits, 128 per worker): 20 small tensors, so per-key round trips dominate its dist cost.
+DEMO = ["--net", "small_resnet", "--width", "16", "--size", "8", "--channels", "1",
+        "--classes", "10", "--batch", "128", "--steps", "10"]
 
 
 def _job(args: list[str], workers: int, servers: int, reps: int, modes: str,
@@ -40,7 +44,7 @@ def _visible(job: dict[str, Any]) -> bool:
 
 def rounds_needed(reps_1w: int, reps_2w: int) -> int:
     """Progress-bar length: rounds × modes of every job below."""
-    return reps_1w * 3 * 2 + reps_2w * 2 * 2
+    return reps_1w * 3 * 2 + reps_2w * 2 * 2 + reps_1w * 3
 
 
 def run(reps_1w: int = 9, reps_2w: int = 5, log: IO[str] | None = None,
@@ -50,6 +54,7 @@ def run(reps_1w: int = 9, reps_2w: int = 5, log: IO[str] | None = None,
         "2w1s": _job(SMALL, 2, 1, reps_2w, "local,dist", log, bar),
         "2w2s": _job(SMALL, 2, 2, reps_2w, "local,dist", log, bar),
         "heavy_1w1s": _job(HEAVY, 1, 1, reps_1w, "local,dist,dist_waitall", log, bar),
+        "demo_1w1s": _job(DEMO, 1, 1, reps_1w, "local,dist,dist_perkey", log, bar),
     }
     ratios = []
     for key, w, s, target in (("1w1s", 1, 1, 1.10), ("2w1s", 2, 1, None), ("2w2s", 2, 2, None)):
@@ -60,6 +65,18 @@ def run(reps_1w: int = 9, reps_2w: int = 5, log: IO[str] | None = None,
             higher_is_better=False,
             note=f"cifar_resnet20_v1, batch 32 per worker, {jobs[key]['steps_per_round']} steps "
                  "per round" + ("" if w == 1 else "; both workers share 2 cores in both modes")))
+    demo = jobs["demo_1w1s"]
+    for mode, key, label, target in (
+            ("dist", "demo_1w1s", "fused (mxlarge's default)", 1.05),
+            ("dist_perkey", "demo_1w1s_perkey", "one key per tensor", None)):
+        t = demo["sec_per_step"]
+        ratios.append(Ratio(
+            f"dist_cost_{key}", f"step time, dist_sync 1 worker + 1 server ÷ local store, demo "
+                                f"net, {label}", ratios_of(t[mode], t["local"]),
+            target=target, higher_is_better=False,
+            note=f"small_resnet width 16, 1×8×8, batch 128; {demo['tensors']} tensors in "
+                 f"{demo['keys']} key(s) fused; modes local, dist, dist_perkey in the same "
+                 "rounds"))
     hidden: dict[str, list[float]] = {}
     for key, label in (("1w1s", "cifar_resnet20_v1, 1.1 MB"),
                        ("heavy_1w1s", "resnet18_v1b at 32 px, 46.8 MB")):

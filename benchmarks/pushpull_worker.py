@@ -4,7 +4,9 @@ Started as every role of a local dist_sync job (scheduler/server exit inside ``i
 Each worker makes one Gluon parameter per tensor of the given shapes (ResNet-50 v1b's 161
 trainable tensors, 25.6 M float32, in their real shapes) and, per iteration, sums their
 gradients with mxlarge's own :meth:`mxlarge.kvstore.sync.SyncStore.allreduce_grads` (buckets of
-``--fusion-bytes``, 0: one key per tensor; backward order, priorities), then waits for all of it.
+each size in ``--fusion``, 0: one key per tensor; backward order, priorities), then waits for all
+of it. Each bucket size is its own mode of the same rounds, on its own copy of the tensors under
+its own range of keys of the one store, so that sizes are compared in the same processes.
 
 Rank 0 alternates those push/pull rounds with rounds of a raw loopback TCP baseline in the same
 process (:mod:`benchmarks.tcp_peer`: send the same number of bytes to an echo peer process and
@@ -27,7 +29,14 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from benchmarks.common import emit_progress, emit_result, interleave, worker_main
+from benchmarks.common import (
+    KEY_STRIDE,
+    OffsetKV,
+    emit_progress,
+    emit_result,
+    interleave,
+    worker_main,
+)
 from benchmarks.tcp_peer import recv_exact
 
 
@@ -36,8 +45,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("shapes", help="JSON file with the list of tensor shapes")
     p.add_argument("--iters", type=int, default=4, help="push+pull iterations per round")
     p.add_argument("--reps", type=int, default=5, help="rounds")
-    p.add_argument("--fusion-bytes", type=int, default=None,
-                   help="SyncStore bucket size (default: mxlarge's default; 0: per key)")
+    p.add_argument("--no-raw", action="store_true",
+                   help="no raw loopback TCP rounds (cluster runs compare with the link rate)")
+    p.add_argument("--fusion", default="default",
+                   help="comma-separated SyncStore bucket sizes in bytes, each measured as its "
+                        "own mode in the same rounds ('default': mxlarge's; 0: per key)")
     return p.parse_args(argv)
 
 
@@ -71,20 +83,20 @@ def work(opts: argparse.Namespace) -> None:
 
     kv = mx.kv.create("dist_sync")
     rank, k = kv.rank, kv.num_workers
-    params = {}
-    for i, shape in enumerate(shapes):
-        p = mx.gluon.Parameter(f"t{i}_weight", shape=shape)
-        p.initialize(init=mx.init.Zero(), ctx=mx.cpu())
-        params[p.name] = p
-    fusion = FUSION_BYTES if opts.fusion_bytes is None else opts.fusion_bytes
-    store = SyncStore(kv, list(params.values()), param_roles(params), fusion_bytes=fusion)
+    fusions = [FUSION_BYTES if f == "default" else int(f) for f in opts.fusion.split(",")]
+    stores = {}
+    for v, fusion in enumerate(fusions):
+        params = {}
+        for i, shape in enumerate(shapes):
+            p = mx.gluon.Parameter(f"v{v}_t{i}_weight", shape=shape)
+            p.initialize(init=mx.init.Zero(), ctx=mx.cpu())
+            params[p.name] = p
+        # Each variant's keys in their own range of the one store (see OffsetKV).
+        stores[f"pushpull_{fusion}"] = SyncStore(OffsetKV(kv, KEY_STRIDE * v),
+                                                 list(params.values()), param_roles(params),
+                                                 fusion_bytes=fusion)
     kv._barrier()
-
-    def push_pull() -> None:
-        store.allreduce_grads()
-        mx.nd.waitall()
-
-    raw = RawTCP(nbytes) if rank == 0 else None
+    raw = RawTCP(nbytes) if rank == 0 and not opts.no_raw else None
 
     def timed(fn: Any) -> list[float]:
         """Seconds of each of ``opts.iters`` iterations (each one ends fully completed)."""
@@ -95,9 +107,13 @@ def work(opts: argparse.Namespace) -> None:
             out.append(time.perf_counter() - t0)
         return out
 
-    def timed_pushpull() -> list[float]:
+    def push_pull(store: Any) -> None:
+        store.allreduce_grads()
+        mx.nd.waitall()
+
+    def timed_pushpull(store: Any) -> list[float]:
         kv._barrier()
-        return timed(push_pull)
+        return timed(lambda: push_pull(store))
 
     def timed_raw() -> list[float]:
         kv._barrier()
@@ -105,19 +121,23 @@ def work(opts: argparse.Namespace) -> None:
             return []  # other ranks idle while rank 0 measures the baseline
         return timed(raw.round_trip)
 
-    push_pull()  # warm-up: server-side buffers, connections
+    for store in stores.values():  # warm-up: server-side buffers, connections
+        push_pull(store)
     if raw is not None:
         raw.round_trip()
-    t = interleave({"pushpull": timed_pushpull, "raw_tcp": timed_raw}, opts.reps,
-                   progress=emit_progress if rank == 0 else None)
+    modes = {name: (lambda s=store: timed_pushpull(s)) for name, store in stores.items()}
+    if not opts.no_raw:
+        modes["raw_tcp"] = timed_raw
+    t = interleave(modes, opts.reps, progress=emit_progress if rank == 0 else None)
     kv._barrier()
     if raw is not None:
         raw.close()
     emit_result({"rank": rank, "workers": k,
                  "servers": int(os.environ.get("DMLC_NUM_SERVER", "0")),
                  "bigarray_bound": os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "default"),
-                 "bytes": nbytes, "tensors": len(shapes), "keys": len(store.buckets),
-                 "fusion_bytes": fusion, "sec_per_iter": t})
+                 "bytes": nbytes, "tensors": len(shapes),
+                 "keys": {name: len(store.buckets) for name, store in stores.items()},
+                 "fusion_bytes": fusions, "sec_per_iter": t})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 Usage::
 
     make bench                                    # = .venv/bin/python -m benchmarks.run
+    make bench-cluster                            # as root: --only cluster_link (testbed)
     .venv/bin/python -m benchmarks.run --only trainer_overhead,scale_model
     .venv/bin/python -m benchmarks.run --quick    # fewer rounds (a smoke run, noisier)
 
@@ -38,13 +39,17 @@ TITLES = {
     "gns_cost": "7. Cost of the gradient-noise-scale estimator",
     "compression": "8. Bytes on the wire per step with 2-bit gradient compression",
     "heartbeat_cost": "9. Cost of the stall watchdog's heartbeat",
+    "cluster_link": "10. Push/pull against a shaped link on the namespace testbed",
 }
+#: Run only when named in ``--only`` (``make bench-cluster``): needs root and the testbed.
+ON_REQUEST = frozenset({"cluster_link"})
 
 
 def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
     """name → (progress-bar length, callable(log, bar) → BenchResult)."""
     from benchmarks import (
         bandwidth,
+        cluster_link,
         compression,
         dist_step,
         gns_cost,
@@ -62,7 +67,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
             reps=r1, steps=3, bar=bar)),
         "dist_step": (dist_step.rounds_needed(r2, r2w), lambda log, bar: dist_step.run(
             reps_1w=r2, reps_2w=r2w, log=log, bar=bar)),
-        "bandwidth": ((len(bandwidth.CONFIGS) * rb + bandwidth.WARMUP_REPS) * 2,
+        "bandwidth": (bandwidth.rounds(rb),
                       lambda log, bar: bandwidth.run(reps=rb, log=log, bar=bar)),
         "input_pipeline": (2 * rt, lambda log, bar: input_pipeline.run(reps=rt, bar=bar)),
         "scale_model": (1, lambda log, bar: scale_model.run()),
@@ -70,6 +75,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "compression": (2 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
         "heartbeat_cost": (2 * r1, lambda log, bar: heartbeat_cost.run(
             reps=r1, log=log, bar=bar)),
+        "cluster_link": (len(cluster_link.CONFIGS) * rb, lambda log, bar: cluster_link.run(
+            reps=rb, log=log, bar=bar)),
     }
 
 
@@ -86,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     plan = _plan(opts.quick)
-    names = [n for n in plan if not opts.only or n in opts.only.split(",")]
+    names = [n for n in plan if n in opts.only.split(",")] if opts.only else \
+        [n for n in plan if n not in ON_REQUEST]
     unknown = set(filter(None, opts.only.split(","))) - set(plan)
     if unknown:
         p.error(f"unknown benchmark(s) {sorted(unknown)}; expected some of {list(plan)}")

@@ -39,9 +39,19 @@ across phases). Per phase, the busiest NIC direction decides:
 
   .. math:: t_\text{ps} = 2 S \frac{m-1}{m} \Big/ B
 
+**Per-key overhead** (revisited for issue 17): each key pushed and pulled costs a request and a
+response on top of its bytes, :math:`k_\text{key}` seconds per key and phase (measured on the
+testbed: the demo net per key ÷ fused, ``benchmarks/results/cluster``), for the :math:`K` keys
+a step pushes (161 ResNet-50 tensors travel as ``K`` keys under mxlarge's default fusion):
+
+.. math:: t_\text{keys} = 2 K k_\text{key} \quad (m \ge 2)
+
+:math:`B`'s efficiency is the measured one as well: the bound |g|/B ÷ the measured push+pull time
+of ResNet-50's gradients, W = S = 2, 1 Gbit/s, on the testbed.
+
 .. math::
 
-    t_\text{comm} = t_\text{intra} + t_\text{ps}, \qquad
+    t_\text{comm} = t_\text{intra} + t_\text{ps} + t_\text{keys}, \qquad
     t(m, g) = t_c + \max(0,\; t_\text{comm} - o\, t_b)
 
     \text{images/s} = \frac{m g n}{t(m, g)}, \qquad
@@ -83,6 +93,8 @@ class Params:
     published_gpus: tuple[int, ...]
     published_img_s: tuple[float, ...]
     name: str = "model"
+    keys: int = 0
+    per_key_s: float = 0.0
 
     @property
     def t_compute(self) -> float:
@@ -97,12 +109,14 @@ class Params:
         return replace(self, **kw)
 
 
-def load(path: str | Path = DEFAULT_YAML) -> Params:
+def load(path: str | Path = DEFAULT_YAML, model: str = "model") -> Params:
+    """The YAML's ``model`` section (or another model section, e.g. ``resnet50``) on its
+    cluster; ``revisited`` numbers (measured) are applied by :func:`revisited`."""
     import yaml
 
     with open(path) as f:
         y = yaml.safe_load(f)
-    m, c, p = y["model"], y["cluster"], y["published"]
+    m, c, p = y[model], y["cluster"], y["published"]
     if c["placement"] not in ("colocated", "dedicated"):
         raise ValueError(f"{path}: cluster.placement = {c['placement']!r}: expected colocated "
                          "or dedicated")
@@ -120,7 +134,17 @@ def load(path: str | Path = DEFAULT_YAML) -> Params:
         placement=str(c["placement"]), servers_per_machine=int(c["servers_per_machine"]),
         dedicated_servers=int(c["dedicated_servers"]), overlap=float(c["overlap"]),
         published_gpus=tuple(int(g) for g in p["gpus"]),
-        published_img_s=tuple(float(x) for x in p["img_s"]))
+        published_img_s=tuple(float(x) for x in p["img_s"]), keys=int(m.get("keys", 0)))
+
+
+def revisited(p: Params, path: str | Path = DEFAULT_YAML) -> Params:
+    """``p`` with the YAML's measured ``revisited`` numbers: NIC efficiency and per-key cost."""
+    import yaml
+
+    with open(path) as f:
+        r = yaml.safe_load(f)["revisited"]
+    return p.replace(network_efficiency=float(r["network_efficiency"]),
+                     per_key_s=float(r["per_key_s"]))
 
 
 @dataclass(frozen=True)
@@ -130,23 +154,26 @@ class Prediction:
     t_compute: float
     t_intra: float
     t_ps: float
+    t_keys: float
     t_step: float
     img_s: float
     efficiency: float
 
 
-def layout(devices: int, p: Params) -> tuple[int, int]:
-    """``(machines, devices per machine)``: fill one machine first, as MXNet's benchmark did."""
-    g = min(devices, p.devices_per_machine)
+def layout(devices: int, p: Params, per_machine: int | None = None) -> tuple[int, int]:
+    """``(machines, devices per machine)``: fill one machine first, as MXNet's benchmark did
+    (machines of ``per_machine`` devices if given, else the YAML's)."""
+    g = min(devices, per_machine or p.devices_per_machine)
     if devices % g:
         raise ValueError(f"{devices} devices do not fill machines of {p.devices_per_machine}")
     return devices // g, g
 
 
-def predict(devices: int, p: Params, overlap: float | None = None) -> Prediction:
+def predict(devices: int, p: Params, overlap: float | None = None,
+            per_machine: int | None = None) -> Prediction:
     """images/s and efficiency of ``devices`` devices per the module formulas."""
     o = p.overlap if overlap is None else overlap
-    m, g = layout(devices, p)
+    m, g = layout(devices, p, per_machine)
     s_bytes = p.params_bytes
     t_c = p.t_compute
     t_intra = 0.0
@@ -160,9 +187,10 @@ def predict(devices: int, p: Params, overlap: float | None = None) -> Prediction
         else:
             s = max(p.dedicated_servers, 1)
             t_ps = 2 * max(s_bytes, m * s_bytes / s) / p.net_bytes_s
-    t = t_c + max(0.0, t_intra + t_ps - o * p.backward_fraction * t_c)
+    t_keys = 2 * p.keys * p.per_key_s if m > 1 else 0.0
+    t = t_c + max(0.0, t_intra + t_ps + t_keys - o * p.backward_fraction * t_c)
     img_s = m * g * p.batch_per_device / t
-    return Prediction(devices, m, t_c, t_intra, t_ps, t, img_s,
+    return Prediction(devices, m, t_c, t_intra, t_ps, t_keys, t, img_s,
                       img_s / (devices * p.single_device_img_s))
 
 
@@ -201,7 +229,7 @@ def what_if(p: Params, gpus: int = 128) -> list[list[str]]:
     return rows
 
 
-def markdown(p: Params) -> str:
+def markdown(p: Params, path: str | Path = DEFAULT_YAML) -> str:
     rows = compare(p)
     table = md_table(
         ["GPUs", "machines", "published img/s", "published eff.", "t_intra ms", "t_ps ms",
@@ -243,8 +271,55 @@ def markdown(p: Params) -> str:
         "", md_table(["setup", "t_ps ms", "img/s", "efficiency"], what_if(p)),
         "", "Sources of the published figures and the model's parameters: "
         "benchmarks/README.md and benchmarks/scale_model.yaml.",
+        "", revisited_markdown(path),
     ]
     return "\n".join(lines)
+
+
+def revisited_rows(path: str | Path = DEFAULT_YAML) -> list[dict[str, Any]]:
+    """Inception-v3 and ResNet-50 on 128 GPUs as 8 × 16 (the table's machines) and 16 × 8, with
+    the measured NIC efficiency and per-key cost, no overlap and the YAML's overlap."""
+    out = []
+    for model in ("model", "resnet50"):
+        p = revisited(load(path, model), path)
+        for per_machine in (16, 8):
+            no = predict(128, p, overlap=0.0, per_machine=per_machine)
+            yo = predict(128, p, per_machine=per_machine)
+            terms = {"t_intra": no.t_intra, "t_ps": no.t_ps, "t_keys": no.t_keys}
+            out.append({"model": p.name, "layout": f"{no.machines} × {per_machine}",
+                        "keys": p.keys, "t_c_ms": 1e3 * no.t_compute,
+                        **{f"{k}_ms": 1e3 * v for k, v in terms.items()},
+                        "dominant": max(terms, key=lambda k: terms[k]),
+                        "img_s_no_overlap": no.img_s, "eff_no_overlap": no.efficiency,
+                        "img_s": yo.img_s, "eff": yo.efficiency,
+                        "published_img_s": (dict(zip(p.published_gpus, p.published_img_s))
+                                            .get(128) if p.name == "inception-v3"
+                                            and per_machine == 16 else None)})
+    return out
+
+
+def revisited_markdown(path: str | Path = DEFAULT_YAML) -> str:
+    import yaml
+
+    with open(path) as f:
+        r = yaml.safe_load(f)["revisited"]
+    rows = revisited_rows(path)
+    table = md_table(
+        ["model", "machines × GPUs", "keys", "t_c ms", "t_intra ms", "t_ps ms", "t_keys ms",
+         "largest comm term", "img/s (o=0)", "eff. (o=0)", "img/s (o=1)", "published img/s"],
+        [[x["model"], x["layout"], x["keys"], f"{x['t_c_ms']:.0f}", f"{x['t_intra_ms']:.1f}",
+          f"{x['t_ps_ms']:.1f}", f"{x['t_keys_ms']:.1f}", x["dominant"],
+          f"{x['img_s_no_overlap']:.0f}", f"{100 * x['eff_no_overlap']:.1f}%",
+          f"{x['img_s']:.0f}", "—" if x["published_img_s"] is None
+          else f"{x['published_img_s']:.0f}"] for x in rows])
+    return "\n".join([
+        "### Revisited with measured link efficiency and per-key cost",
+        "",
+        f"NIC efficiency {r['network_efficiency']:.3f} (ResNet-50 push+pull on the testbed, "
+        f"W = S = 2, 1 Gbit/s: bound ÷ measured), per-key cost {1e6 * r['per_key_s']:.0f} µs per "
+        f"key and phase (demo net per key vs fused on the testbed); {r['source']}. ResNet-50's "
+        "single-K80 training speed is an estimate (see scale_model.yaml).",
+        "", table])
 
 
 def run(path: str | Path = DEFAULT_YAML) -> BenchResult:
@@ -259,12 +334,13 @@ def run(path: str | Path = DEFAULT_YAML) -> BenchResult:
                    "Inception-v3 on 128 K80 GPUs", [at["pred_over_published_no_overlap"]],
                    note="deterministic: one value")
     return BenchResult("scale_model", [ratio, ratio0], {"rows": rows, "yaml": str(path)},
-                       markdown(p))
+                       markdown(p, path))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    print(markdown(load(args[0] if args else DEFAULT_YAML)))
+    path = args[0] if args else DEFAULT_YAML
+    print(markdown(load(path), path))
     return 0
 
 

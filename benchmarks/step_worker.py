@@ -12,6 +12,8 @@ Each worker builds two copies of the same net from the same seed:
   produced that gradient, overlapping the rest of backward;
 * ``dist_waitall`` (same net and store): the same step with ``mx.nd.waitall()`` between backward
   and the pushes, so no communication overlaps computation;
+* ``dist_perkey`` (a third copy): the ``dist`` step with one key per tensor (no gradient
+  fusion), its keys shifted into their own range of the same store (``OffsetKV``);
 * ``local``: ``mxlarge.Trainer`` with the local store (no push/pull at all).
 
 Modes run in interleaved rounds (:func:`benchmarks.common.interleave`), every worker in
@@ -29,7 +31,14 @@ from typing import Any
 
 import mxnet as mx
 
-from benchmarks.common import emit_progress, emit_result, interleave, worker_main
+from benchmarks.common import (
+    KEY_STRIDE,
+    OffsetKV,
+    emit_progress,
+    emit_result,
+    interleave,
+    worker_main,
+)
 from benchmarks.models import build_net, recipe_loop, recipe_trainer, synthetic_batches
 
 
@@ -63,6 +72,11 @@ def work(opts: argparse.Namespace) -> None:
     net_d = build_net(opts.net, opts.classes, opts.size, seed=0, **shape)
     trainer_d = recipe_trainer(net_d, kv, fusion_bytes=opts.fusion_bytes)
     loop_d = recipe_loop(net_d, trainer_d)
+    loops = {"dist": loop_d}
+    if "dist_perkey" in modes:  # the same step, one key per tensor, in its own key range
+        net_p = build_net(opts.net, opts.classes, opts.size, seed=0, **shape)
+        loops["dist_perkey"] = recipe_loop(net_p, recipe_trainer(net_p, OffsetKV(kv, KEY_STRIDE),
+                                                                 fusion_bytes=0))
     net_l = build_net(opts.net, opts.classes, opts.size, seed=0, **shape)
     loop_l = recipe_loop(net_l, recipe_trainer(net_l, "local"))
     fwd_bwd: list[float] = []  # dist_waitall: time to the end of backward, per step
@@ -83,8 +97,8 @@ def work(opts: argparse.Namespace) -> None:
         t.update(x.shape[0], loop.step)
         loop.step += 1
 
-    steps = {"local": (overlap_step, loop_l), "dist": (overlap_step, loop_d),
-             "dist_waitall": (waitall_step, loop_d)}
+    steps = {"local": (overlap_step, loop_l), "dist_waitall": (waitall_step, loop_d),
+             **{m: (overlap_step, loop) for m, loop in loops.items()}}
 
     cores: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds ÷ wall seconds
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.testbed import GUARD_ROUTE, PREFIX, Testbed, TestbedError
+from tests.cluster.testbed import GUARD_ROUTE, PREFIX, Testbed, TestbedError, exclusive
 
 
 def testbed_processes(tb: Testbed) -> list[int]:
@@ -38,6 +38,11 @@ def testbed_processes(tb: Testbed) -> list[int]:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
+    with exclusive():  # other users of the namespaces (the cluster benchmarks) wait
+        yield from _testbed()
+
+
+def _testbed() -> Iterator[Testbed]:
     tb = Testbed()
     try:
         tb.up()

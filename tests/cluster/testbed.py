@@ -26,12 +26,15 @@ leftovers down first.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +43,10 @@ PREFIX = "mxl-"
 BRIDGE_NS = f"{PREFIX}net"
 GUARD_ROUTE = f"{NET}.0/24"
 DEFAULT_ROOT = Path("/var/tmp/mxlarge-testbed")  # not under /tmp: /tmp is per host
+#: Held (flock) by every user of the testbed for as long as it uses it: the cluster tests, the
+#: cluster benchmarks. The namespaces have fixed names, so two users would tear down each
+#: other's hosts.
+LOCK = Path("/var/tmp/mxlarge-testbed.lock")
 
 # Debian 12 packages and one executable that shows each is there.
 PACKAGES = {
@@ -48,6 +55,17 @@ PACKAGES = {
     "slurm-wlm": "/usr/sbin/slurmctld", "munge": "/usr/sbin/munged",
     "util-linux": "/usr/bin/unshare",
 }
+
+
+@contextmanager
+def exclusive() -> Iterator[None]:
+    """Holds :data:`LOCK` (waits for another user of the testbed to finish)."""
+    with open(LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class TestbedError(RuntimeError):

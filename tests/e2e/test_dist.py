@@ -55,8 +55,8 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
 def test_fused_and_per_key_push_pull_give_bitwise_identical_weights(tmp_path):
     """10 steps of a BN net (momentum, warmup, weight decay), 2 workers + 2 servers with arrays
     above 500 elements split over both servers: gradients fused into buckets of 2 KiB (several
-    buckets, big tensors alone) and into the default 4 MiB bucket give bitwise the same weights
-    on every rank as one key per tensor."""
+    buckets, big tensors alone) and into one 4 MiB bucket give bitwise the same weights on
+    every rank as one key per tensor."""
     cfg = tmp_path / "fuse.yaml"
     cfg.write_text(BN_CONFIG.replace("max_steps: 12", "max_steps: 10"))
     env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500"}

@@ -1,0 +1,208 @@
+"""Benchmark 10 (``make bench-cluster``, root): push+pull against the link, on the testbed.
+
+Real hosts with real links, emulated: the namespace testbed of ``tests/cluster/testbed.py``
+with 2·W + 1 hosts. The launcher and the scheduler run on h0 (unshaped: the scheduler carries
+only control messages); dmlc's ssh backend puts server i on hostfile line i and worker j on
+line S + j, so servers run on h1..hS and workers on h(S+1)..h(S+W), one process per host. Each
+of those hosts gets a ``tc tbf`` rate limit of B bit/s in each direction: on its ``eth0``
+(what it sends) and on its veth peer at the bridge (what it receives). netem is not available in
+this kernel, so no latency is added: the links are fast and thin.
+
+Per configuration one launched job of :mod:`benchmarks.pushpull_worker` with ``--no-raw``:
+rank 0 times iterations of mxlarge's own ``SyncStore.allreduce_grads`` over the gradient set
+(every worker in lockstep, a barrier before each round), each iteration until every pulled sum
+has arrived.
+
+Bound (BytePS's, for a parameter server with enough server bandwidth): a worker sends |g| and
+receives |g| per step; with W = S a server receives W·|g|/S = |g| and sends as much. On
+full-duplex links of B bit/s per direction nothing can finish sooner than ``8·|g| / B``.
+Ratio = measured time of one push+pull ÷ that bound (≥ 1; target ≤ 1.2 for ResNet-50's
+gradients, W = S = 2, 1 Gbit/s). TCP/IP headers alone cost ~4 % at MTU 1500: the goodput of
+one bounded TCP transfer h1 → h2 through the same shaping (:mod:`benchmarks.link_probe`) is
+recorded beside each rate, and the ratio against it is in the markdown.
+
+Not part of ``make bench`` (root, ~5 min, needs the testbed's packages); results go to
+``results/cluster/latest.{json,md}``. Every use of the testbed holds ``/var/tmp/
+mxlarge-testbed.lock`` (other benchmarks use the same namespaces).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from benchmarks.common import (
+    ROOT,
+    BenchmarkError,
+    BenchResult,
+    JobOutput,
+    Ratio,
+    md_table,
+    median,
+    mmm,
+)
+
+BURST, LATENCY = "256kb", "10ms"  # tbf bucket and queue (cluster-testbed.md's verified values)
+PROBE_MB, PROBE_PORT = 100, 47011
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str
+    net: str  # "resnet50" or "demo"
+    workers: int  # = servers
+    rate_gbit: float
+    fusion: int | None = None  # bucket bytes (None: mxlarge's default, 0: per key)
+    target: float | None = None
+
+
+CONFIGS: tuple[Config, ...] = (
+    Config("link_resnet50_w2_1g", "resnet50", 2, 1.0, target=1.2),
+    Config("link_resnet50_w2_1g_perkey", "resnet50", 2, 1.0, fusion=0),
+    Config("link_resnet50_w3_1g", "resnet50", 3, 1.0),
+    Config("link_resnet50_w2_5g", "resnet50", 2, 5.0),
+    Config("link_demo_w2_1g", "demo", 2, 1.0),
+    Config("link_demo_w2_1g_perkey", "demo", 2, 1.0, fusion=0),
+)
+
+
+def demo_shapes() -> list[list[int]]:
+    """The demo net's trainable tensors (small_resnet width 16 on 1×8×8 digits)."""
+    import mxnet as mx
+
+    from mxlarge.config import ModelConfig
+    from mxlarge.nets import build_net, initialize
+
+    cfg = ModelConfig(name="small_resnet", width=16)
+    net = build_net(cfg, 10)
+    initialize(net, cfg, seed=0, ctx=[mx.cpu()], input_shape=(1, 8, 8))
+    return [list(p.shape) for p in net.collect_params().values() if p.grad_req != "null"]
+
+
+def _run(*cmd: str) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BenchmarkError(f"{' '.join(cmd)}: {r.stderr.strip()[-300:]}")
+
+
+def shape_links(tb: Any, hosts: list[str], rate_gbit: float | None) -> None:
+    """``tc tbf`` of ``rate_gbit`` on both directions of each host (None: remove)."""
+    from tests.cluster.testbed import BRIDGE_NS
+
+    for h in hosts:
+        i = int(h[1:])
+        for ns, dev in ((tb.netns(h), "eth0"), (BRIDGE_NS, f"v{i}")):
+            if rate_gbit is None:
+                subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"],
+                               capture_output=True)
+            else:
+                _run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                     f"{int(rate_gbit * 1000)}mbit", "burst", BURST, "latency", LATENCY)
+
+
+def probe(tb: Any, src: str, dst: str) -> float:
+    """Goodput in Gbit/s of one bounded TCP transfer ``src`` → ``dst``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen(tb.on(dst, sys.executable, "-m", "benchmarks.link_probe", "serve",
+                                    tb.addr(dst), str(PROBE_PORT)),
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        if server.stdout is None or server.stdout.readline().strip() != "ready":
+            raise BenchmarkError("link probe receiver did not start")
+        r = subprocess.run(tb.on(src, sys.executable, "-m", "benchmarks.link_probe", "send",
+                                 tb.addr(dst), str(PROBE_PORT), str(PROBE_MB)),
+                           capture_output=True, text=True, env=env, timeout=120)
+        if r.returncode != 0:
+            raise BenchmarkError(f"link probe failed: {r.stderr.strip()[-300:]}")
+        return PROBE_MB * (1 << 20) * 8 / float(r.stdout.strip()) / 1e9
+    finally:
+        server.wait(timeout=30)
+
+
+def _job(tb: Any, work: Path, shapes: Path, c: Config, reps: int, iters: int,
+         log: IO[str] | None, bar: Any) -> dict[str, Any]:
+    hosts = [f"h{i}" for i in range(1, 2 * c.workers + 1)]
+    hostfile = work / f"hosts-{c.key}"
+    hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in hosts))
+    fusion = [] if c.fusion is None else ["--fusion-bytes", str(c.fusion)]
+    argv = tb.on("h0", sys.executable, "-m", "mxlarge.launcher", "-n", str(c.workers), "-s",
+                 str(c.workers), "--launcher", "ssh", "-H", str(hostfile), "--",
+                 sys.executable, "-m", "benchmarks.pushpull_worker", str(shapes), "--no-raw",
+                 "--reps", str(reps), "--iters", str(iters), *fusion)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMLC_", "MLFLOW_", "MXLARGE_", "SLURM_"))}
+    env.update(PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    out = JobOutput(log, bar)
+    if log is not None:
+        log.write(f"=== {c.key}: {' '.join(argv)}\n")
+    r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    out.write(r.stdout + r.stderr)
+    out.flush()
+    if r.returncode != 0 or len(out.results) != c.workers:
+        tail = "\n".join(out.tail[-15:])
+        raise BenchmarkError(f"{c.key}: exit {r.returncode}, {len(out.results)} result(s)\n"
+                             f"{tail}")
+    return sorted(out.results, key=lambda x: x.get("rank", 0))[0]
+
+
+def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
+        bar: Any = None) -> BenchResult:
+    from benchmarks.bandwidth import resnet50_shapes
+    from tests.cluster.testbed import Testbed, exclusive
+
+    n_hosts = 2 * max(c.workers for c in CONFIGS) + 1
+    ratios, rows, details = [], [], []
+    with tempfile.TemporaryDirectory(prefix="mxlarge-bench-cluster-") as tmp, exclusive():
+        shape_files = {}
+        for name, shapes in (("resnet50", resnet50_shapes()), ("demo", demo_shapes())):
+            shape_files[name] = Path(tmp) / f"{name}.json"
+            shape_files[name].write_text(json.dumps(shapes))
+        tb = Testbed(n=n_hosts)
+        work = tb.root / "work" / "bench"
+        tb.up()
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+            shaped = [f"h{i}" for i in range(1, n_hosts)]
+            goodput: dict[float, float] = {}
+            for c in CONFIGS:
+                shape_links(tb, shaped, c.rate_gbit)
+                if c.rate_gbit not in goodput:
+                    goodput[c.rate_gbit] = probe(tb, "h1", "h2")
+                res = _job(tb, work, shape_files[c.net], c, reps, iters, log, bar)
+                nbytes = res["bytes"]
+                bound = 8 * nbytes / (c.rate_gbit * 1e9)
+                best = [min(x) for x in res["sec_per_iter"]["pushpull"]]  # per round
+                ratio = [t / bound for t in best]
+                ratios.append(Ratio(
+                    c.key, f"push+pull time ÷ |g|/B, W = S = {c.workers}, {c.rate_gbit:g} "
+                           f"Gbit/s per host, {c.net}, "
+                           + ("per key" if c.fusion == 0 else "fused"),
+                    ratio, target=c.target, higher_is_better=False,
+                    note=f"{res['tensors']} tensors in {res['keys']} keys, "
+                         f"{nbytes / 1e6:.2f} MB; bound {1e3 * bound:.1f} ms; link goodput "
+                         f"{goodput[c.rate_gbit]:.3f} Gbit/s"))
+                vs_goodput = [t / (8 * nbytes / (goodput[c.rate_gbit] * 1e9)) for t in best]
+                rows.append([c.key, c.net, c.workers, f"{c.rate_gbit:g}",
+                             f"{goodput[c.rate_gbit]:.3f}", res["keys"],
+                             f"{1e3 * bound:.1f}", mmm([1e3 * t for t in best], "{:.1f}"),
+                             f"{median(ratio):.3f}", f"{median(vs_goodput):.3f}"])
+                details.append({**c.__dict__, "bytes": nbytes, "bound_s": bound,
+                                "goodput_gbit": goodput[c.rate_gbit], "keys": res["keys"],
+                                "sec_per_iter": res["sec_per_iter"]})
+        finally:
+            shape_links(tb, [f"h{i}" for i in range(1, n_hosts)], None)
+            tb.down()
+    md = md_table(["config", "net", "W = S", "tbf Gbit/s", "measured goodput Gbit/s", "keys",
+                   "bound |g|/B ms", "push+pull ms (min / med / max)", "÷ bound (median)",
+                   "÷ goodput bound (median)"], rows)
+    md += ("\n\nServers on h1..hS, workers on h(S+1)..h(2S), launcher and scheduler on h0; "
+           "every host but h0 shaped in both directions. Time per round = its best of "
+           f"{iters} iterations.")
+    return BenchResult("cluster_link", ratios, {"configs": details,
+                                                "started": time.time()}, md)

@@ -31,7 +31,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +59,10 @@ class Config:
     rate_gbit: float
     fusion: int | None = None  # bucket bytes (None: mxlarge's default, 0: per key)
     target: float | None = None
+
+    @property
+    def label(self) -> str:
+        return "per key" if self.fusion == 0 else "fused"
 
 
 CONFIGS: tuple[Config, ...] = (
@@ -130,7 +133,7 @@ def _job(tb: Any, work: Path, shapes: Path, c: Config, reps: int, iters: int,
     hosts = [f"h{i}" for i in range(1, 2 * c.workers + 1)]
     hostfile = work / f"hosts-{c.key}"
     hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in hosts))
-    fusion = [] if c.fusion is None else ["--fusion-bytes", str(c.fusion)]
+    fusion = [] if c.fusion is None else ["--fusion", str(c.fusion)]
     argv = tb.on("h0", sys.executable, "-m", "mxlarge.launcher", "-n", str(c.workers), "-s",
                  str(c.workers), "--launcher", "ssh", "-H", str(hostfile), "--",
                  sys.executable, "-m", "benchmarks.pushpull_worker", str(shapes), "--no-raw",
@@ -158,16 +161,17 @@ def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
 
     n_hosts = 2 * max(c.workers for c in CONFIGS) + 1
     ratios, rows, details = [], [], []
-    with tempfile.TemporaryDirectory(prefix="mxlarge-bench-cluster-") as tmp, exclusive():
-        shape_files = {}
-        for name, shapes in (("resnet50", resnet50_shapes()), ("demo", demo_shapes())):
-            shape_files[name] = Path(tmp) / f"{name}.json"
-            shape_files[name].write_text(json.dumps(shapes))
+    shapes = {"resnet50": resnet50_shapes(), "demo": demo_shapes()}
+    with exclusive():
         tb = Testbed(n=n_hosts)
-        work = tb.root / "work" / "bench"
+        work = tb.root / "work" / "bench"  # shared by every host (/tmp is per host)
         tb.up()
         try:
             work.mkdir(parents=True, exist_ok=True)
+            shape_files = {}
+            for name, value in shapes.items():
+                shape_files[name] = work / f"{name}.json"
+                shape_files[name].write_text(json.dumps(value))
             shaped = [f"h{i}" for i in range(1, n_hosts)]
             goodput: dict[float, float] = {}
             for c in CONFIGS:
@@ -177,23 +181,24 @@ def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
                 res = _job(tb, work, shape_files[c.net], c, reps, iters, log, bar)
                 nbytes = res["bytes"]
                 bound = 8 * nbytes / (c.rate_gbit * 1e9)
-                best = [min(x) for x in res["sec_per_iter"]["pushpull"]]  # per round
+                mode = next(m for m in res["sec_per_iter"] if m.startswith("pushpull_"))
+                keys = res["keys"][mode]
+                best = [min(x) for x in res["sec_per_iter"][mode]]  # per round
                 ratio = [t / bound for t in best]
                 ratios.append(Ratio(
                     c.key, f"push+pull time ÷ |g|/B, W = S = {c.workers}, {c.rate_gbit:g} "
-                           f"Gbit/s per host, {c.net}, "
-                           + ("per key" if c.fusion == 0 else "fused"),
+                           f"Gbit/s per host, {c.net}, {c.label}",
                     ratio, target=c.target, higher_is_better=False,
-                    note=f"{res['tensors']} tensors in {res['keys']} keys, "
+                    note=f"{res['tensors']} tensors in {keys} keys, "
                          f"{nbytes / 1e6:.2f} MB; bound {1e3 * bound:.1f} ms; link goodput "
                          f"{goodput[c.rate_gbit]:.3f} Gbit/s"))
                 vs_goodput = [t / (8 * nbytes / (goodput[c.rate_gbit] * 1e9)) for t in best]
                 rows.append([c.key, c.net, c.workers, f"{c.rate_gbit:g}",
-                             f"{goodput[c.rate_gbit]:.3f}", res["keys"],
+                             f"{goodput[c.rate_gbit]:.3f}", keys,
                              f"{1e3 * bound:.1f}", mmm([1e3 * t for t in best], "{:.1f}"),
                              f"{median(ratio):.3f}", f"{median(vs_goodput):.3f}"])
                 details.append({**c.__dict__, "bytes": nbytes, "bound_s": bound,
-                                "goodput_gbit": goodput[c.rate_gbit], "keys": res["keys"],
+                                "goodput_gbit": goodput[c.rate_gbit], "keys": keys,
                                 "sec_per_iter": res["sec_per_iter"]})
         finally:
             shape_links(tb, [f"h{i}" for i in range(1, n_hosts)], None)

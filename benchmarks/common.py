@@ -58,6 +58,9 @@ class OffsetKV:
              ignore_sparse: bool = True) -> None:
         self._kv.pull(self._keys(key), out=out, priority=priority, ignore_sparse=ignore_sparse)
 
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+        self._kv.pushpull(self._keys(key), value, out=out, priority=priority)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._kv, name)
 

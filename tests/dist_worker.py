@@ -36,6 +36,11 @@ class Recording:
         self.keys[f"pulled_{self.phase}"].append(int(key))
         return self._kv.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)
 
+    def pushpull(self, key, value, out=None, priority=0):
+        self.keys[f"pushed_{self.phase}"].append(int(key))
+        self.keys[f"pulled_{self.phase}"].append(int(key))
+        return self._kv.pushpull(key, value, out=out, priority=priority)
+
     def __getattr__(self, name):
         return getattr(self._kv, name)
 

@@ -58,17 +58,22 @@ class Config:
     workers: int  # = servers
     rate_gbit: float
     fusion: int | None = None  # bucket bytes (None: mxlarge's default, 0: per key)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment of the launcher (forwarded)
     target: float | None = None
 
     @property
     def label(self) -> str:
-        return "per key" if self.fusion == 0 else "fused"
+        return ", ".join(["per key" if self.fusion == 0 else "fused",
+                          *(f"{k}={v}" for k, v in self.env)])
 
 
+MXNET_BOUND = (("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"),)  # MXNet's own default
 CONFIGS: tuple[Config, ...] = (
     Config("link_resnet50_w2_1g", "resnet50", 2, 1.0, target=1.2),
     Config("link_resnet50_w2_1g_perkey", "resnet50", 2, 1.0, fusion=0),
+    Config("link_resnet50_w2_1g_bound1e6", "resnet50", 2, 1.0, env=MXNET_BOUND),
     Config("link_resnet50_w3_1g", "resnet50", 3, 1.0),
+    Config("link_resnet50_w3_1g_bound1e6", "resnet50", 3, 1.0, env=MXNET_BOUND),
     Config("link_resnet50_w2_5g", "resnet50", 2, 5.0),
     Config("link_demo_w2_1g", "demo", 2, 1.0),
     Config("link_demo_w2_1g_perkey", "demo", 2, 1.0, fusion=0),
@@ -140,7 +145,7 @@ def _job(tb: Any, work: Path, shapes: Path, c: Config, reps: int, iters: int,
                  "--reps", str(reps), "--iters", str(iters), *fusion)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DMLC_", "MLFLOW_", "MXLARGE_", "SLURM_"))}
-    env.update(PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    env.update(PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", **dict(c.env))
     out = JobOutput(log, bar)
     if log is not None:
         log.write(f"=== {c.key}: {' '.join(argv)}\n")

@@ -1,5 +1,6 @@
 """Process settings the launcher adds to each role's environment, and why (measured in
-``benchmarks/``: rows ``bandwidth_1w1s`` vs ``bandwidth_1w1s_untuned``).
+``benchmarks/``: rows ``bandwidth_1w1s`` vs ``bandwidth_1w1s_untuned``, and ``link_*`` of
+``make bench-cluster``).
 
 A setting is added only when its variable is not set already (in the launcher's own
 environment or its ``env`` argument): the user's value always wins, and ``tuning=False``
@@ -11,6 +12,14 @@ environment or its ``env`` argument): the user's value always wins, and ``tuning
   (~9 % of a server's and ~5 % of a worker's CPU time in the perf profile of
   benchmarks/README.md). With these thresholds freed memory stays in the heap and is reused.
   The price: a process's resident memory does not shrink back after its peak.
+* **Big arrays split over every server from 100,000 elements** (``MXNET_KVSTORE_BIGARRAY_BOUND``,
+  every role; MXNet's default is 1,000,000). A key below the bound goes whole to server
+  ``(key · 9973) mod S``, so the many mid-sized tensors of a real net (ResNet-50's 1×1 and 3×3
+  convolutions are 65 k – 1 M floats, most of its bytes) land unevenly and the busiest server's
+  link sets the pace; above the bound a key is sliced evenly over all servers. Measured on the
+  testbed (ResNet-50's gradients, 1 Gbit/s links, ``make bench-cluster``): 3 workers + 3
+  servers 1.94× the bound |g|/B with MXNet's default, 1.22× with 100,000; 2 + 2: 1.23× either
+  way. Gradient buckets (256 KiB = 65,536 floats) stay whole and alternate over the servers.
 * **OMP_NUM_THREADS** (local jobs only): 1 for the scheduler and servers (they receive, copy
   and sum; no operator needs a thread team) and ``cores // workers`` (at least 1) for each
   worker, which share this machine's cores: more OpenMP threads than cores make every
@@ -27,6 +36,8 @@ from collections.abc import Mapping
 #: 512 MB at a time (address space only: pages are touched when used).
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000",
           "MALLOC_TOP_PAD_": "536870912"}
+#: Every role of every job: malloc, and arrays from 100,000 elements sliced over all servers.
+COMMON = {**MALLOC, "MXNET_KVSTORE_BIGARRAY_BOUND": "100000"}
 
 
 def local_role_env(role: str, workers: int, given: Mapping[str, str],
@@ -35,10 +46,10 @@ def local_role_env(role: str, workers: int, given: Mapping[str, str],
     so far); none that ``given`` already sets."""
     cores = (os.cpu_count() or 1) if cores is None else cores
     threads = max(1, cores // workers) if role == "worker" else 1
-    wanted = {**MALLOC, "OMP_NUM_THREADS": str(threads)}
+    wanted = {**COMMON, "OMP_NUM_THREADS": str(threads)}
     return {k: v for k, v in wanted.items() if k not in given}
 
 
 def cluster_env(given: Mapping[str, str]) -> dict[str, str]:
     """The variables every process of a cluster job gets on top of ``given``."""
-    return {k: v for k, v in MALLOC.items() if k not in given}
+    return {k: v for k, v in COMMON.items() if k not in given}

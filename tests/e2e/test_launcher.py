@@ -819,12 +819,13 @@ def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
 
 @pytest.mark.timeout(60)
 def test_launcher_process_settings_per_role_and_the_users_values_win(marker: str) -> None:
-    """Local jobs: every role gets glibc's keep-freed-memory thresholds; OpenMP threads are 1 for
+    """Local jobs: every role gets glibc's keep-freed-memory thresholds and the big-array bound
+    of 100,000; OpenMP threads are 1 for
     the scheduler and servers and cores // workers for each worker; a variable the user sets
     wins; tuning=False adds none. (No MXNet: each role prints its settings and exits.)"""
-    from mxlarge.launcher.tuning import MALLOC
+    from mxlarge.launcher.tuning import COMMON
 
-    names = [*MALLOC, "OMP_NUM_THREADS"]
+    names = [*COMMON, "OMP_NUM_THREADS"]
     script = ('echo "$DMLC_ROLE ' + " ".join(f"{n}=${{{n}:-unset}}" for n in names) + '"')
     threads = str(max(1, (os.cpu_count() or 1) // 2))
 
@@ -842,7 +843,7 @@ def test_launcher_process_settings_per_role_and_the_users_values_win(marker: str
         assert set(seen) == {"scheduler", "server", "worker"}
         return seen
 
-    malloc = " ".join(f"{k}={v}" for k, v in MALLOC.items())
+    malloc = " ".join(f"{k}={v}" for k, v in COMMON.items())
     tuned = settings(True, {})
     assert tuned["scheduler"] == tuned["server"] == {f"{malloc} OMP_NUM_THREADS=1"}
     assert tuned["worker"] == {f"{malloc} OMP_NUM_THREADS={threads}"}
@@ -850,6 +851,6 @@ def test_launcher_process_settings_per_role_and_the_users_values_win(marker: str
     assert all(v == {malloc.replace("536870912", "0") + " OMP_NUM_THREADS=3"}
                for v in user.values())
     plain = settings(False, {})
-    if "OMP_NUM_THREADS" not in os.environ and not set(MALLOC) & set(os.environ):
+    if "OMP_NUM_THREADS" not in os.environ and not set(COMMON) & set(os.environ):
         assert all(v == {" ".join(f"{n}=unset" for n in names)} for v in plain.values())
     assert_no_leftovers(marker)

@@ -14,11 +14,13 @@ PEAK_LR, WARMUP_LR, WARMUP_STEPS, DECAY_STEPS = 0.4, 0.1, 10_000, (20_000,)
 MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
 
 
-def build_net(name: str, classes: int, size: int, seed: int = 0) -> Any:
+def build_net(name: str, classes: int, size: int, seed: int = 0, channels: int = 3,
+              width: int = 16) -> Any:
     """A GluonCV/mxlarge net, initialised by mxlarge (He init, zero-γ) and hybridized static.
 
     Hybridized with ``static_alloc=True, static_shape=True`` as :func:`mxlarge.run.build` does,
-    so the benchmark times the same graph a real run executes.
+    so the benchmark times the same graph a real run executes. Inputs are
+    ``(channels, size, size)``; ``width`` is the width of mxlarge's own small nets.
     """
     import mxnet as mx
 
@@ -26,14 +28,15 @@ def build_net(name: str, classes: int, size: int, seed: int = 0) -> Any:
     from mxlarge.nets import build_net as _build
     from mxlarge.nets import initialize
 
-    cfg = ModelConfig(name=name)
+    cfg = ModelConfig(name=name, width=width)
     net = _build(cfg, classes)
-    initialize(net, cfg, seed=seed, ctx=[mx.cpu()], input_shape=(3, size, size))
+    initialize(net, cfg, seed=seed, ctx=[mx.cpu()], input_shape=(channels, size, size))
     net.hybridize(static_alloc=True, static_shape=True)
     return net
 
 
-def synthetic_batches(count: int, batch: int, size: int, classes: int, seed: int = 0) -> list:
+def synthetic_batches(count: int, batch: int, size: int, classes: int, seed: int = 0,
+                      channels: int = 3) -> list:
     """``count`` fixed ``(data, label)`` batches of uniform noise (the same for every mode)."""
     import mxnet as mx
     import numpy as np
@@ -41,7 +44,7 @@ def synthetic_batches(count: int, batch: int, size: int, classes: int, seed: int
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
-        x = rng.uniform(-1, 1, size=(batch, 3, size, size)).astype(np.float32)
+        x = rng.uniform(-1, 1, size=(batch, channels, size, size)).astype(np.float32)
         y = rng.integers(0, classes, size=batch).astype(np.float32)
         out.append((mx.nd.array(x), mx.nd.array(y)))
     return out

@@ -127,12 +127,13 @@ def job_env() -> dict[str, str]:
 Launcher = Callable[[str, list[str], PeerOutput], None]  # (peer, worker args, sink) -> runs job
 
 
-def loopback_launcher(workers: int) -> Launcher:
-    """Runs a peer's job on 127.0.0.1: dist_sync peers through ``run_local`` (k workers, k
-    servers), Horovod through ``horovodrun`` (:mod:`benchmarks.horovodrun_bound`)."""
+def loopback_launcher(workers: int, module: str = WORKER) -> Launcher:
+    """Runs a peer's job of worker script ``module`` on 127.0.0.1: dist_sync peers through
+    ``run_local`` (k workers, k servers), Horovod through ``horovodrun``
+    (:mod:`benchmarks.horovodrun_bound`)."""
 
     def run(peer: str, args: list[str], out: PeerOutput) -> None:
-        argv = [sys.executable, "-m", WORKER, "--peer", peer, *args]
+        argv = [sys.executable, "-m", module, "--peer", peer, *args]
         if peer == "horovod":
             cmd = [sys.executable, "-m", "benchmarks.horovodrun_bound", "-np", str(workers),
                    "-H", f"localhost:{workers}", "--gloo", "--network-interface", "lo", "--",

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -208,7 +209,8 @@ def work(opts: argparse.Namespace) -> None:
             print(DRIFT_MARK + json.dumps(check), flush=True)
             sys.stderr.flush()
             os._exit(DRIFT_EXIT)  # every rank drifts alike: no exit barrier to wait in
-    result: dict[str, Any] = {"rank": rank, "peer": opts.peer, "net": opts.net, "workers": k,
+    result: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "peer": opts.peer,
+                              "net": opts.net, "workers": k,
                               "batch": opts.batch, "step_batch": b, "check": check}
     if opts.expect_drift:
         emit_result(result)

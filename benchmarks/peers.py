@@ -37,6 +37,7 @@ commit it measured); the launched jobs' output goes to ``peers.log`` next to the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -182,6 +183,7 @@ class NetRun:
     blocks: dict[str, list[list[float]]] = field(default_factory=dict)
     cores: dict[str, list[float]] = field(default_factory=dict)
     checks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    hosts: dict[str, list[str]] = field(default_factory=dict)  # of ranks 0.., first round
     findings: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -214,6 +216,7 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
                 _note(log, f"round {r + 1}/{rounds} {spec.key} {peer}")
                 launcher(peer, args, out)
                 res = out.results[0]
+                run.hosts.setdefault(peer, [x["host"] for x in out.results])
                 run.sec.setdefault(peer, []).append(median(res["sec_per_step"]))
                 run.blocks.setdefault(peer, []).append(res["sec_per_step"])
                 run.cores.setdefault(peer, []).append(median(res["cores_busy"]))
@@ -257,6 +260,7 @@ def summarise(runs: Sequence[NetRun], peers: Sequence[str], workers: int) -> dic
             rows[peer] = {"sec_per_step": run.sec[peer], "blocks": run.blocks[peer],
                           "images_per_s": [workers * spec.batch / s for s in run.sec[peer]],
                           "cores_busy": run.cores[peer], "ratio": ratio.as_dict(),
+                          "hosts": run.hosts[peer],
                           "checks": run.checks.get(peer, [])}
         out[spec.key] = {"title": spec.title, "batch": spec.batch, "peers": rows,
                          "findings": run.findings}
@@ -293,6 +297,9 @@ def _ratio_cell(r: Mapping[str, Any]) -> str:
 
 def render_timing(part: Mapping[str, Any]) -> str:
     lines = []
+    hosts = {peer: ",".join(row["hosts"]) for net in part["nets"].values()
+             for peer, row in net["peers"].items()}
+    lines += ["Hosts of ranks 0..k−1: " + "; ".join(f"`{p}` {h}" for p, h in hosts.items()), ""]
     for net in part["nets"].values():
         rows = []
         for peer, row in net["peers"].items():
@@ -408,15 +415,22 @@ def horovod_available() -> bool:
 
 
 def run_timing(a: argparse.Namespace, launcher: Launcher, workers: int, log: IO[str],
-               setup: str) -> dict[str, Any]:
+               setup: str, tmpdir: Path | None = None) -> dict[str, Any]:
+    """The timing rounds of ``a``'s nets and peers; the part of peers.json.
+
+    ``tmpdir`` holds mxlarge's reference weights (every worker must see it: on the testbed a
+    directory on the shared file system); a temporary directory by default.
+    """
     commit = git_commit()
     rounds = a.rounds or (2 if a.quick else 3)
     blocks = a.blocks or (2 if a.quick else 3)
-    with tempfile.TemporaryDirectory(prefix="mxlarge-peers-") as tmp:
+    with contextlib.ExitStack() as stack:
+        workdir = tmpdir or Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="mxlarge-peers-")))
         runs = measure([NETS[n] for n in a.nets], a.peers, launcher, rounds=rounds,
                        blocks=blocks, steps_scale=0.5 if a.quick else 1.0,
                        check_steps=a.check_steps, lr_scale=a.lr_scale, findings=a.findings,
-                       workdir=Path(tmp), log=log)
+                       workdir=workdir, log=log)
     method = (f"{rounds} rounds of one launch per peer and net (order reversed every other "
               f"round); per launch {a.check_steps} same-math steps, 2 warm-up steps, {blocks} "
               f"timed blocks; a round's figure is the median block of rank 0")

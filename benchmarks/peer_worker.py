@@ -27,9 +27,12 @@ Phases, in this order, in one launch:
    tensor, and the first update's size ‖w₁ − w₀‖ ÷ ‖w₁,ref − w₀‖) and exits 3 before
    anything is timed, unless ``--expect-drift`` (a configuration measured only to record by
    how much it differs: it reports and stops).
-2. **Timing**: 2 warm-up steps, then ``--blocks`` blocks of ``--steps`` steps, each timed from
-   the first forward to ``mx.nd.waitall()`` after the last update. One ``BENCH_RESULT`` line
-   per rank with seconds per step of every block and the cores the process kept busy.
+2. **Timing** (unless ``--blocks 0``: the check only): 2 warm-up steps, then ``--blocks``
+   blocks of ``--steps`` steps, each timed from the first forward to ``mx.nd.waitall()`` after
+   the last update.
+
+One ``BENCH_RESULT`` line per rank: the check's outcome, and seconds per step of every block
+with the cores the process kept busy.
 """
 from __future__ import annotations
 
@@ -84,7 +87,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--atol", type=float, default=1e-6)
     p.add_argument("--expect-drift", action="store_true")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
-    p.add_argument("--blocks", type=int, default=3, help="timed blocks")
+    p.add_argument("--blocks", type=int, default=3, help="timed blocks (0: check only)")
     return p.parse_args(argv)
 
 
@@ -212,7 +215,7 @@ def work(opts: argparse.Namespace) -> None:
     result: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "peer": opts.peer,
                               "net": opts.net, "workers": k,
                               "batch": opts.batch, "step_batch": b, "check": check}
-    if opts.expect_drift:
+    if opts.expect_drift or opts.blocks == 0:
         emit_result(result)
         return
 

@@ -17,10 +17,11 @@ batch n and number of workers k:
 * ``horovod``: Horovod-MXNet's ``hvd.DistributedTrainer`` (ring allreduce over gloo), started
   by ``horovodrun`` through :mod:`benchmarks.horovodrun_bound` (everything on 127.0.0.1).
 
-**Same math first.** Every launch starts with S steps from identical weights on identical data
-and compares the weights with mxlarge's (the first mxlarge launch of the net writes them):
-NumPy ``allclose`` with rtol 1e-5, atol 1e-6. A peer that drifts ends its job before timing
-anything, and this program exits 1 naming the peer, the net and max |Δw|. Gluon's documented
+**Same math first.** Per net, a check-only mxlarge launch first writes mxlarge's weights after
+S steps from identical weights on identical data; every timed launch (mxlarge's too) then
+starts with the same S steps and compares: NumPy ``allclose`` with rtol 1e-5, atol 1e-6. A
+peer that drifts ends its job before timing anything, and this program exits 1 naming the
+peer, the net and max |Δw|. Gluon's documented
 ``step(n)`` on dist_sync is also run once per net with the check reporting instead of failing
 (``--findings``): servers sum, so it applies k× the update (``update_ratio``).
 
@@ -191,53 +192,57 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
             rounds: int, blocks: int, steps_scale: float, check_steps: int,
             lr_scale: Mapping[str, float], findings: bool, workdir: Path,
             log: IO[str] | None) -> list[NetRun]:
-    """Runs the rounds (module docstring) and returns what each net measured.
+    """Runs the reference launches, then the rounds (module docstring); what each net measured.
+
+    Per net, first a check-only mxlarge launch writes the reference weights (it also takes the
+    slow first launch of a run, which would otherwise penalise whichever peer comes first),
+    then the step(n) findings; then every timed launch checks against the reference.
 
     Raises:
         PeerDrift: a peer failed the same-math check (its job ended before timing).
         BenchmarkError: a job failed.
     """
     runs = [NetRun(spec) for spec in nets]
+    check = ["--check-steps", str(check_steps)]
+    for run in runs:
+        spec = run.spec
+        ref = workdir / f"{spec.key}-mxlarge.npz"
+        _note(log, f"reference {spec.key} mxlarge")
+        launcher("mxlarge", [*spec.worker_args(), *check, "--blocks", "0", "--save", str(ref)],
+                 PeerOutput(log))
+        if findings:
+            run.findings = naive_findings(spec, peers, launcher, check, ref, log)
     for r in range(rounds):
         for run in runs:
             spec = run.spec
             ref = workdir / f"{spec.key}-mxlarge.npz"
-            order = list(peers) if r % 2 == 0 else list(peers)[::-1]
-            if r == 0:  # mxlarge first: its weights are the reference of the check
-                order.remove("mxlarge")
-                order.insert(0, "mxlarge")
-            for peer in order:
+            for peer in (peers if r % 2 == 0 else peers[::-1]):
                 steps = max(1, round(spec.steps * steps_scale))
-                args = [*spec.worker_args(), "--check-steps", str(check_steps),
-                        "--blocks", str(blocks), "--steps", str(steps),
-                        "--lr-scale", str(lr_scale.get(peer, 1.0))]
-                args += ["--reference", str(ref)] if ref.exists() else ["--save", str(ref)]
                 out = PeerOutput(log)
                 _note(log, f"round {r + 1}/{rounds} {spec.key} {peer}")
-                launcher(peer, args, out)
+                launcher(peer, [*spec.worker_args(), *check, "--blocks", str(blocks),
+                                "--steps", str(steps), "--reference", str(ref),
+                                "--lr-scale", str(lr_scale.get(peer, 1.0))], out)
                 res = out.results[0]
                 run.hosts.setdefault(peer, [x["host"] for x in out.results])
                 run.sec.setdefault(peer, []).append(median(res["sec_per_step"]))
                 run.blocks.setdefault(peer, []).append(res["sec_per_step"])
                 run.cores.setdefault(peer, []).append(median(res["cores_busy"]))
-                if res["check"] is not None:
-                    run.checks.setdefault(peer, []).append(res["check"])
+                run.checks.setdefault(peer, []).append(res["check"])
                 print(f"  {spec.key:9s} {peer:9s} round {r + 1}: "
                       f"{1e3 * run.sec[peer][-1]:8.1f} ms/step", flush=True)
-            if r == 0 and findings:
-                run.findings = naive_findings(spec, peers, launcher, check_steps, ref, log)
     return runs
 
 
-def naive_findings(spec: NetSpec, peers: Sequence[str], launcher: Launcher, check_steps: int,
+def naive_findings(spec: NetSpec, peers: Sequence[str], launcher: Launcher, check: list[str],
                    ref: Path, log: IO[str] | None) -> list[dict[str, Any]]:
     """Gluon's documented ``step(n)`` on dist_sync, checked against mxlarge (reported)."""
     found = []
     for peer in (p for p in ("gluon_kv", "gluon") if p in peers):
         out = PeerOutput(log)
         _note(log, f"finding {spec.key} {peer} step(n)")
-        launcher(peer, [*spec.worker_args(), "--check-steps", str(check_steps), "--naive",
-                        "--expect-drift", "--reference", str(ref)], out)
+        launcher(peer, [*spec.worker_args(), *check, "--naive", "--expect-drift",
+                        "--reference", str(ref)], out)
         found.append(out.results[0]["check"])
     return found
 
@@ -431,9 +436,10 @@ def run_timing(a: argparse.Namespace, launcher: Launcher, workers: int, log: IO[
                        blocks=blocks, steps_scale=0.5 if a.quick else 1.0,
                        check_steps=a.check_steps, lr_scale=a.lr_scale, findings=a.findings,
                        workdir=workdir, log=log)
-    method = (f"{rounds} rounds of one launch per peer and net (order reversed every other "
-              f"round); per launch {a.check_steps} same-math steps, 2 warm-up steps, {blocks} "
-              f"timed blocks; a round's figure is the median block of rank 0")
+    method = (f"per net a check-only mxlarge launch (the reference weights), then {rounds} "
+              f"rounds of one launch per peer (order reversed every other round); per launch "
+              f"{a.check_steps} same-math steps, 2 warm-up steps, {blocks} timed blocks; a "
+              f"round's figure is the median block of rank 0")
     return {"commit": commit, "versions": versions(), "workers": workers,
             "setup": f"{setup} Method: {method}.",
             "nets": summarise(runs, a.peers, workers)}

@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _drifting_run(tmp_path: Path, peer: str) -> subprocess.CompletedProcess[str]:
-    """mxlarge, then ``peer`` with 1.5× the LR, on the demo net: one round, the check only
-    matters."""
+    """``peer`` with 1.5× the LR on the demo net, checked against mxlarge's reference launch;
+    ``peer`` comes first in the round, so nothing is timed before it fails."""
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.peers", "--part", "loopback", "--nets", "demo",
-         "--peers", f"mxlarge,{peer}", "--lr-scale", f"{peer}=1.5", "--rounds", "1",
+         "--peers", f"{peer},mxlarge", "--lr-scale", f"{peer}=1.5", "--rounds", "1",
          "--blocks", "1", "--check-steps", "2", "--no-findings", "--quick",
          "--out", str(tmp_path / "peers.json")],
         cwd=ROOT, capture_output=True, text=True, timeout=150)
@@ -33,8 +33,7 @@ def _assert_fails_loudly(r: subprocess.CompletedProcess[str], peer: str, out: Pa
     assert line.startswith(f"peers: same-math check failed: {peer} on small_resnet drifts "
                            "from mxlarge after 2 steps: max |Δw| = "), line
     assert "first update 1.5× mxlarge's" in line, line  # the LR factor, seen in the weights
-    timed = [ln.split()[1] for ln in r.stdout.splitlines() if ln.endswith("ms/step")]
-    assert timed == ["mxlarge"], r.stdout  # the drifting peer timed nothing
+    assert "ms/step" not in r.stdout, r.stdout  # failed before anything was timed
     assert not out.with_suffix(".md").exists()  # nothing written for a drifting run
 
 

@@ -126,7 +126,7 @@ def testbed_launcher(tb: Any, work: Path) -> Any:
 
 def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
     """Brings the testbed up (under the lock), shapes it, runs the timing rounds, tears down."""
-    from benchmarks.peers import run_timing
+    from benchmarks.peers import TARGETS, run_timing
     from tests.cluster.testbed import Testbed, TestbedError, _our_namespaces
 
     print(f"peers: testbed, {WORKERS} hosts at {RATE} per link", flush=True)
@@ -153,7 +153,7 @@ def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
                 f"ranks over gloo on eth0. Every host link shaped with tc tbf {RATE} each "
                 f"way (measured h0 → h1: {gbit:.2f} Gbit/s, one 100 MB TCP transfer). "
                 f"OMP_NUM_THREADS=1; SGD η 0.1, m 0.9, λ 1e-4 on every tensor, constant η.",
-                tmpdir=work)
+                TARGETS["testbed"], tmpdir=work)
             part["link_gbit_s"] = gbit
             part["rate"] = RATE
             return part

@@ -386,7 +386,10 @@ def render(data: Mapping[str, Any]) -> str:
         out += [f"## {title}", "",
                 f"Commit {part['commit']}, {v['date']}; mxnet {v['mxnet']}, horovod "
                 f"{v['horovod']}, gluoncv {v['gluoncv']}, numpy {v['numpy']}, python "
-                f"{v['python']}; {v['cores_usable']} cores ({v['cpu']}).", "",
+                f"{v['python']}; {v['cores_usable']} cores ({v['cpu']})"
+                + ("; 1-min load average at start / end {:.1f} / {:.1f} (the machine is shared "
+                   "with other work)".format(*part["load_1min"]) if "load_1min" in part else "")
+                + ".", "",
                 part["setup"], ""]
         out.append(render_accuracy(part) if key == "accuracy" else
                    render_timing(part, TARGETS[key]))
@@ -470,7 +473,7 @@ def run_timing(a: argparse.Namespace, launcher: Launcher, workers: int, log: IO[
     ``tmpdir`` holds mxlarge's reference weights (every worker must see it: on the testbed a
     directory on the shared file system); a temporary directory by default.
     """
-    commit = git_commit()
+    commit, load = git_commit(), [os.getloadavg()[0]]
     rounds = a.rounds or (2 if a.quick else 3)
     blocks = a.blocks or (2 if a.quick else 3)
     with contextlib.ExitStack() as stack:
@@ -484,7 +487,8 @@ def run_timing(a: argparse.Namespace, launcher: Launcher, workers: int, log: IO[
               f"rounds of one launch per peer (order reversed every other round); per launch "
               f"{a.check_steps} same-math steps, 2 warm-up steps, {blocks} timed blocks; a "
               f"round's figure is the median block of rank 0")
-    return {"commit": commit, "versions": versions(), "workers": workers,
+    load.append(os.getloadavg()[0])
+    return {"commit": commit, "versions": versions(), "workers": workers, "load_1min": load,
             "setup": f"{setup} Method: {method}.",
             "nets": summarise(runs, a.peers, workers, target)}
 

@@ -8,6 +8,7 @@ the seeds, and each peer's mean minus mxlarge's.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Mapping
 from typing import IO, Any
@@ -32,7 +33,7 @@ def run_accuracy(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
     """Runs every (peer, seed) job and returns the part of peers.json."""
     from benchmarks.peers import PeerOutput, loopback_launcher, versions
 
-    commit = git_commit()
+    commit, load = git_commit(), [os.getloadavg()[0]]
     seeds = SEEDS[:1] if a.quick else SEEDS
     launcher = loopback_launcher(2, WORKER)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in a.peers}
@@ -45,7 +46,9 @@ def run_accuracy(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
             runs[peer].append(res)
             print(f"  seed {seed} {peer:9s} final error {100 * res['final_error']:.2f}% "
                   f"({res['seconds']:.0f} s)", flush=True)
+    load.append(os.getloadavg()[0])
     return {"commit": commit, "versions": versions(), "seeds": list(seeds), "runs": runs,
+            "load_1min": load,
             "setup": "experiments/proxy/digits-largebatch.yaml (global batch 256 = 2 workers "
                      "× 128, 16× the reference 16) through each trainer, 2 workers on "
                      "127.0.0.1, one launch per peer and seed; final error = median of the "

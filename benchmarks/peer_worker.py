@@ -29,7 +29,9 @@ Phases, in this order, in one launch:
    how much it differs: it reports and stops).
 2. **Timing** (unless ``--blocks 0``: the check only): 2 warm-up steps, then ``--blocks``
    blocks of ``--steps`` steps, each timed from the first forward to ``mx.nd.waitall()`` after
-   the last update.
+   the last update. Then ``--split-steps`` steps with ``mx.nd.waitall()`` after backward, timed
+   in two parts: forward+backward, and communication+update (``trainer.step`` to its end),
+   nothing overlapping: which term a peer spends its step in.
 
 One ``BENCH_RESULT`` line per rank: the check's outcome, and seconds per step of every block
 with the cores the process kept busy.
@@ -88,6 +90,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--expect-drift", action="store_true")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=3, help="timed blocks (0: check only)")
+    p.add_argument("--split-steps", type=int, default=0,
+                   help="then this many steps timed in two parts (profile of the terms)")
     return p.parse_args(argv)
 
 
@@ -192,6 +196,21 @@ def work(opts: argparse.Namespace) -> None:
         loss.backward()
         trainer.step(b)
 
+    def split_step(s: int) -> tuple[float, float]:
+        """One step with ``waitall`` after backward: (forward+backward, communication+update)
+        seconds, serialised (nothing overlaps)."""
+        x, y = batches[s % len(batches)]
+        mx.nd.waitall()
+        t0 = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        mx.nd.waitall()
+        t1 = time.perf_counter()
+        trainer.step(b)
+        mx.nd.waitall()
+        return t1 - t0, time.perf_counter() - t1
+
     # -- 1. same math ------------------------------------------------------------------------
     tensors = trainable(net)
     weights = {f"w0_{i}": w for i, w in enumerate(snapshot(tensors))}
@@ -232,8 +251,10 @@ def work(opts: argparse.Namespace) -> None:
         wall = time.perf_counter() - t0
         secs.append(wall / opts.steps)
         cores.append((time.process_time() - c0) / wall)
+    split = [split_step(s) for s in range(opts.split_steps)]
     emit_result({**result, "sec_per_step": secs, "cores_busy": cores,
-                 "steps_per_block": opts.steps})
+                 "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
+                 "comm_update": [c for _, c in split]})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -197,6 +197,8 @@ class NetRun:
     cores: dict[str, list[float]] = field(default_factory=dict)
     checks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     hosts: dict[str, list[str]] = field(default_factory=dict)  # of ranks 0.., first round
+    fwd_bwd: dict[str, list[float]] = field(default_factory=dict)      # split steps, rank 0
+    comm_update: dict[str, list[float]] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -233,7 +235,8 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
                 out = PeerOutput(log)
                 _note(log, f"round {r + 1}/{rounds} {spec.key} {peer}")
                 launcher(peer, [*spec.worker_args(), *check, "--blocks", str(blocks),
-                                "--steps", str(steps), "--reference", str(ref),
+                                "--steps", str(steps), "--split-steps", str(steps),
+                                "--reference", str(ref),
                                 "--lr-scale", str(lr_scale.get(peer, 1.0))], out)
                 res = out.results[0]
                 run.hosts.setdefault(peer, [x["host"] for x in out.results])
@@ -241,6 +244,8 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
                 run.blocks.setdefault(peer, []).append(res["sec_per_step"])
                 run.cores.setdefault(peer, []).append(median(res["cores_busy"]))
                 run.checks.setdefault(peer, []).append(res["check"])
+                run.fwd_bwd.setdefault(peer, []).extend(res["fwd_bwd"])
+                run.comm_update.setdefault(peer, []).extend(res["comm_update"])
                 print(f"  {spec.key:9s} {peer:9s} round {r + 1}: "
                       f"{1e3 * run.sec[peer][-1]:8.1f} ms/step", flush=True)
     return runs
@@ -279,7 +284,8 @@ def summarise(runs: Sequence[NetRun], peers: Sequence[str], workers: int,
             rows[peer] = {"sec_per_step": run.sec[peer], "blocks": run.blocks[peer],
                           "images_per_s": [workers * spec.batch / s for s in run.sec[peer]],
                           "cores_busy": run.cores[peer], "ratio": ratio.as_dict(),
-                          "hosts": run.hosts[peer],
+                          "hosts": run.hosts[peer], "fwd_bwd": run.fwd_bwd[peer],
+                          "comm_update": run.comm_update[peer],
                           "checks": run.checks.get(peer, [])}
         out[spec.key] = {"title": spec.title, "batch": spec.batch, "peers": rows,
                          "findings": run.findings}
@@ -337,6 +343,14 @@ def render_timing(part: Mapping[str, Any], target: float) -> str:
                   md_table(["peer", "ms per step (min / median / max)", "images/s (median)",
                             f"step time ÷ mxlarge (median, min–max; target ≥ {target:.3g})",
                             "same weights as mxlarge"], rows), ""]
+        split = [[f"`{peer}`", f"{1e3 * median(row['fwd_bwd']):.1f}",
+                  f"{1e3 * median(row['comm_update']):.1f}"]
+                 for peer, row in net["peers"].items() if row.get("fwd_bwd")]
+        if split:
+            lines += ["Where a step goes, serialised (`waitall` after backward; medians over "
+                      "every launch's split steps):", "",
+                      md_table(["peer", "forward+backward ms", "communication+update ms"],
+                               split), ""]
         for f in net["findings"]:
             lines.append(f"- `{f['peer']}` with Gluon's `step(n)`: the first update is "
                          f"{f['update_ratio']:.3f}× mxlarge's, max abs(Δw) after {f['steps']} "

@@ -12,7 +12,7 @@ r), with SGD η, momentum m, weight decay λ on every tensor::
     with autograd.record(): loss = SoftmaxCrossEntropy(net(x), y)     # summed over n images
     loss.backward(); trainer.step(b)
 
-What differs is the trainer line and ``b`` (:data:`PEERS`). Each is configured for the update
+What differs is the trainer line and ``b`` (:func:`make_trainer`). Each is configured for the update
 of the mean gradient over the global batch of k·n images (k workers, n per worker), eq. (10)
 of Goyal et al. with a constant η (so momentum correction is a no-op)::
 
@@ -52,23 +52,15 @@ import mxnet as mx
 from benchmarks.common import emit_result, worker_main
 from benchmarks.models import build_net, synthetic_batches
 
-#: peer → how it is built (see :func:`make_trainer`).
-PEERS = {
-    "mxlarge": "mxlarge.Trainer(params, 'sgd', opt, kvstore=kv, decay_bn_bias=True); step(n)",
-    "gluon_kv": "gluon.Trainer(params, 'sgd', opt, kvstore=kv) (update_on_kvstore=True, "
-                "MXNet's default on dist_sync); step(k·n)",
-    "gluon": "gluon.Trainer(params, 'sgd', opt, kvstore=kv, update_on_kvstore=False); "
-             "step(k·n)",
-    "horovod": "hvd.DistributedTrainer(params, 'sgd', opt) after hvd.broadcast_parameters; "
-               "step(n)",
-}
+#: The peers; how each is built: :func:`make_trainer` (described in ``benchmarks.peers``).
+PEERS = ("mxlarge", "gluon_kv", "gluon", "horovod")
 DRIFT_MARK = "PEERS_DRIFT "
 DRIFT_EXIT = 3
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--peer", required=True, choices=sorted(PEERS))
+    p.add_argument("--peer", required=True, choices=PEERS)
     p.add_argument("--net", required=True)
     p.add_argument("--channels", type=int, default=3)
     p.add_argument("--size", type=int, default=32)

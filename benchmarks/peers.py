@@ -7,7 +7,7 @@ Usage::
     .venv/bin/python -m benchmarks.peers --part accuracy
     make bench-peers-cluster                           # = --part testbed (root)
 
-Peers (:data:`benchmarks.peer_worker.PEERS`), each on the same net, synthetic data, per-worker
+Peers (:data:`PEER_LINES`), each on the same net, synthetic data, per-worker
 batch n and number of workers k:
 
 * ``mxlarge``: ``mxlarge.Trainer(params, 'sgd', ...)`` on ``dist_sync`` (k workers, k servers);
@@ -69,7 +69,7 @@ DRIFT_MARK = "PEERS_DRIFT "  # benchmarks.peer_worker.DRIFT_MARK (that module im
 #: The issue's targets as a bound on every peer's step time ÷ mxlarge's (median): on loopback
 #: mxlarge no slower than any peer; on the testbed at most 1.05× the best peer.
 TARGETS = {"loopback": 1.0, "testbed": 1 / 1.05}
-#: benchmarks.peer_worker.PEERS, for the report (that module imports mxnet).
+#: How each peer of benchmarks.peer_worker.make_trainer is built, for the report.
 PEER_LINES = {
     "mxlarge": "`mxlarge.Trainer(params, 'sgd', opt, kvstore=kv, decay_bn_bias=True)`, `step(n)`",
     "gluon_kv": "`gluon.Trainer(params, 'sgd', opt, kvstore=kv)` (update_on_kvstore=True, "

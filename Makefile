@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mxlarge-installed
 
-.PHONY: demo test test-cluster bench bench-cluster lint clean
+.PHONY: demo test test-cluster bench bench-cluster bench-peers bench-peers-cluster lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,31 @@ bench: $(STAMP)
 # when missing). Results in benchmarks/results/cluster/.
 bench-cluster: $(STAMP)
 	$(BIN)/python -m benchmarks.run --only cluster_link --out benchmarks/results/cluster
+
+# mxlarge against MXNet's own gluon.Trainer on dist_sync and Horovod-MXNet (gloo), same nets and
+# data, 2 workers on 127.0.0.1 -> benchmarks/results/peers.{md,json} (not part of `make test`).
+# Builds Horovod into the venv first when it is missing (setup.cfg extra `peers`; cmake and g++
+# from apt-get when root and missing).
+PEERS_STAMP := $(VENV)/.mxlarge-peers-installed
+HOROVOD_BUILD := HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_CPU_OPERATIONS=gloo MAKEFLAGS=-j2
+
+$(PEERS_STAMP): $(STAMP)
+	command -v cmake >/dev/null && command -v g++ >/dev/null || \
+	  { test "$$(id -u)" = 0 || { echo "bench-peers: Horovod's build needs cmake and g++ (apt-get install cmake g++, as root)"; exit 1; }; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends cmake g++; }
+	$(BIN)/python -c "import horovod.mxnet" 2>/dev/null || { \
+	  $(BIN)/python -m pip install --quiet setuptools wheel && \
+	  $(HOROVOD_BUILD) $(BIN)/python -m pip install --quiet --no-cache-dir --no-build-isolation -e ".[cpu,peers]"; }
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
+	$(BIN)/python -m benchmarks.peers
+
+# The same on the namespace testbed (tests/cluster/testbed.py): 3 hosts, tc tbf 1 Gbit/s per
+# host (root only; holds /var/tmp/mxlarge-testbed.lock while the testbed is in use).
+bench-peers-cluster: $(PEERS_STAMP)
+	$(BIN)/python -m benchmarks.peers --testbed
 
 lint: $(STAMP)
 	$(BIN)/ruff check mxlarge tests benchmarks

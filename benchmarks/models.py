@@ -15,11 +15,12 @@ MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4
 
 
 def build_net(name: str, classes: int, size: int, seed: int = 0, channels: int = 3,
-              width: int | None = None) -> Any:
+              width: int = 16) -> Any:
     """A GluonCV/mxlarge net, initialised by mxlarge (He init, zero-γ) and hybridized static.
 
     Hybridized with ``static_alloc=True, static_shape=True`` as :func:`mxlarge.run.build` does,
-    so the benchmark times the same graph a real run executes.
+    so the benchmark times the same graph a real run executes. Inputs are
+    ``(channels, size, size)``; ``width`` is the width of mxlarge's own small nets.
     """
     import mxnet as mx
 
@@ -27,7 +28,7 @@ def build_net(name: str, classes: int, size: int, seed: int = 0, channels: int =
     from mxlarge.nets import build_net as _build
     from mxlarge.nets import initialize
 
-    cfg = ModelConfig(name=name) if width is None else ModelConfig(name=name, width=width)
+    cfg = ModelConfig(name=name, width=width)
     net = _build(cfg, classes)
     initialize(net, cfg, seed=seed, ctx=[mx.cpu()], input_shape=(channels, size, size))
     net.hybridize(static_alloc=True, static_shape=True)

@@ -49,7 +49,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--channels", type=int, default=3)
-    p.add_argument("--width", type=int, default=None, help="width of mxlarge's own nets")
+    p.add_argument("--width", type=int, default=16, help="width of mxlarge's own nets")
     p.add_argument("--fusion-bytes", type=int, default=None,
                    help="gradient fusion bucket (default: mxlarge's; 0: one key per tensor)")
     p.add_argument("--steps", type=int, default=2, help="steps per round")

@@ -1,0 +1,257 @@
+"""Worker script of the peers benchmark (:mod:`benchmarks.peers`): one trainer, one net, one job.
+
+Started as every role of a local (or testbed) dist_sync job for the peers ``mxlarge``,
+``gluon_kv`` and ``gluon``, or as every rank of a ``horovodrun`` job for ``horovod``. A
+scheduler or server serves its role inside ``import mxnet`` (the first non-stdlib import below)
+and exits there; only a worker gets to :func:`work`.
+
+Every peer runs the same loop on the same net (built from seed 0 on every rank, so the initial
+weights w₀ are identical everywhere), on fixed per-rank batches of noise (rank r draws from seed
+r), with SGD η, momentum m, weight decay λ on every tensor::
+
+    with autograd.record(): loss = SoftmaxCrossEntropy(net(x), y)     # summed over n images
+    loss.backward(); trainer.step(b)
+
+What differs is the trainer line and ``b`` (:func:`make_trainer`). Each is configured for the update
+of the mean gradient over the global batch of k·n images (k workers, n per worker), eq. (10)
+of Goyal et al. with a constant η (so momentum correction is a no-op)::
+
+    v ← m·v − η·(ḡ + λ·w),  w ← w + v,   ḡ = (1/(k·n)) Σ_ranks Σ_images ∇loss
+
+Phases, in this order, in one launch:
+
+1. **Same math** (``--check-steps`` S steps from w₀): rank 0 saves w₀, w₁ and w_S of every
+   trainable tensor (``--save``); with ``--reference`` (mxlarge's file) every rank compares
+   its w_S with it. Agreement is NumPy's ``allclose``: |w − w_ref| ≤ atol + rtol·|w_ref| for
+   every element. A drift prints one ``PEERS_DRIFT {json}`` line (peer, net, max |Δw|, the
+   tensor, and the first update's size ‖w₁ − w₀‖ ÷ ‖w₁,ref − w₀‖) and exits 3 before
+   anything is timed, unless ``--expect-drift`` (a configuration measured only to record by
+   how much it differs: it reports and stops).
+2. **Timing** (unless ``--blocks 0``: the check only): 2 warm-up steps, then ``--blocks``
+   blocks of ``--steps`` steps, each timed from the first forward to ``mx.nd.waitall()`` after
+   the last update. Then ``--split-steps`` steps with ``mx.nd.waitall()`` after backward, timed
+   in two parts: forward+backward, and communication+update (``trainer.step`` to its end),
+   nothing overlapping: which term a peer spends its step in.
+
+One ``BENCH_RESULT`` line per rank: the check's outcome, and seconds per step of every block
+with the cores the process kept busy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mxnet as mx
+
+from benchmarks.common import emit_result, worker_main
+from benchmarks.models import build_net, synthetic_batches
+
+#: The peers; how each is built: :func:`make_trainer` (described in ``benchmarks.peers``).
+PEERS = ("mxlarge", "gluon_kv", "gluon", "horovod")
+DRIFT_MARK = "PEERS_DRIFT "
+DRIFT_EXIT = 3
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--peer", required=True, choices=PEERS)
+    p.add_argument("--net", required=True)
+    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--width", type=int, default=16)
+    p.add_argument("--batch", type=int, default=32, help="images per worker and step (n)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr-scale", type=float, default=1.0,
+                   help="multiply this peer's LR (only to see the same-math check fail)")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--wd", type=float, default=1e-4)
+    p.add_argument("--naive", action="store_true",
+                   help="gluon peers: step(n), as Gluon's docs say, instead of step(k·n)")
+    p.add_argument("--check-steps", type=int, default=3)
+    p.add_argument("--save", default=None, help="rank 0 writes w0, w1, wS here (.npz)")
+    p.add_argument("--reference", default=None, help="mxlarge's .npz to compare with")
+    p.add_argument("--rtol", type=float, default=1e-5)
+    p.add_argument("--atol", type=float, default=1e-6)
+    p.add_argument("--expect-drift", action="store_true")
+    p.add_argument("--steps", type=int, default=5, help="steps per timed block")
+    p.add_argument("--blocks", type=int, default=3, help="timed blocks (0: check only)")
+    p.add_argument("--split-steps", type=int, default=0,
+                   help="then this many steps timed in two parts (profile of the terms)")
+    return p.parse_args(argv)
+
+
+def make_trainer(peer: str, params: Any, opt: dict[str, float],
+                 naive: bool) -> tuple[Any, int, int, Callable[[int], int]]:
+    """Builds ``peer``'s trainer over ``params``.
+
+    Returns:
+        (trainer, rank, k workers, b(n)): ``trainer.step(b(n))`` applies the mean-gradient
+        update above for n images per worker (``naive``: Gluon's ``step(n)``).
+    """
+    if peer == "horovod":
+        import horovod.mxnet as hvd
+
+        hvd.init()
+        hvd.broadcast_parameters(params, root_rank=0)
+        # allreduce averages over the k ranks, step(n) rescales by 1/n: the global mean.
+        return hvd.DistributedTrainer(params, "sgd", opt), hvd.rank(), hvd.size(), lambda n: n
+    kv = mx.kv.create("dist_sync")
+    k = kv.num_workers
+    if peer == "mxlarge":
+        import mxlarge
+
+        # step(n) rescales the summed gradient by 1/(k·n) itself; decay_bn_bias=True decays
+        # every tensor, as the peers' SGD does (Goyal's no-decay roles are not what they do).
+        trainer = mxlarge.Trainer(params, "sgd", opt, kvstore=kv, decay_bn_bias=True)
+        return trainer, kv.rank, k, lambda n: n
+    # Servers sum the k pushes and Gluon rescales by 1/b: b = k·n gives the global mean.
+    trainer = mx.gluon.Trainer(params, "sgd", opt, kvstore=kv,
+                               update_on_kvstore=None if peer == "gluon_kv" else False)
+    if peer == "gluon":
+        # Gluon initialises the store lazily inside the first step, where its initial weight
+        # pull races the first gradient push of the same key (the MXNet facts note): a
+        # weight can come back as a gradient sum. Initialise and wait before any gradient.
+        trainer._init_kvstore()
+        trainer._init_params()
+        mx.nd.waitall()
+    return trainer, kv.rank, k, (lambda n: n) if naive else (lambda n: k * n)
+
+
+def trainable(net: Any) -> list[Any]:
+    return [p for p in net.collect_params().values() if p.grad_req != "null"]
+
+
+def snapshot(params: Sequence[Any]) -> list[Any]:
+    return [p.data().asnumpy() for p in params]
+
+
+def compare(got: dict[str, Any], ref: dict[str, Any], rtol: float,
+            atol: float) -> dict[str, Any]:
+    """``got`` vs ``ref`` (each ``w0_i``, ``w1_i``, ``wS_i`` per trainable tensor i).
+
+    Returns:
+        ``agree`` (every wS element within atol + rtol·|ref|, NumPy's ``allclose``),
+        ``max_abs`` = max |wS − wS_ref| and its tensor, ``init_max_abs`` = max |w0 − w0_ref|,
+        and ``update_ratio`` = ‖w1 − w0‖ ÷ ‖w1_ref − w0_ref‖ (2-norms over all tensors): the
+        first update's size relative to the reference's (k for a k× update without decay).
+    """
+    import numpy as np
+
+    n = sum(1 for key in ref if key.startswith("wS_"))
+    if sum(1 for key in got if key.startswith("wS_")) != n:
+        return {"agree": False, "max_abs": float("inf"), "tensor": "tensor count differs",
+                "init_max_abs": float("inf"), "update_ratio": float("nan")}
+    agree, worst, where, init = True, 0.0, -1, 0.0
+    num = den = 0.0
+    for i in range(n):
+        a, b = got[f"wS_{i}"], ref[f"wS_{i}"]
+        if a.shape != b.shape:
+            return {"agree": False, "max_abs": float("inf"), "tensor": f"{i}: shape {a.shape} "
+                    f"vs {b.shape}", "init_max_abs": float("inf"), "update_ratio": float("nan")}
+        agree = agree and bool(np.allclose(a, b, rtol=rtol, atol=atol))
+        d = float(np.abs(a - b).max()) if a.size else 0.0
+        if d > worst:
+            worst, where = d, i
+        init = max(init, float(np.abs(got[f"w0_{i}"] - ref[f"w0_{i}"]).max()) if a.size else 0.0)
+        num += float(np.square(got[f"w1_{i}"] - got[f"w0_{i}"]).sum())
+        den += float(np.square(ref[f"w1_{i}"] - ref[f"w0_{i}"]).sum())
+    shape = tuple(ref[f"wS_{where}"].shape) if where >= 0 else ()
+    return {"agree": agree, "max_abs": worst, "tensor": f"{where} {shape}",
+            "init_max_abs": init, "update_ratio": (num / den) ** 0.5 if den else float("nan")}
+
+
+def work(opts: argparse.Namespace) -> None:
+    import numpy as np
+    from mxnet import autograd
+
+    net = build_net(opts.net, opts.classes, opts.size, seed=0, channels=opts.channels,
+                    width=opts.width)
+    params = net.collect_params()
+    opt = {"learning_rate": opts.lr * opts.lr_scale, "momentum": opts.momentum, "wd": opts.wd}
+    trainer, rank, k, step_batch = make_trainer(opts.peer, params, opt, opts.naive)
+    batches = synthetic_batches(4, opts.batch, opts.size, opts.classes, seed=rank,
+                                channels=opts.channels)
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    b = step_batch(opts.batch)
+
+    def step(s: int) -> None:
+        x, y = batches[s % len(batches)]
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(b)
+
+    def split_step(s: int) -> tuple[float, float]:
+        """One step with ``waitall`` after backward: (forward+backward, communication+update)
+        seconds, serialised (nothing overlaps)."""
+        x, y = batches[s % len(batches)]
+        mx.nd.waitall()
+        t0 = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        mx.nd.waitall()
+        t1 = time.perf_counter()
+        trainer.step(b)
+        mx.nd.waitall()
+        return t1 - t0, time.perf_counter() - t1
+
+    # -- 1. same math ------------------------------------------------------------------------
+    tensors = trainable(net)
+    weights = {f"w0_{i}": w for i, w in enumerate(snapshot(tensors))}
+    for s in range(opts.check_steps):
+        step(s)
+        if s == 0:
+            weights.update({f"w1_{i}": w for i, w in enumerate(snapshot(tensors))})
+    weights.update({f"wS_{i}": w for i, w in enumerate(snapshot(tensors))})
+    if rank == 0 and opts.save:
+        np.savez(opts.save, **weights)
+    check: dict[str, Any] | None = None
+    if opts.reference:
+        with np.load(opts.reference) as ref:
+            check = compare(weights, dict(ref), opts.rtol, opts.atol)
+        check.update(peer=opts.peer, net=opts.net, rank=rank, steps=opts.check_steps,
+                     rtol=opts.rtol, atol=opts.atol, naive=opts.naive)
+        if not check["agree"] and not opts.expect_drift:
+            print(DRIFT_MARK + json.dumps(check), flush=True)
+            sys.stderr.flush()
+            os._exit(DRIFT_EXIT)  # every rank drifts alike: no exit barrier to wait in
+    result: dict[str, Any] = {"rank": rank, "host": socket.gethostname(), "peer": opts.peer,
+                              "net": opts.net, "workers": k,
+                              "batch": opts.batch, "step_batch": b, "check": check}
+    if opts.expect_drift or opts.blocks == 0:
+        emit_result(result)
+        return
+
+    # -- 2. timing ---------------------------------------------------------------------------
+    for s in range(2):
+        step(s)
+    mx.nd.waitall()
+    secs, cores = [], []
+    for blk in range(opts.blocks):
+        c0, t0 = time.process_time(), time.perf_counter()
+        for s in range(opts.steps):
+            step(blk * opts.steps + s)
+        mx.nd.waitall()
+        wall = time.perf_counter() - t0
+        secs.append(wall / opts.steps)
+        cores.append((time.process_time() - c0) / wall)
+    split = [split_step(s) for s in range(opts.split_steps)]
+    emit_result({**result, "sec_per_step": secs, "cores_busy": cores,
+                 "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
+                 "comm_update": [c for _, c in split]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    return worker_main(_parse, work, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""The peers benchmark on the namespace testbed: 3 hosts, each link shaped to 1 Gbit/s.
+
+``python -m benchmarks.peers --part testbed`` (``make bench-peers-cluster``; root only). Hosts
+h0, h1, h2 of :mod:`tests.cluster.testbed` (network namespaces 198.18.0.10-12 on one bridge);
+every host's link is limited to :data:`RATE` in both directions with ``tc tbf`` (egress of the
+host's ``eth0`` and of its bridge port). Jobs are started on h0 through the testbed's ``on``
+wrapper:
+
+* dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts`` with the
+  hosts' addresses: the scheduler on h0, one server and one worker per host;
+* Horovod: ``horovodrun -H h0:1,h1:1,h2:1 --gloo --network-interface eth0`` over the testbed's
+  ssh, its own sockets bound to h0's address (:mod:`benchmarks.horovodrun_bound`).
+
+The testbed is shared with other work: everything here (up, the link measurement, the jobs,
+teardown) runs under an exclusive ``flock`` of :data:`LOCK`, refuses to touch a testbed it did
+not bring up, and removes its qdiscs and the testbed afterwards, also on failure.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from benchmarks.common import BenchmarkError
+
+LOCK = Path("/var/tmp/mxlarge-testbed.lock")
+RATE = "1gbit"
+TBF = ("burst", "256kb", "latency", "10ms")
+WORKERS = 3
+
+
+@contextlib.contextmanager
+def testbed_lock(path: Path = LOCK) -> Iterator[None]:
+    """Holds an exclusive ``flock`` of ``path`` (created if missing); waits for other users."""
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"peers: waiting for the testbed lock {path} (in use)", flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _tc(*args: str) -> None:
+    subprocess.run(["tc", *args], check=True, capture_output=True, text=True)
+
+
+def shape(tb: Any, rate: str) -> None:
+    """tbf ``rate`` on every host's eth0 (its egress) and bridge port (its ingress)."""
+    from tests.cluster.testbed import BRIDGE_NS
+
+    for i, h in enumerate(tb.hosts):
+        _tc("-n", tb.netns(h), "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
+            *TBF)
+        _tc("-n", BRIDGE_NS, "qdisc", "replace", "dev", f"v{i}", "root", "tbf", "rate", rate,
+            *TBF)
+
+
+def unshape(tb: Any) -> None:
+    from tests.cluster.testbed import BRIDGE_NS
+
+    for i, h in enumerate(tb.hosts):
+        for ns, dev in ((tb.netns(h), "eth0"), (BRIDGE_NS, f"v{i}")):
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"],
+                           capture_output=True)
+
+
+def link_rate(tb: Any, mbytes: int = 100) -> float:
+    """Gbit/s of one bounded TCP transfer h0 → h1 (:mod:`benchmarks.link_rate`)."""
+    port = "5201"
+    server = subprocess.Popen(tb.on("h1", sys.executable, "-m", "benchmarks.link_rate",
+                                    "server", tb.addr("h1"), port),
+                              stdout=subprocess.PIPE, text=True, cwd=_root())
+    try:
+        time.sleep(1.0)
+        subprocess.run(tb.on("h0", sys.executable, "-m", "benchmarks.link_rate", "client",
+                             tb.addr("h1"), port, str(mbytes)), check=True, cwd=_root(),
+                       capture_output=True, timeout=120)
+        out, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return float(out.split()[0])
+
+
+def _root() -> str:
+    return str(Path(__file__).resolve().parents[1])
+
+
+def testbed_launcher(tb: Any, work: Path) -> Any:
+    """Runs a peer's job from h0 across h0..h2 (module docstring)."""
+    from benchmarks.peers import WORKER, PeerOutput, check_job, job_env, stream
+
+    hostfile = work / "hosts"
+    hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in tb.hosts))
+
+    def run(peer: str, args: list[str], out: PeerOutput) -> None:
+        argv = [sys.executable, "-m", WORKER, "--peer", peer, *args]
+        if peer == "horovod":
+            cmd = [sys.executable, "-m", "benchmarks.horovodrun_bound", "--bind", tb.addr("h0"),
+                   "-np", str(WORKERS), "-H", ",".join(f"{h}:1" for h in tb.hosts), "--gloo",
+                   "--network-interface", "eth0", "--", *argv]
+        else:
+            cmd = [sys.executable, "-m", "mxlarge.launcher", "-n", str(WORKERS), "-s",
+                   str(WORKERS), "--launcher", "ssh", "-H", str(hostfile), "--host-ip",
+                   tb.addr("h0"), "--", *argv]
+        code = stream(tb.on("h0", *cmd), {**os.environ, **job_env()}, out, cwd=_root())
+        out.flush()
+        check_job(peer, WORKERS, code, f"{cmd[2]} exited {code}", out)
+
+    return run
+
+
+def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
+    """Brings the testbed up (under the lock), shapes it, runs the timing rounds, tears down."""
+    from benchmarks.peers import TARGETS, run_timing
+    from tests.cluster.testbed import Testbed, TestbedError, _our_namespaces
+
+    print(f"peers: testbed, {WORKERS} hosts at {RATE} per link", flush=True)
+    with testbed_lock():
+        if _our_namespaces():
+            raise BenchmarkError(f"testbed namespaces {', '.join(_our_namespaces())} exist "
+                                 "without the lock's holder: someone else's testbed is up; "
+                                 "not touching it")
+        tb = Testbed(n=WORKERS)
+        try:
+            tb.up()
+        except TestbedError as e:
+            raise BenchmarkError(f"testbed: {e}") from None
+        work = tb.root / "work" / f"peers-{uuid.uuid4().hex[:8]}"
+        try:
+            work.mkdir(parents=True)
+            shape(tb, RATE)
+            gbit = link_rate(tb)
+            print(f"  link h0 → h1 with tbf {RATE}: {gbit:.2f} Gbit/s", flush=True)
+            part = run_timing(
+                a, testbed_launcher(tb, work), WORKERS, log,
+                f"{WORKERS} hosts (network namespaces on one 2-core machine), one worker per "
+                f"host; dist_sync peers: one server per host, scheduler on h0; horovod: 3 "
+                f"ranks over gloo on eth0. Every host link shaped with tc tbf {RATE} each "
+                f"way (measured h0 → h1: {gbit:.2f} Gbit/s, one 100 MB TCP transfer). "
+                f"OMP_NUM_THREADS=1; SGD η 0.1, m 0.9, λ 1e-4 on every tensor, constant η.",
+                TARGETS["testbed"], tmpdir=work)
+            part["link_gbit_s"] = gbit
+            part["rate"] = RATE
+            return part
+        finally:
+            unshape(tb)
+            shutil.rmtree(work, ignore_errors=True)
+            tb.down()

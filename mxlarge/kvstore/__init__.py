@@ -3,6 +3,6 @@ must not import MXNet)."""
 
 #: Default bucket size of gradient fusion, in bytes (0 turns fusion off), chosen by measurement
 #: (``bandwidth_1w1s*`` rows of benchmarks/results/latest.md: buckets of 256 KiB move
-#: ResNet-50's gradients as fast as one key per tensor, 4 MiB ones at ~0.55x: on loopback the
+#: ResNet-50's gradients as fast as one key per tensor, 4 MiB ones at ~0.8x: on loopback the
 #: copies into and out of a bucket cost as much as the transfer).
 FUSION_BYTES = 256 << 10

@@ -18,8 +18,8 @@ environment or its ``env`` argument): the user's value always wins, and ``tuning
   convolutions are 65 k – 1 M floats, most of its bytes) land unevenly and the busiest server's
   link sets the pace; above the bound a key is sliced evenly over all servers. Measured on the
   testbed (ResNet-50's gradients, 1 Gbit/s links, ``make bench-cluster``): 3 workers + 3
-  servers 1.94× the bound |g|/B with MXNet's default, 1.22× with 100,000; 2 + 2: 1.23× either
-  way. Gradient buckets (256 KiB = 65,536 floats) stay whole and alternate over the servers.
+  servers 1.94× the bound |g|/B with MXNet's default, 1.26× with 100,000; 2 + 2: 1.21× and
+  1.17×. Gradient buckets (256 KiB = 65,536 floats) stay whole and alternate over the servers.
 * **OMP_NUM_THREADS** (local jobs only): 1 for the scheduler and servers (they receive, copy
   and sum; no operator needs a thread team) and ``cores // workers`` (at least 1) for each
   worker, which share this machine's cores: more OpenMP threads than cores make every

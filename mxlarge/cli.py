@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--stall-timeout", type=stall_seconds, default=None, metavar="SECONDS",
                     help=STALL_HELP)
     la.add_argument("--no-tuning", action="store_true",
-                    help="add no process settings (malloc, OpenMP threads per role; see "
+                    help="add no process settings (malloc, big-array bound, OpenMP threads; see "
                          "mxlarge.launcher.tuning): MXNet's and glibc's defaults")
     la.add_argument("--max-restarts", type=int, default=0, metavar="N",
                     help="after a failure (crash, kill, stall) relaunch the whole job from its "

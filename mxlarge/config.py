@@ -155,7 +155,7 @@ class DistConfig:
     compression_threshold: float = _f(0.5, "2bit compression threshold", gt=0)
     fusion_bytes: int = _f(FUSION_BYTES, "gradient fusion: tensors smaller than this travel "
                                          "packed in buckets of up to this many bytes, one "
-                                         "push/pull each (0: one key per tensor)", ge=0)
+                                         "request each (0: one key per tensor)", ge=0)
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,7 @@ class SyncStore:
             if b.fused:
                 self._flat[b.key] = [mx.nd.zeros((b.size,), ctx=c) for c in contexts]
                 self._views[b.key] = [
-                    [flat[s:s + self.params[i].data().size].reshape(self.params[i].shape)
+                    [flat[s:s + int(np.prod(self.params[i].shape))].reshape(self.params[i].shape)
                      for i, s in zip(b.members, b.offsets)] for flat in self._flat[b.key]]
                 keys.append(b.key)
                 values.append(mx.nd.zeros((b.size,)))

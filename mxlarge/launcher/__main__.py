@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="after a failure (crash, kill, stall) run the whole job again, up to N "
                         "times; the command resumes from its own checkpoints (mxlarge.resume)")
     p.add_argument("--no-tuning", action="store_true",
-                   help="add no process settings (malloc, OpenMP threads; see "
+                   help="add no process settings (malloc, big-array bound, OpenMP threads; see "
                         "mxlarge.launcher.tuning): MXNet's and glibc's defaults")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     a = p.parse_args(argv)

@@ -566,8 +566,8 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
             by every host and this one, or the watchdog never hears from remote workers and
             stays unarmed (default: ``.mxlarge-heartbeat/<job id>`` in the current directory,
             which the ssh backend also ``cd``s to on every host). Removed afterwards.
-        tuning: add :mod:`mxlarge.launcher.tuning`'s malloc settings where ``env`` and this
-            process's environment leave them unset.
+        tuning: add :mod:`mxlarge.launcher.tuning`'s settings (malloc, big-array bound) where
+            ``env`` and this process's environment leave them unset.
 
     Returns:
         The :class:`ClusterOutcome`; its exit code is 0 if every process started here exited

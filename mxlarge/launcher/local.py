@@ -186,8 +186,8 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
         shutdown_timeout: seconds servers/scheduler may take to exit after the last worker.
         stall_timeout: seconds without progress that stop the job; ``None`` for the default
             (max(120 s, 20 x the median step time)); 0 disables the watchdog.
-        tuning: add :mod:`mxlarge.launcher.tuning`'s settings (malloc, OpenMP threads per
-            role) where ``env`` and this process's environment leave them unset.
+        tuning: add :mod:`mxlarge.launcher.tuning`'s settings (malloc, big-array bound, OpenMP
+            threads per role) where ``env`` and this process's environment leave them unset.
 
     Returns:
         The :class:`Outcome`.

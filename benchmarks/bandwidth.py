@@ -43,7 +43,6 @@ from benchmarks.common import BenchResult, Ratio, launch, md_table, median, mmm,
 
 BOUND_1E9 = {"MXNET_KVSTORE_BIGARRAY_BOUND": str(10**9)}
 WARMUP_REPS = 5  # rounds of the discarded warm-up job
-DEFAULT = None  # mxlarge's default fusion bucket
 MIB = 1 << 20
 
 

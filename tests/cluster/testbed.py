@@ -195,13 +195,20 @@ class Testbed:
             tmp.mkdir(parents=True, exist_ok=True)
             tmp.chmod(0o1777)
         # "on hX CMD": the namespace, then a UTS namespace with hostname hX and hX's own /tmp.
+        # A checkout under /tmp (mktemp -d) stays visible on every host: bound into the host's
+        # own /tmp at the same path before that replaces /tmp.
+        repo = Path(__file__).resolve().parents[2]
+        keep = ""
+        if repo.is_relative_to("/tmp"):
+            inner = f"{r}/nodes/$0/tmp/{repo.relative_to('/tmp')}"
+            keep = f'mkdir -p "{inner}" && mount --bind "{repo}" "{inner}" && '
         _write_exe(r / "bin" / "on", f"""#!/bin/sh
 # on HOST CMD...: run CMD on a testbed host (network namespace {PREFIX}HOST).
 h=$1; shift
 export PATH="{r}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin" SLURM_CONF="{self.slurm_conf}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec ip netns exec "{PREFIX}$h" unshare --uts sh -c \\
-  'hostname "$0" && mount --bind "{r}/nodes/$0/tmp" /tmp && exec "$@"' "$h" "$@"
+  'hostname "$0" && {keep}mount --rbind "{r}/nodes/$0/tmp" /tmp && exec "$@"' "$h" "$@"
 """)
         _write_exe(r / "bin" / "ssh", f'#!/bin/sh\nexec /usr/bin/ssh -F "{r}/ssh_config" "$@"\n')
 

@@ -6,7 +6,7 @@ Input ``(N, C, 1, L)`` (MNIST-1D: ``(N, 1, 1, 40)``)::
     stage 1: BasicBlock1D(w,  stride 1)          downsample = None
     stage 2: BasicBlock1D(2w, stride 2)          downsample = conv(1x1, 2w, stride 2) - BN
     stage 3: BasicBlock1D(4w, stride 2)          downsample = conv(1x1, 4w, stride 2) - BN
-    head:    global average pool - Dense(num_classes)
+    head:    mean over (H, L) - Dense(num_classes)
 
 Each block computes, like GluonCV's ``BasicBlockV1`` with 1-D kernels of size ``k``,
 
@@ -27,6 +27,12 @@ it but is process-wide, slows every other net, and makes MXNet's reference Conv1
 slower than this layout (measured: 200 steps of a 2-conv net, batch 32, length 40: Conv1D
 without MKLDNN 18.2 s, Conv2D (1, 5) with MKLDNN 1.2 s). A ``(1, k)`` kernel over an ``H = 1``
 input is the same operation, MKLDNN runs it as any 2-D net, and nothing global changes.
+
+**Why ``mean`` and not ``GlobalAvgPool2D``.** MKLDNN's backward of a global pooling over an
+``(N, 4w, 1, 10)`` map takes ~2.5 ms and hands the last BatchNorm's backward a layout that
+makes it slower still; ``F.mean(x, axis=(2, 3))`` is the same average (a sum over ``H * L``
+divided by ``H * L``) without MKLDNN. Measured: forward + backward of this net, batch 32,
+hybridized, one thread: 11.0 ms with the pooling layer, 2.5 ms with ``mean``.
 """
 from __future__ import annotations
 
@@ -102,10 +108,8 @@ class ResNet1D(HybridBlock):
             self.stage1 = BasicBlock1D(width, kernel, 1, width, prefix="stage1_")
             self.stage2 = BasicBlock1D(2 * width, kernel, 2, width, prefix="stage2_")
             self.stage3 = BasicBlock1D(4 * width, kernel, 2, 2 * width, prefix="stage3_")
-            self.pool = nn.GlobalAvgPool2D()
-            self.flatten = nn.Flatten()
             self.output = nn.Dense(num_classes, in_units=4 * width)
 
     def hybrid_forward(self, F, x):
         x = self.stage3(self.stage2(self.stage1(self.stem(x))))
-        return self.output(self.flatten(self.pool(x)))
+        return self.output(F.mean(x, axis=(2, 3)))

@@ -24,6 +24,7 @@ it to ``train`` in-process or to ``mxlarge launch --run-id ID``.
 """
 from __future__ import annotations
 
+import fcntl
 import getpass
 import os
 import subprocess
@@ -86,8 +87,31 @@ def system_tags() -> dict[str, str]:
             "mlflow.source.git.commit": git_commit()}
 
 
+_READY: set[str] = set()
+
+
 def client(uri: str) -> MlflowClient:
-    return MlflowClient(tracking_uri=uri)
+    """A client of ``uri``; a sqlite store is created under a lock on its directory.
+
+    MLflow creates and migrates a new sqlite store's schema on first use. Two processes doing
+    that at once (the two ``--part``s of a sweep started together) break each other's migration
+    ("table _alembic_tmp_... already exists"), so the first use per process holds an exclusive
+    ``flock`` on the database's directory.
+    """
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or uri in _READY:
+        return MlflowClient(tracking_uri=uri)
+    directory = Path(uri[len(prefix):]).parent
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        c = MlflowClient(tracking_uri=uri)
+        c._tracking_client.store  # noqa: B018 - building the store creates the schema
+    finally:
+        os.close(fd)  # releases the lock
+    _READY.add(uri)
+    return c
 
 
 def check_reachable(uri: str) -> None:

@@ -68,3 +68,21 @@ def test_shipped_sweeps_expand_and_override_order():
     assert cell_overrides(sweep, sweep.runs[1], ["a.b=1"], 7)[-2:] == ["a.b=1", "train.seed=7"]
     with pytest.raises(ConfigError, match="the seed comes from 'seeds'"):
         expand(sweep, ["train.seed=1"])
+
+
+def test_processes_starting_on_a_new_sqlite_store_together_all_get_it(tmp_path):
+    """The two ``--part``s of a sweep start on a fresh store together: MLflow's schema creation
+    must not race (without the lock in ``tracking.client``, 3 of 4 processes failed with
+    'table ... already exists' or an alembic migration error)."""
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path}/store/mlruns.db"
+    code = ("import sys; from mxlarge import tracking; tracking.check_reachable(sys.argv[1]); "
+            "print(tracking.client(sys.argv[1]).search_experiments()[0].name)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    for rc, out, err in results:
+        assert rc == 0, err.strip().splitlines()[-1]
+        assert out.strip() == "Default"

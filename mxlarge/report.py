@@ -144,6 +144,7 @@ class RunData:
     lr: tuple[tuple[int, float], ...] = ()
     gns: tuple[tuple[int, float], ...] = ()  # (step, gns_b_simple) when the run measured it
     sweep_target: str = ""  # the sweep's target (JSON tag), see mxlarge.study
+    commit: str = ""  # the git commit the run was made at (tag ``git_commit``)
 
 
 # "Far above" the noise scale: with McCandlish et al.'s model, steps S = S_min·(1 + B_noise/B)
@@ -388,6 +389,16 @@ def markdown_table(summary: Summary) -> str:
     return "\n".join(lines)
 
 
+def made_at(runs: Sequence[RunData]) -> str:
+    """The commits the runs were made at, most runs first: "commit `abc…` (90 runs)"."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.commit or "unknown"] = counts.get(r.commit or "unknown", 0) + 1
+    parts = [f"`{c[:12]}` ({n} run{'s' if n != 1 else ''})"
+             for c, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return ("commit " if len(parts) == 1 else "commits ") + ", ".join(parts)
+
+
 def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes: Sequence[str],
                     meta: Mapping[str, str], images: Sequence[str], study: str = "") -> str:
     """report.md: the table, the study section if any, how each number is computed, the
@@ -402,7 +413,9 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
     out = [f"# Sweep `{name}`", "",
            f"{len(runs)} FINISHED run(s) from experiment `{meta.get('experiment', '')}` at "
            f"`{meta.get('uri', '')}`; written {meta.get('written', '')}"
+           + (f" at commit `{meta['commit'][:12]}`" if meta.get("commit") else "")
            + (f"; summary run `{meta['summary_run']}`." if meta.get("summary_run") else "."),
+           "", "Runs made at " + made_at(runs) + ".",
            "", target, "", markdown_table(s), "", *([study] if study else []),
            "## How the numbers are computed", "",
            "- **final error**: per run, the median of the last 5 evaluated epochs' "
@@ -588,7 +601,7 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
             peak_lr=float(tags["peak_lr"]) if "peak_lr" in tags else None,
             config_hash=tags.get("config_hash", ""), fingerprint=config_fingerprint(params),
             rows=tuple(rows), lr=tuple(lr), gns=tuple(gns),
-            sweep_target=tags.get("sweep_target", "")))
+            sweep_target=tags.get("sweep_target", ""), commit=tags.get("git_commit", "")))
     return out
 
 
@@ -652,12 +665,14 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
             plot_noise_scale(used, out / images[-1], f"{name}: gradient noise scale")
         study_md = _study(used, order, out, name, images)
         meta = {"experiment": experiment, "uri": uri, "summary_run": run.run_id,
-                "written": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+                "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "commit": tracking.git_commit()}
         (out / "report.md").write_text(render_markdown(name, summary, used, notes, meta, images,
                                                        study_md))
         (out / "report.json").write_text(json.dumps(
             {"sweep": name, **meta, "summary": dataclasses.asdict(summary), "notes": notes,
-             "runs": {r.run_id: {"label": r.label, "seed": r.seed} for r in used}},
+             "runs": {r.run_id: {"label": r.label, "seed": r.seed, "commit": r.commit}
+                      for r in used}},
             indent=2, default=str))
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
         ok = True

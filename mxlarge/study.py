@@ -138,6 +138,33 @@ def _mlperf(m: stats.MLPerf, fmt: str) -> str:
     return (fmt.format(m.value) + reached) if m.value is not None else m.why
 
 
+def largest_within(study: Sequence[StudyRow], target: Target) -> list[str]:
+    """Where the recipe holds: each recipe batch's mean final error against the reference's.
+
+    Recipe rows (labels ending in ``recipe``) by global batch; a batch *holds* if
+    mean(recipe at B) − mean(reference) ≤ tolerance. Returns the lines stating every batch's Δ
+    and the largest batch up to which every recipe batch holds ([] without a target).
+    """
+    if target.error is None:
+        return []
+    ref_mean = target.error - target.tolerance
+    recipe = sorted((r for r in study if r.label.endswith("recipe") and r.global_batch
+                     and r.final_errors), key=lambda r: r.global_batch)
+    held, largest, all_so_far = [], None, True
+    for r in recipe:
+        delta = statistics.fmean(r.final_errors) - ref_mean
+        ok = delta <= target.tolerance + 1e-12  # the reference itself holds at exactly 0
+        held.append(f"{r.label} (batch {r.global_batch}) {100 * delta:+.2f} points, "
+                    f"{'holds' if ok else 'misses'}")
+        all_so_far = all_so_far and ok
+        largest = r if all_so_far else largest
+    head = (f"**Where the recipe holds** (mean final error within {100 * target.tolerance:.2f} "
+            f"points of '{target.reference}'): ")
+    where = (f"up to global batch **{largest.global_batch}** ('{largest.label}')"
+             if largest is not None else "at no batch")
+    return [head + where + "; " + "; ".join(held) + ".", ""]
+
+
 def markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
     """The study table and how to read it."""
     goal = (f"validation error ≤ **{100 * target.error:.2f}%** = mean final error of "
@@ -168,7 +195,7 @@ def markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
             f"| {len(r.seeds)} | {err} | {ci} | {r.versus or '—'} | {test} "
             f"| {_mlperf(r.steps, '{:.0f}')} | {_mlperf(r.epochs, '{:.1f}')} "
             f"| {_mlperf(r.seconds, '{:.1f}')} |")
-    out += ["",
+    out += ["", *largest_within(study, target),
             "- **final error**: per run the median of the last 5 epochs' validation error; mean "
             "± sample std (n − 1) over seeds; **95% interval** x̄ ± t(0.975, n−1)·s/√n.",
             "- **vs / Δ / Welch p**: an ablation against the recipe at the same global batch, "

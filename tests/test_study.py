@@ -148,6 +148,14 @@ def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
     assert "| 4x recipe | 128 |" in text and "only 1 run: MLPerf asks for 5" in text
     assert "| label | global batch | B_simple" in out  # printed too
     assert (tmp_path / "rep/study.png").stat().st_size > 10_000
+    # the commit the runs were made at and the report's own, read from git here
+    from mxlarge.tracking import git_commit
+
+    head = git_commit()[:12]
+    assert len(head) == 12
+    assert f"Runs made at commit `{head}` (2 runs)." in text
+    assert f"at commit `{head}`; summary run" in text
+    assert "**Where the recipe holds** (mean final error within 5.00 points" in text
 
 
 def test_sweep_parts_are_disjoint_and_cover_the_grid():
@@ -185,3 +193,20 @@ def test_sweep_label_filter(tmp_path, monkeypatch, capsys):
     assert [x.split(",")[0] for x in lines] == [f"[{i}/5] 16x LARS" for i in range(1, 6)]
     assert main(["sweep", path, "--label", "2x recipe", "--dry-run"]) == 2
     assert "--label '2x recipe': expected one of the labels of" in capsys.readouterr().err
+
+
+def test_largest_batch_within_the_tolerance_is_stated():
+    runs = _study_runs()
+    target = study.target_from_runs(runs)
+    rows = study.rows(runs, target, [])
+    # 16x recipe: mean of 0.013, 0.0135, 0.014, 0.0145, 0.03 = 0.017, 0.5 points above 1x's 0.012
+    text = study.largest_within(rows, target)[0]
+    assert "up to global batch **32** ('1x recipe')" in text
+    assert "1x recipe (batch 32) +0.00 points, holds" in text
+    assert "16x recipe (batch 512) +0.50 points, misses" in text
+    assert text in "\n".join(study.markdown(rows, target))
+    # with a 0.6-point tolerance 16x holds too
+    wide = study.Target(target.reference, 0.006, target.error - target.tolerance + 0.006)
+    assert "up to global batch **512** ('16x recipe')" in " ".join(study.largest_within(rows, wide))
+    # the reference missing: no statement
+    assert study.largest_within(rows, study.Target("1x recipe", 0.003, None)) == []

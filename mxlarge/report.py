@@ -145,6 +145,7 @@ class RunData:
     gns: tuple[tuple[int, float], ...] = ()  # (step, gns_b_simple) when the run measured it
     sweep_target: str = ""  # the sweep's target (JSON tag), see mxlarge.study
     commit: str = ""  # the git commit the run was made at (tag ``git_commit``)
+    diverged: str = ""  # a FAILED run stopped by divergence: the message (tag ``diverged``)
 
 
 # "Far above" the noise scale: with McCandlish et al.'s model, steps S = S_min·(1 + B_noise/B)
@@ -216,15 +217,28 @@ def select_runs(runs: Sequence[RunData]) -> tuple[list[RunData], list[str]]:
     for r in sorted(runs, key=lambda r: -r.start_time):
         if r.status == "FINISHED" and (r.label, r.seed) not in used:
             used[(r.label, r.seed)] = r
-    notes = []
+    notes, diverged = [], {r.run_id for r in diverged_runs(runs)}
     for r in sorted(runs, key=lambda r: (r.label, r.seed, r.start_time)):
         if used.get((r.label, r.seed)) is r:
             continue
         why = ("superseded by a newer FINISHED run" if (r.label, r.seed) in used
+               else f"diverged ({r.diverged}): in the study a run that never reaches the "
+                    "target, left out of the final-error numbers" if r.run_id in diverged
                else "no FINISHED run for this seed: left out of every number")
         notes.append(f"run {r.run_id[:8]} ({r.label}, seed {r.seed}) is {r.status}: {why}")
     ordered = sorted(used.values(), key=lambda r: r.start_time)
     return ordered, notes
+
+
+def diverged_runs(runs: Sequence[RunData]) -> list[RunData]:
+    """Per (label, seed) without a FINISHED run, the newest run that diverged (tag
+    ``diverged``): a result of its configuration (it never reaches the target), not a crash."""
+    finished = {(r.label, r.seed) for r in runs if r.status == "FINISHED"}
+    newest: dict[tuple[str, int], RunData] = {}
+    for r in sorted(runs, key=lambda r: -r.start_time):
+        if (r.label, r.seed) not in finished and (r.label, r.seed) not in newest:
+            newest[(r.label, r.seed)] = r
+    return sorted((r for r in newest.values() if r.diverged), key=lambda r: r.start_time)
 
 
 @dataclass(frozen=True)
@@ -601,7 +615,8 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
             peak_lr=float(tags["peak_lr"]) if "peak_lr" in tags else None,
             config_hash=tags.get("config_hash", ""), fingerprint=config_fingerprint(params),
             rows=tuple(rows), lr=tuple(lr), gns=tuple(gns),
-            sweep_target=tags.get("sweep_target", ""), commit=tags.get("git_commit", "")))
+            sweep_target=tags.get("sweep_target", ""), commit=tags.get("git_commit", ""),
+            diverged=tags.get("diverged", "") if rec["status"] == "FAILED" else ""))
     return out
 
 
@@ -663,7 +678,8 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
         if any(r.gns for r in used):
             images.append("noise_scale.png")
             plot_noise_scale(used, out / images[-1], f"{name}: gradient noise scale")
-        study_md = _study(used, order, out, name, images)
+        # diverged runs are results of the study (never reaching the target), not gaps
+        study_md = _study([*used, *diverged_runs(runs)], order, out, name, images)
         meta = {"experiment": experiment, "uri": uri, "summary_run": run.run_id,
                 "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                 "commit": tracking.git_commit()}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mxlarge.config import Config
+from mxlarge.errors import DivergenceError
 from mxlarge.plan import Plan, check_processes, plan, world_of
 
 
@@ -189,6 +190,12 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     try:
         loop.run(start_epoch)
         ok = True
+    except DivergenceError as exc:
+        if run is not None and rank == 0:
+            # a result of the configuration, not a crash: mxlarge report counts the run as one
+            # that never reaches the target
+            run.tag({"diverged": str(exc)})
+        raise
     finally:
         tmpdir.cleanup()
         if owned is not None:

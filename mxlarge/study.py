@@ -54,6 +54,7 @@ class StudyRow:
     epochs: stats.MLPerf
     seconds: stats.MLPerf
     b_simple: float | None
+    diverged: int = 0  # runs stopped by divergence: no final error, never reach the target
 
 
 def target_from_runs(runs: Sequence[RunData]) -> Target | None:
@@ -125,7 +126,8 @@ def rows(runs: Sequence[RunData], target: Target, order: Sequence[str]) -> list[
             epochs=stats.mlperf_mean([x[1] if x else None for x in reached]),
             seconds=stats.mlperf_mean([x[2] if x and x[2] is not None else None
                                        for x in reached]),
-            b_simple=float(statistics.median(b_simple)) if b_simple else None))
+            b_simple=float(statistics.median(b_simple)) if b_simple else None,
+            diverged=sum(bool(r.diverged) for r in group)))
     return out
 
 
@@ -182,6 +184,9 @@ def markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
             err = f"{100 * mean:.2f} ± {100 * sd:.2f}" if sd is not None else f"{100 * mean:.2f}"
         else:
             err = "n/a"
+        if r.diverged:
+            err = (f"{err} ({r.diverged} of {len(r.seeds)} diverged)" if r.final_errors
+                   else f"diverged ({r.diverged} of {len(r.seeds)})")
         ci = (f"[{100 * r.interval[0]:.2f}, {100 * r.interval[1]:.2f}]" if r.interval
               else "n/a")
         if r.test is not None:
@@ -208,7 +213,11 @@ def markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
             "reached it. Seconds compare only runs on the same machine and load.",
             "- **B_simple**: gradient noise scale tr(Σ)/|G|² (McCandlish et al.), per run the "
             "median of its measurements after the first 10%, then the median over seeds; n/a "
-            "for one worker of 32 (it needs two gradient sizes).", ""]
+            "for one worker of 32 (it needs two gradient sizes).",
+            "- **diverged**: a run the loop stopped (loss not finite or above "
+            "`train.divergence_factor` × its early value) counts as a run that never reaches "
+            "the target; it has no final error, so mean, interval and Welch p are over the "
+            "runs that finished.", ""]
     return out
 
 

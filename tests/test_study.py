@@ -130,7 +130,9 @@ def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
         "name": "st", "runs": [
             {"label": "1x recipe", "config": recipe},
             {"label": "4x recipe", "config": recipe,
-             "overrides": ["dist.simulate_workers=4", "train.gns_every=1"]}],
+             "overrides": ["dist.simulate_workers=4", "train.gns_every=1"]},
+            {"label": "1x LR 1e4", "config": recipe,
+             "overrides": ["optim.base_lr=10000", "optim.warmup=none"]}],
         "seeds": [0], "overrides": tiny,
         "target": {"reference": "1x recipe", "tolerance": 0.05}}))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db"}
@@ -141,7 +143,10 @@ def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         return r.stdout
 
-    run("sweep", str(sweep))
+    r = subprocess.run([sys.executable, "-m", "mxlarge.cli", "sweep", str(sweep)], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=280)
+    assert r.returncode == 1 and "1x LR 1e4, seed 0: FAILED" in r.stdout, r.stdout[-2000:]
+    assert "DivergenceError: training diverged" in r.stdout
     out = run("report", "st", "--out", "rep")
     text = (tmp_path / "rep/report.md").read_text()
     assert "## Study" in text and "mean final error of '1x recipe' + 5.00 points" in text
@@ -156,6 +161,9 @@ def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
     assert f"Runs made at commit `{head}` (2 runs)." in text
     assert f"at commit `{head}`; summary run" in text
     assert "**Where the recipe holds** (mean final error within 5.00 points" in text
+    # the diverged run is a result: in the study, never reaching the target, named in the notes
+    assert "| 1x LR 1e4 | 32 | n/a | 1e+04 | 1 | diverged (1 of 1) |" in text
+    assert "(1x LR 1e4, seed 0) is FAILED: diverged (training diverged at step" in text
 
 
 def test_sweep_parts_are_disjoint_and_cover_the_grid():
@@ -210,3 +218,37 @@ def test_largest_batch_within_the_tolerance_is_stated():
     assert "up to global batch **512** ('16x recipe')" in " ".join(study.largest_within(rows, wide))
     # the reference missing: no statement
     assert study.largest_within(rows, study.Target("1x recipe", 0.003, None)) == []
+
+
+def test_diverged_runs_count_as_never_reaching_the_target():
+    import dataclasses
+
+    from mxlarge.report import diverged_runs, select_runs
+
+    runs = _study_runs()
+    failed = dict(status="FAILED", rows=(), gns=())
+    lars = [dataclasses.replace(_run("16x LARS", s, 512, [], 7, start=10), **failed,
+                                diverged="training diverged at step 59")
+            for s in range(5)]
+    # seed 0 also has an older FAILED run without the tag (a crash): superseded, not counted
+    crash = dataclasses.replace(_run("16x LARS", 0, 512, [], 7, start=5), **failed,
+                                run_id="crash".ljust(32, "0"))
+    # one of five 16x-no-warmup seeds diverged in an older run and FINISHED when re-run
+    rerun = dataclasses.replace(runs[-1], run_id="old".ljust(32, "0"), start_time=-1, **failed,
+                                diverged="training diverged at step 3")
+    every = [*runs, *lars, crash, rerun]
+    used, notes = select_runs(every)
+    assert {r.run_id for r in diverged_runs(every)} == {r.run_id for r in lars}
+    assert all(r.status == "FINISHED" for r in used)
+    assert sum("diverged (training diverged at step 59)" in n for n in notes) == 5
+    assert any(n.startswith("run crash000") and "no FINISHED run" in n for n in notes)
+    assert any(n.startswith("run old00000") and "superseded" in n for n in notes)
+    target = study.target_from_runs(used)
+    rows = {r.label: r for r in study.rows([*used, *diverged_runs(every)], target, [])}
+    row = rows["16x LARS"]
+    assert (row.diverged, row.seeds, row.final_errors) == (5, (0, 1, 2, 3, 4), ())
+    assert row.steps.value is None and row.steps.why == "not reached by 5 of 5 runs"
+    assert row.versus == "16x recipe" and row.test is None
+    assert rows["16x no warmup"].diverged == 0
+    text = "\n".join(study.markdown(list(rows.values()), target))
+    assert "| 16x LARS | 512 | n/a | 0.8 | 5 | diverged (5 of 5) | n/a | 16x recipe | — | — |" in text

@@ -429,7 +429,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            f"`{meta.get('uri', '')}`; written {meta.get('written', '')}"
            + (f" at commit `{meta['commit'][:12]}`" if meta.get("commit") else "")
            + (f"; summary run `{meta['summary_run']}`." if meta.get("summary_run") else "."),
-           "", "Runs made at " + made_at(runs) + ".",
+           "", "Runs made at " + (meta.get("made_at") or made_at(runs)) + ".",
            "", target, "", markdown_table(s), "", *([study] if study else []),
            "## How the numbers are computed", "",
            "- **final error**: per run, the median of the last 5 evaluated epochs' "
@@ -679,10 +679,11 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
             images.append("noise_scale.png")
             plot_noise_scale(used, out / images[-1], f"{name}: gradient noise scale")
         # diverged runs are results of the study (never reaching the target), not gaps
-        study_md = _study([*used, *diverged_runs(runs)], order, out, name, images)
+        diverged = diverged_runs(runs)
+        study_md = _study([*used, *diverged], order, out, name, images)
         meta = {"experiment": experiment, "uri": uri, "summary_run": run.run_id,
                 "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                "commit": tracking.git_commit()}
+                "commit": tracking.git_commit(), "made_at": made_at([*used, *diverged])}
         (out / "report.md").write_text(render_markdown(name, summary, used, notes, meta, images,
                                                        study_md))
         (out / "report.json").write_text(json.dumps(

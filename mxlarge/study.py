@@ -248,17 +248,18 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
             ax.axvline(b, ls=":", color="gray", label=f"B_simple (median of the recipe "
                                                       f"runs) ≈ {b:.0f}")
     for i, r in enumerate(study):
-        if not r.final_errors or r.global_batch is None:
+        if r.global_batch is None:
             continue
-        mean = 100 * statistics.fmean(r.final_errors)
-        lo, hi = (100 * r.interval[0], 100 * r.interval[1]) if r.interval else (mean, mean)
-        lo = max(lo, mean / 10)  # a t interval can reach below 0 %; the axis is logarithmic
         is_recipe = r in recipe
         dodge = 1.0 if is_recipe else 2 ** (0.04 * (i % 9 - 4))
-        ax_err.errorbar([r.global_batch * dodge], [mean], yerr=[[mean - lo], [hi - mean]],
-                        fmt="o" if is_recipe else "x", capsize=3,
-                        color="black" if is_recipe else None,
-                        label=None if is_recipe else r.label)
+        if r.final_errors:  # none when every run diverged: then only the steps panel shows it
+            mean = 100 * statistics.fmean(r.final_errors)
+            lo, hi = (100 * r.interval[0], 100 * r.interval[1]) if r.interval else (mean, mean)
+            lo = max(lo, mean / 10)  # a t interval can reach below 0 %; the axis is logarithmic
+            ax_err.errorbar([r.global_batch * dodge], [mean], yerr=[[mean - lo], [hi - mean]],
+                            fmt="o" if is_recipe else "x", capsize=3,
+                            color="black" if is_recipe else None,
+                            label=None if is_recipe else r.label)
         if r.steps.value is not None:
             ax_steps.scatter([r.global_batch * dodge], [r.steps.value],
                              marker="o" if is_recipe else "x",
@@ -268,7 +269,9 @@ def plot(study: Sequence[StudyRow], path: str | Path, title: str = "") -> None:
             ax_steps.scatter([r.global_batch * dodge], [0.97], marker="^",
                              transform=ax_steps.get_xaxis_transform(), clip_on=False,
                              color="black" if is_recipe else None,
-                             label=f"{r.label}: {r.steps.why}")
+                             label=f"{r.label}: " + (f"diverged ({r.diverged} of "
+                                                           f"{len(r.seeds)})" if r.diverged
+                                                           == len(r.seeds) else r.steps.why))
     if recipe:
         ax_err.plot([r.global_batch for r in recipe],
                     [100 * statistics.fmean(r.final_errors) for r in recipe], "k-",

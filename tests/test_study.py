@@ -158,7 +158,7 @@ def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
 
     head = git_commit()[:12]
     assert len(head) == 12
-    assert f"Runs made at commit `{head}` (2 runs)." in text
+    assert f"Runs made at commit `{head}` (3 runs)." in text  # the diverged one too
     assert f"at commit `{head}`; summary run" in text
     assert "**Where the recipe holds** (mean final error within 5.00 points" in text
     # the diverged run is a result: in the study, never reaching the target, named in the notes
@@ -220,7 +220,7 @@ def test_largest_batch_within_the_tolerance_is_stated():
     assert study.largest_within(rows, study.Target("1x recipe", 0.003, None)) == []
 
 
-def test_diverged_runs_count_as_never_reaching_the_target():
+def test_diverged_runs_count_as_never_reaching_the_target(tmp_path):
     import dataclasses
 
     from mxlarge.report import diverged_runs, select_runs
@@ -251,4 +251,7 @@ def test_diverged_runs_count_as_never_reaching_the_target():
     assert row.versus == "16x recipe" and row.test is None
     assert rows["16x no warmup"].diverged == 0
     text = "\n".join(study.markdown(list(rows.values()), target))
-    assert "| 16x LARS | 512 | n/a | 0.8 | 5 | diverged (5 of 5) | n/a | 16x recipe | — | — |" in text
+    assert ("| 16x LARS | 512 | n/a | 0.8 | 5 | diverged (5 of 5) | n/a | 16x recipe | — | — |"
+            in text)
+    study.plot(list(rows.values()), tmp_path / "study.png")  # a row without final errors
+    assert (tmp_path / "study.png").stat().st_size > 10_000

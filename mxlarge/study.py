@@ -12,6 +12,9 @@ For a sweep with a ``target`` (see :mod:`mxlarge.sweep`), every label (configura
 * B_simple (gradient noise scale): per run the median of its ``gns_b_simple`` measurements
   after the first 10% (the estimate swings at initialisation), then the median over seeds;
 
+a run stopped by divergence (tag ``diverged``) counts as one that never reaches the target and
+has no final error; the section states where the recipe holds (:func:`largest_within`: the
+largest batch up to which every recipe batch's mean is within the tolerance of the reference's);
 and a plot of final error and steps to target against the global batch, B_simple marked.
 Target error = mean final error of the reference label + tolerance, fixed by the sweep file
 before any run (not a fraction of the best run).

@@ -47,7 +47,8 @@ as soon as every worker's push of the key is in. A push then a pull cost a secon
 and worse, ps-lite sends a worker's messages to a server in order over one connection, so each
 pull request queues behind every push issued before it: the step serialises into a push phase
 and a pull phase, 2·|g|/B on links of B. Measured on the testbed (ResNet-50's gradients, 2
-workers + 2 servers, 1 Gbit/s): push then pull 2.13× the bound |g|/B, pushpull 1.17×. MXNet refuses
+workers + 2 servers, 1 Gbit/s): push then pull 2.13× the bound |g|/B (one ad hoc run before
+the change), pushpull 1.17× (``make bench-cluster``). MXNet refuses
 pushpull under gradient compression; there it is push then pull.
 
 Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; bucket

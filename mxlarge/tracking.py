@@ -107,7 +107,7 @@ def client(uri: str) -> MlflowClient:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         c = MlflowClient(tracking_uri=uri)
-        c._tracking_client.store  # noqa: B018 - building the store creates the schema
+        c.search_experiments(max_results=1)  # the first store access creates the schema
     finally:
         os.close(fd)  # releases the lock
     _READY.add(uri)

@@ -31,7 +31,8 @@ PROGRESS_MARK = "BENCH_PROGRESS"
 
 #: Key range of one variant under :class:`OffsetKV`: mxlarge's keys reach 200,001 and must stay
 #: below 215,330 (``mxlarge.kvstore.sync.MAX_KEY``), so four variants fit (offsets 0 to 15,000),
-#: their parameter, statistic, bucket and collective keys apart for nets of < 5,000 tensors.
+#: their parameter, statistic, bucket and collective keys apart for nets of < 5,000 tensors; a
+#: bare store's one key per tensor (``pushpull_worker --bare``) takes the next offset.
 KEY_STRIDE = 5_000
 
 

@@ -8,6 +8,11 @@ each size in ``--fusion``, 0: one key per tensor; backward order, priorities), t
 of it. Each bucket size is its own mode of the same rounds, on its own copy of the tensors under
 its own range of keys of the one store, so that sizes are compared in the same processes.
 
+With ``--bare``, one more mode of the same rounds is MXNet's store with no mxlarge code at all:
+the same tensors, one ``kv.pushpull`` per tensor (in place, backward order, priority −i, as
+mxlarge issues them), then ``mx.nd.waitall()``; mxlarge's modes ÷ this one is the share of the
+engine's own ceiling that mxlarge reaches.
+
 Rank 0 alternates those push/pull rounds with rounds of a raw loopback TCP baseline in the same
 process (:mod:`benchmarks.tcp_peer`: send the same number of bytes to an echo peer process and
 receive them back), so each round yields one (ps-lite, raw) pair. Other workers wait in a
@@ -50,6 +55,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fusion", default="default",
                    help="comma-separated SyncStore bucket sizes in bytes, each measured as its "
                         "own mode in the same rounds ('default': mxlarge's; 0: per key)")
+    p.add_argument("--bare", action="store_true",
+                   help="also a mode of bare mx.kv pushpull of the same tensors, one key each")
     return p.parse_args(argv)
 
 
@@ -71,6 +78,22 @@ class RawTCP:
     def close(self) -> None:
         self.sock.close()
         self.peer.wait(timeout=30)
+
+
+class BareKV:
+    """MXNet's store alone: one key per tensor under ``offset + i``, no mxlarge code."""
+
+    def __init__(self, kv: Any, shapes: list[tuple[int, ...]], offset: int):
+        self.kv = kv
+        self.keys = [offset + i for i in range(len(shapes))]
+        self.arrays = [mx.nd.zeros(s) for s in shapes]
+        kv.init(self.keys, [a.copy() for a in self.arrays])
+
+    def push_pull(self) -> None:
+        """Every tensor's sum over workers, in place: backward order, priority −i."""
+        for i in reversed(range(len(self.arrays))):
+            self.kv.pushpull(self.keys[i], self.arrays[i], out=self.arrays[i], priority=-i)
+        mx.nd.waitall()
 
 
 def work(opts: argparse.Namespace) -> None:
@@ -95,6 +118,7 @@ def work(opts: argparse.Namespace) -> None:
         stores[f"pushpull_{fusion}"] = SyncStore(OffsetKV(kv, KEY_STRIDE * v),
                                                  list(params.values()), param_roles(params),
                                                  fusion_bytes=fusion)
+    bare = BareKV(kv, shapes, KEY_STRIDE * len(fusions)) if opts.bare else None
     kv._barrier()
     raw = RawTCP(nbytes) if rank == 0 and not opts.no_raw else None
 
@@ -123,9 +147,13 @@ def work(opts: argparse.Namespace) -> None:
 
     for store in stores.values():  # warm-up: server-side buffers, connections
         push_pull(store)
+    if bare is not None:
+        bare.push_pull()
     if raw is not None:
         raw.round_trip()
     modes = {name: (lambda s=store: timed_pushpull(s)) for name, store in stores.items()}
+    if bare is not None:
+        modes["bare_kv"] = lambda: (kv._barrier(), timed(bare.push_pull))[1]
     if not opts.no_raw:
         modes["raw_tcp"] = timed_raw
     t = interleave(modes, opts.reps, progress=emit_progress if rank == 0 else None)

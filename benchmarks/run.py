@@ -40,6 +40,7 @@ TITLES = {
     "compression": "8. Bytes on the wire per step with 2-bit gradient compression",
     "heartbeat_cost": "9. Cost of the stall watchdog's heartbeat",
     "cluster_link": "10. Push/pull against a shaped link on the namespace testbed",
+    "update_kernels": "11. The optimizer update alone (mxlarge vs Gluon's SGD)",
 }
 #: Run only when named in ``--only`` (``make bench-cluster``): needs root and the testbed.
 ON_REQUEST = frozenset({"cluster_link"})
@@ -57,6 +58,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         input_pipeline,
         scale_model,
         trainer_overhead,
+        update_kernels,
     )
 
     # Rounds: short rounds, many of them, so that each A/B pair sits close in time.
@@ -75,6 +77,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "compression": (2 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
         "heartbeat_cost": (2 * r1, lambda log, bar: heartbeat_cost.run(
             reps=r1, log=log, bar=bar)),
+        "update_kernels": (3 * rt, lambda log, bar: update_kernels.run(reps=rt, bar=bar)),
         "cluster_link": (len(cluster_link.CONFIGS) * rb, lambda log, bar: cluster_link.run(
             reps=rb, log=log, bar=bar)),
     }

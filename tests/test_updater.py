@@ -183,3 +183,34 @@ def test_mxnet_lr_accessors_are_refused_not_answered_from_a_stale_lr():
         _ = opt.learning_rate
     with pytest.raises(AttributeError, match=r"trainer.set_learning_rate\(lr\)"):
         opt.set_learning_rate(0.5)
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_cpu_kernel_split_is_bitwise_the_multi_tensor_update(monkeypatch, momentum):
+    """On CPU, tensors of ALONE elements or more get a single-tensor kernel of their own (faster
+    there) and the rest share multi-tensor calls: bitwise the all-multi-tensor update, through
+    a changing LR (momentum correction) and mixed decay roles."""
+    import mxlarge.kvstore.updater as updater
+
+    rng = np.random.RandomState(3)
+    shapes = [(130, 130), (3,), (64, 32, 3, 3), (200,), (1 << 14,), (5, 5)]
+    w0 = [rng.randn(*s).astype(np.float32) for s in shapes]
+    grads = [[rng.randn(*s).astype(np.float32) for s in shapes] for _ in range(6)]
+
+    def run(alone: int) -> list[np.ndarray]:
+        monkeypatch.setattr(updater, "ALONE", alone)
+        opt = LargeBatchSGD(SCHED, momentum=momentum, wd=1e-2, no_decay=(1, 3))
+        weights = [mx.nd.array(w) for w in w0]
+        states = [opt.create_state(i, w) for i, w in enumerate(weights)]
+        for t, g in enumerate(grads):
+            opt.apply(t, list(range(len(shapes))), weights, [mx.nd.array(x) for x in g],
+                      states, 1 / 16)
+        return [w.asnumpy() for w in weights] + [s.asnumpy() for s in states if s is not None]
+
+    split = run(updater.ALONE)  # with momentum: three tensors alone, three shared
+    assert sum(int(np.prod(s)) >= updater.ALONE for s in shapes) == 3
+    multi = run(1 << 40)
+    single = run(0)
+    for a, b, c in zip(split, multi, single, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    assert not np.array_equal(split[0], w0[0])  # the update did something

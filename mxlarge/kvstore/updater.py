@@ -26,6 +26,17 @@ LARS (You et al. 2017) rescales the LR of each decayed tensor by
 directly: it picks the excluded tensors by name suffix, and its momentum correction keeps the
 previous LR in the object and so resets to 1 after the first aggregated group of a step.
 
+Which kernel runs a tensor: MXNet's multi-tensor ``multi_sgd_mom_update`` costs one kernel
+launch per 16 tensors, but on CPU it runs each element ~2.5× slower than the single-tensor
+``sgd_mom_update`` (one thread, ResNet-50's 161 tensors, 25.6 M floats: 92 against 34 ms of CPU
+time, an ad hoc run; ``make bench`` row ``update_kernels`` measures it; Gluon's SGD uses the
+multi-tensor kernel in groups of 4), while for small tensors the launch dominates. So on CPU
+(with momentum) a tensor of :data:`ALONE` elements or more gets ``sgd_mom_update`` of its own,
+and the smaller ones share multi-tensor calls; on a GPU every tensor goes through the
+multi-tensor kernel (launches are what cost there). The two momentum kernels give bitwise the
+same result (``tests/test_updater.py`` pins it); without momentum ``sgd_update`` does not, so
+that case stays on the multi-tensor kernel.
+
 Every attribute is a plain Python value so the object survives MXNet's protocol-0 pickle.
 """
 from __future__ import annotations
@@ -38,6 +49,10 @@ from mxnet import ndarray as nd
 from mxnet import optimizer as mxopt
 
 _CHUNK = 16  # tensors per multi-tensor kernel call (MXNet's aggregation is bounded)
+#: On CPU, tensors of at least this many elements are updated by a kernel call of their own
+#: (module docstring): about where one launch (~25 µs) costs what the multi-tensor kernel's
+#: slower elements (~1.8 ns each) do.
+ALONE = 1 << 14
 
 
 @mxopt.register
@@ -151,13 +166,24 @@ class LargeBatchSGD(mxopt.Optimizer):
         if self.lars:
             self._apply_lars(indices, weights, grads, states, lr, momentum, wds, rescale_grad)
             return
-        for lo in range(0, len(weights), _CHUNK):
-            w = list(weights[lo:lo + _CHUNK])
-            g = list(grads[lo:lo + _CHUNK])
+        # sgd_update is not bitwise multi_sgd_update (measured), so without momentum every
+        # tensor stays on the multi-tensor kernel.
+        split = self.momentum > 0 and bool(weights) and weights[0].context.device_type == "cpu"
+        shared = []
+        for j, w in enumerate(weights):
+            if split and w.size >= ALONE:
+                nd.sgd_mom_update(w, grads[j], states[j], out=w, lr=lr, wd=wds[j],
+                                  momentum=momentum, rescale_grad=rescale_grad)
+            else:
+                shared.append(j)
+        for lo in range(0, len(shared), _CHUNK):
+            part = shared[lo:lo + _CHUNK]
+            w = [weights[j] for j in part]
+            g = [grads[j] for j in part]
             kw = dict(out=w, num_weights=len(w), lrs=tuple([lr] * len(w)),
-                      wds=tuple(wds[lo:lo + _CHUNK]), rescale_grad=rescale_grad)
+                      wds=tuple(wds[j] for j in part), rescale_grad=rescale_grad)
             if self.momentum > 0:
-                s = list(states[lo:lo + _CHUNK])
+                s = [states[j] for j in part]
                 nd.multi_sgd_mom_update(*_interleave(w, g, s), momentum=momentum, **kw)
             else:
                 nd.multi_sgd_update(*_interleave(w, g), **kw)

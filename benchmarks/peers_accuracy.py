@@ -31,7 +31,7 @@ LACKS = {
 
 def run_accuracy(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
     """Runs every (peer, seed) job and returns the part of peers.json."""
-    from benchmarks.peers import PeerOutput, loopback_launcher, versions
+    from benchmarks.peers_jobs import PeerOutput, loopback_launcher, versions
 
     commit, load = git_commit(), [os.getloadavg()[0]]
     seeds = SEEDS[:1] if a.quick else SEEDS

@@ -130,7 +130,7 @@ def _on_loopback(args: list[str]) -> list[dict[str, Any]]:
 
 def _on_testbed(args: list[str]) -> list[dict[str, Any]]:
     from benchmarks.common import BenchmarkError
-    from benchmarks.peers import PeerOutput, job_env, stream
+    from benchmarks.peers_jobs import PeerOutput, job_env, stream
     from benchmarks.peers_testbed import RATE, shape, testbed_lock, unshape
     from tests.cluster.testbed import Testbed, _our_namespaces
 

@@ -102,7 +102,7 @@ def _root() -> str:
 
 def testbed_launcher(tb: Any, work: Path) -> Any:
     """Runs a peer's job from h0 across h0..h2 (module docstring)."""
-    from benchmarks.peers import WORKER, PeerOutput, check_job, job_env, stream
+    from benchmarks.peers_jobs import WORKER, PeerOutput, check_job, job_env, stream
 
     hostfile = work / "hosts"
     hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in tb.hosts))
@@ -126,7 +126,7 @@ def testbed_launcher(tb: Any, work: Path) -> Any:
 
 def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
     """Brings the testbed up (under the lock), shapes it, runs the timing rounds, tears down."""
-    from benchmarks.peers import TARGETS, run_timing
+    from benchmarks.peers_jobs import TARGETS, run_timing
     from tests.cluster.testbed import Testbed, TestbedError, _our_namespaces
 
     print(f"peers: testbed, {WORKERS} hosts at {RATE} per link", flush=True)

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mxlarge-installed
 
-.PHONY: demo test test-cluster bench bench-cluster bench-peers bench-peers-cluster lint clean
+.PHONY: demo test test-slow test-cluster bench bench-cluster bench-peers bench-peers-cluster lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mxlarge launch experiments/proxy/digits-largebatch.yaml -n 2 -s 1
 
+# The fast tier (<= 10 min on 2 cores); `make test-slow` runs the rest (tests marked `slow`:
+# the longest launched jobs, sweeps, restarts, resumes). CI runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/cluster
+	$(BIN)/python -m pytest -q --ignore=tests/cluster -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q --ignore=tests/cluster -m slow
 
 # Real ssh, Open MPI and Slurm jobs across network-namespace hosts on this machine (root; installs
 # its Debian packages when missing). See tests/cluster/testbed.py and launch/README.md.

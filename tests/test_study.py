@@ -113,6 +113,7 @@ def test_no_target_no_study():
     assert study.target_from_runs(runs) is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sweep_with_target_reports_the_study_end_to_end(tmp_path):
     import os

@@ -70,6 +70,7 @@ def test_shipped_sweeps_expand_and_override_order():
         expand(sweep, ["train.seed=1"])
 
 
+@pytest.mark.slow
 def test_processes_starting_on_a_new_sqlite_store_together_all_get_it(tmp_path):
     """The two ``--part``s of a sweep start on a fresh store together: MLflow's schema creation
     must not race (without the lock in ``tracking.client``, 3 of 4 processes failed with

@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parents[1]  # tests/: the worker scripts live th
 # the reductions, see tests/e2e/test_simulate.py); ~7x margin.
 ONE_PROCESS_TOL = 2e-7
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("k", [2, 3])
 def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
@@ -51,6 +52,7 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
                 np.testing.assert_array_equal(other[n], ranks[0][n])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fused_and_per_key_push_pull_give_bitwise_identical_weights(tmp_path):
     """10 steps of a BN net (momentum, warmup, weight decay), 2 workers + 2 servers with arrays
@@ -151,6 +153,7 @@ dist: {kvstore: dist_sync, workers: 2}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("victim", ["worker", "server"])
 def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
@@ -197,6 +200,7 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     assert runs[0].data.tags["failed_role"] == victim
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
     """What `make demo` does, shortened: one run, params and rank-suffixed throughput."""
@@ -232,6 +236,7 @@ def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
     assert {"config.yaml", "final.params", "training_curves.png"} <= arts
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mxnet_tools_launch_py_runs_the_same_job(tmp_path):
     """MXNet's own launch.py (through the 3.11 compatibility layer) with `mxlarge train` as the

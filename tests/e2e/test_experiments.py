@@ -28,6 +28,7 @@ def test_imagenet_experiment_runs_two_steps_on_tiny_recordio(tmp_path, name):
     assert "done: 2 steps on 1 worker(s) x 4 images = global batch 4" in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_128_gpu_math_simulated_on_one_box(tmp_path):
     """`simulate_workers=128` on the 128-GPU experiment: 2 real steps of 128 micro-batches."""

@@ -762,6 +762,7 @@ def test_forwarded_env_and_quoting() -> None:
     assert argv.strip() == repr(["env", "K=v w", "python", "-c", "print('hi there')"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_mxnet_launch_py_local_job_listens_on_loopback_only(marker: str) -> None:
     """MXNet's launch.py through mxlarge.launcher.mxnet_launch: dmlc's local backend would

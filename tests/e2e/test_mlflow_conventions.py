@@ -81,6 +81,7 @@ def _rest(port: int, path: str, body: dict | None = None) -> dict:
         return json.loads(resp.read() or b"{}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sweep_is_one_parent_run_with_children_in_client_and_server(tmp_path, mlflow_uri):
     sweep = tmp_path / "nest.yaml"

@@ -63,6 +63,7 @@ def recordio(tmp_path_factory) -> dict[str, str]:
     return make_imagenet(tmp_path_factory.mktemp("rec"), num_train=48, num_val=8, num_classes=4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", _variants(), ids=lambda c: c[0])
 def test_show_agrees_with_what_runs(case, tmp_path, mlflow_uri, recordio, capsys, monkeypatch):

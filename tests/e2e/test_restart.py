@@ -54,6 +54,7 @@ def _wait_for_step(marker, step, deadline):
     raise AssertionError(f"step {step} not reached")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_server_killed_at_epoch_3_worker_stopped_at_epoch_6_job_still_finishes(tmp_path):
     cfg = tmp_path / "r.yaml"
@@ -121,6 +122,7 @@ def test_server_killed_at_epoch_3_worker_stopped_at_epoch_6_job_still_finishes(t
     assert dmlc_processes(str(tmp_path)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_same_failure_at_the_same_step_twice_gives_up_before_n(tmp_path):
     """A warmup explosion is deterministic: restart 1 (from the start: no checkpoint yet) fails

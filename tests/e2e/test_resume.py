@@ -36,6 +36,7 @@ def _runs(tmp_path):
     return c, c.search_runs([c.get_experiment_by_name("mxlarge").experiment_id])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("verb", ["train", "launch"])
 def test_four_epochs_equal_two_plus_resume_plus_two(tmp_path, verb):
@@ -66,6 +67,7 @@ def test_four_epochs_equal_two_plus_resume_plus_two(tmp_path, verb):
         assert steps == [spe, 2 * spe, 3 * spe, 4 * spe]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_killed_worker_then_resume_finishes_like_an_uninterrupted_run(tmp_path):
     cfg = tmp_path / "r.yaml"
@@ -117,6 +119,7 @@ def test_divergence_guard_stops_a_warmup_explosion(tmp_path):
     assert "DivergenceError" in runs[0].data.tags["failure"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_divergence_on_a_launched_job_fails_fast(tmp_path):
     """Ranks see different local losses, so one rank may stop while the others wait in

@@ -38,6 +38,7 @@ def _assert_same(a_prefix, b_prefix, units, tol=0.0):
                 assert diff <= tol, (u, suffix, diff)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("k", [2, 3])
 def test_simulation_equals_real_launched_workers(tmp_path, k):
@@ -57,6 +58,7 @@ def test_simulation_equals_real_launched_workers(tmp_path, k):
     assert any(not np.array_equal(a[n], b[n]) for n in a if "running_" in n)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_devices_workers_and_simulation_agree(tmp_path):
     """1 worker × 2 CPU devices == 2 launched workers × 1 device == simulation of 2, bitwise."""
@@ -77,6 +79,7 @@ def test_devices_workers_and_simulation_agree(tmp_path):
 
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_workers_two_devices_equal_one_process(tmp_path):
     cfg = tmp_path / "plain.yaml"
@@ -106,6 +109,7 @@ def test_show_prints_the_layout(tmp_path):
     assert "global_batch: 512" in r.stdout
 
 
+@pytest.mark.slow
 def test_simulation_config_rules(tmp_path):
     cfg = tmp_path / "plain.yaml"
     cfg.write_text(PLAIN)
@@ -118,6 +122,7 @@ def test_simulation_config_rules(tmp_path):
     assert r.returncode == 2 and "dist.workers = 2: expected 1 with dist.kvstore" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_noise_scale_of_real_workers_equals_simulation(tmp_path):
     """The estimator sees the same per-worker and summed gradients in a launched 2-worker job as

@@ -27,6 +27,7 @@ def sweep_runs(uri: str, name: str):
                if r.data.tags.get("sweep") == name]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_sweep_resumes_and_reports(tmp_path, mlflow_uri, capsys):
     sweep = write_yaml(tmp_path / "tiny.yaml", {
@@ -78,6 +79,7 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, mlflow_uri, capsys):
     assert len(load_sweep_runs(mlflow_uri, "mxlarge", "tiny")) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_failed_cell_fails_the_sweep_and_runs_again(tmp_path, mlflow_uri):
     sweep = write_yaml(tmp_path / "f.yaml", {
@@ -101,6 +103,7 @@ def test_failed_cell_fails_the_sweep_and_runs_again(tmp_path, mlflow_uri):
     assert "| diverges | n/a |" in text and "| ok | 1 | 128 |" in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_launch_mode_tags_the_launched_run_and_skips_it_next_time(tmp_path, mlflow_uri, capsys):
     sweep = write_yaml(tmp_path / "l.yaml", {

@@ -166,6 +166,7 @@ def stop_rank_while_stepping(marker, rank, steps_per_epoch, deadline):
     raise AssertionError("no moment to stop the worker")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigstop_of_a_worker_stops_the_job_named_and_failed(tmp_path):
     """The acceptance test: down within stall-timeout + 30 s, the stopped rank named, the run
@@ -217,6 +218,7 @@ def test_sigstop_of_a_worker_stops_the_job_named_and_failed(tmp_path):
     assert f"pid {victim}" in runs[0].data.tags["failure_detail"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_own_script_sigstop_is_caught_by_the_launcher(tmp_path):
     """A user's own script gets the watchdog through mxlarge.Trainer's heartbeat."""
@@ -255,6 +257,7 @@ def test_own_script_sigstop_is_caught_by_the_launcher(tmp_path):
     assert dmlc_processes(marker) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.usefixtures("fakes")
 def test_cluster_ssh_job_stall_is_caught_through_shared_heartbeat_files(tmp_path):

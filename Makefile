@@ -27,7 +27,7 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q --ignore=tests/cluster -m slow
 
 # Real ssh, Open MPI and Slurm jobs across network-namespace hosts on this machine (root; installs
-# its Debian packages when missing). See tests/cluster/testbed.py and launch/README.md.
+# its Debian packages when missing). See mxlarge/testbed.py and launch/README.md.
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -q tests/cluster
 
@@ -59,7 +59,7 @@ $(PEERS_STAMP): $(STAMP)
 bench-peers: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.peers
 
-# The same on the namespace testbed (tests/cluster/testbed.py): 3 hosts, tc tbf 1 Gbit/s per
+# The same on the namespace testbed (mxlarge/testbed.py): 3 hosts, tc tbf 1 Gbit/s per
 # host (root only; holds /var/tmp/mxlarge-testbed.lock while the testbed is in use).
 bench-peers-cluster: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.peers --testbed

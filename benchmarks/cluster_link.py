@@ -1,6 +1,6 @@
 """Benchmark 10 (``make bench-cluster``, root): push+pull against the link, on the testbed.
 
-Real hosts with real links, emulated: the namespace testbed of ``tests/cluster/testbed.py``
+Real hosts with real links, emulated: the namespace testbed of ``mxlarge/testbed.py``
 with 2·W + 1 hosts. The launcher and the scheduler run on h0 (unshaped: the scheduler carries
 only control messages); dmlc's ssh backend puts server i on hostfile line i and worker j on
 line S + j, so servers run on h1..hS and workers on h(S+1)..h(S+W), one process per host. Each
@@ -101,7 +101,7 @@ def _run(*cmd: str) -> None:
 
 def shape_links(tb: Any, hosts: list[str], rate_gbit: float | None) -> None:
     """``tc tbf`` of ``rate_gbit`` on both directions of each host (None: remove)."""
-    from tests.cluster.testbed import BRIDGE_NS
+    from mxlarge.testbed import BRIDGE_NS
 
     for h in hosts:
         i = int(h[1:])
@@ -162,7 +162,7 @@ def _job(tb: Any, work: Path, shapes: Path, c: Config, reps: int, iters: int,
 def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
         bar: Any = None) -> BenchResult:
     from benchmarks.bandwidth import resnet50_shapes
-    from tests.cluster.testbed import Testbed, exclusive
+    from mxlarge.testbed import Testbed, exclusive
 
     n_hosts = 2 * max(c.workers for c in CONFIGS) + 1
     ratios, rows, details = [], [], []

@@ -57,7 +57,7 @@ def make_dataset(root: Path, count: int = NUM_IMAGES, seed: int = 0) -> tuple[Pa
     """Writes ``train.rec``/``.idx`` of ``count`` JPEGs; returns the path and total JPEG bytes."""
     import numpy as np
 
-    from tests.datagen import make_recordio
+    from mxlarge.data.tiny import make_recordio
 
     rng = np.random.default_rng(seed)
     images = []

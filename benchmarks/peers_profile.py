@@ -131,12 +131,12 @@ def _on_loopback(args: list[str]) -> list[dict[str, Any]]:
 def _on_testbed(args: list[str]) -> list[dict[str, Any]]:
     from benchmarks.common import BenchmarkError
     from benchmarks.peers_jobs import PeerOutput, job_env, stream
-    from benchmarks.peers_testbed import RATE, shape, testbed_lock, unshape
-    from tests.cluster.testbed import Testbed, _our_namespaces
+    from benchmarks.peers_testbed import RATE, shape, unshape
+    from mxlarge.testbed import Testbed, exclusive, our_namespaces
 
     root = str(Path(__file__).resolve().parents[1])
-    with testbed_lock():
-        if _our_namespaces():
+    with exclusive():
+        if our_namespaces():
             raise BenchmarkError("a testbed is up without the lock's holder; not touching it")
         tb = Testbed(n=3)
         tb.up()

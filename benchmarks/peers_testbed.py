@@ -1,7 +1,7 @@
 """The peers benchmark on the namespace testbed: 3 hosts, each link shaped to 1 Gbit/s.
 
 ``python -m benchmarks.peers --part testbed`` (``make bench-peers-cluster``; root only). Hosts
-h0, h1, h2 of :mod:`tests.cluster.testbed` (network namespaces 198.18.0.10-12 on one bridge);
+h0, h1, h2 of :mod:`mxlarge.testbed` (network namespaces 198.18.0.10-12 on one bridge);
 every host's link is limited to :data:`RATE` in both directions with ``tc tbf`` (egress of the
 host's ``eth0`` and of its bridge port). Jobs are started on h0 through the testbed's ``on``
 wrapper:
@@ -12,45 +12,27 @@ wrapper:
   ssh, its own sockets bound to h0's address (:mod:`benchmarks.horovodrun_bound`).
 
 The testbed is shared with other work: everything here (up, the link measurement, the jobs,
-teardown) runs under an exclusive ``flock`` of :data:`LOCK`, refuses to touch a testbed it did
-not bring up, and removes its qdiscs and the testbed afterwards, also on failure.
+teardown) runs under :func:`mxlarge.testbed.exclusive` (the lock the cluster tests share),
+refuses to touch a testbed it did not bring up, and removes its qdiscs and the testbed
+afterwards, also on failure.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from benchmarks.common import BenchmarkError
 
-LOCK = Path("/var/tmp/mxlarge-testbed.lock")
 RATE = "1gbit"
 TBF = ("burst", "256kb", "latency", "10ms")
 WORKERS = 3
-
-
-@contextlib.contextmanager
-def testbed_lock(path: Path = LOCK) -> Iterator[None]:
-    """Holds an exclusive ``flock`` of ``path`` (created if missing); waits for other users."""
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"peers: waiting for the testbed lock {path} (in use)", flush=True)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _tc(*args: str) -> None:
@@ -59,7 +41,7 @@ def _tc(*args: str) -> None:
 
 def shape(tb: Any, rate: str) -> None:
     """tbf ``rate`` on every host's eth0 (its egress) and bridge port (its ingress)."""
-    from tests.cluster.testbed import BRIDGE_NS
+    from mxlarge.testbed import BRIDGE_NS
 
     for i, h in enumerate(tb.hosts):
         _tc("-n", tb.netns(h), "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
@@ -69,7 +51,7 @@ def shape(tb: Any, rate: str) -> None:
 
 
 def unshape(tb: Any) -> None:
-    from tests.cluster.testbed import BRIDGE_NS
+    from mxlarge.testbed import BRIDGE_NS
 
     for i, h in enumerate(tb.hosts):
         for ns, dev in ((tb.netns(h), "eth0"), (BRIDGE_NS, f"v{i}")):
@@ -127,12 +109,12 @@ def testbed_launcher(tb: Any, work: Path) -> Any:
 def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
     """Brings the testbed up (under the lock), shapes it, runs the timing rounds, tears down."""
     from benchmarks.peers_jobs import TARGETS, run_timing
-    from tests.cluster.testbed import Testbed, TestbedError, _our_namespaces
+    from mxlarge.testbed import Testbed, TestbedError, exclusive, our_namespaces
 
     print(f"peers: testbed, {WORKERS} hosts at {RATE} per link", flush=True)
-    with testbed_lock():
-        if _our_namespaces():
-            raise BenchmarkError(f"testbed namespaces {', '.join(_our_namespaces())} exist "
+    with exclusive():
+        if our_namespaces():
+            raise BenchmarkError(f"testbed namespaces {', '.join(our_namespaces())} exist "
                                  "without the lock's holder: someone else's testbed is up; "
                                  "not touching it")
         tb = Testbed(n=WORKERS)

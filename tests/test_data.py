@@ -9,7 +9,7 @@ import pytest
 
 from mxlarge.config import ConfigError, DataConfig
 from mxlarge.data import Data, build_data, pad_crop_flip, sharding, train_size
-from tests import datagen
+from mxlarge.data import tiny as datagen
 
 MEAN = np.array((123.68, 116.779, 103.939), dtype=np.float32)
 STD = np.array((58.393, 57.12, 57.375), dtype=np.float32)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from tests.datagen import make_recordio
+from mxlarge.data.tiny import make_recordio
 
 
 def test_pickled_optimizer_drops_param_dict_and_with_it_wd_mult():

@@ -100,3 +100,18 @@ def test_kvstore_push_and_pull_happen_in_sync_py_only():
     users = sorted(_module(p) for p in PKG.rglob("*.py")
                    if re.search(r"\.(push|pull|pushpull|broadcast)\(|kv\.create\(", p.read_text()))
     assert users == ["mxlarge.kvstore.sync"]
+
+
+def test_nothing_outside_tests_imports_tests():
+    """Test fixtures that benchmarks or the product need live in the product (the testbed in
+    ``mxlarge.testbed``, tiny datasets in ``mxlarge.data.tiny``)."""
+    root = PKG.parent
+    users = []
+    for folder in ("mxlarge", "benchmarks"):
+        for p in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(p.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                if any(n == "tests" or n.startswith("tests.") for n in names):
+                    users.append(str(p.relative_to(root)))
+    assert users == []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.testbed import GUARD_ROUTE, PREFIX, Testbed, TestbedError, exclusive
+from mxlarge.testbed import GUARD_ROUTE, PREFIX, Testbed, TestbedError, exclusive
 
 
 def testbed_processes(tb: Testbed) -> list[int]:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.testbed import Testbed
+from mxlarge.testbed import Testbed
 
 
 @dataclass

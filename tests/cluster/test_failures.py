@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from mxlarge.testbed import Testbed
 from tests.cluster.observe import Job, Observer, Proc, start, wait_until
-from tests.cluster.testbed import Testbed
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from mxlarge.data.tiny import make_imagenet
 from mxlarge.launcher.tuning import MALLOC
+from mxlarge.testbed import Testbed
 from tests.cluster.observe import Observer, start
-from tests.cluster.testbed import Testbed
-from tests.datagen import make_imagenet
 from tests.helpers import EQ_CONFIG, cli, load_params
 
 PY = sys.executable  # the project venv's absolute path: what every host runs

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.testbed import NET, Testbed
+from mxlarge.testbed import NET, Testbed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,7 +66,7 @@ def test_without_root_it_says_what_it_needs(testbed: Testbed) -> None:
     with tempfile.TemporaryDirectory(prefix="mxlarge-nobody-") as tmp:
         copy = Path(tmp)
         copy.chmod(0o755)
-        shutil.copy(REPO / "tests" / "cluster" / "testbed.py", copy / "testbed.py")
+        shutil.copy(REPO / "mxlarge" / "testbed.py", copy / "testbed.py")
         r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                             "/usr/bin/python3", str(copy / "testbed.py"), "--root",
                             str(testbed.root / "work" / "not-root"), "up"],

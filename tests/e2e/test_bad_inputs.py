@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.datagen import make_imagenet
+from mxlarge.data.tiny import make_imagenet
 from tests.helpers import dmlc_processes
 
 GOOD = """

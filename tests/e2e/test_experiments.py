@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.datagen import make_imagenet
+from mxlarge.data.tiny import make_imagenet
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mxlarge.cli import main
-from tests.datagen import make_imagenet
+from mxlarge.data.tiny import make_imagenet
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = sorted((ROOT / "experiments/proxy").glob("*.yaml"))

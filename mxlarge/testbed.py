@@ -1,8 +1,8 @@
 """A real cluster on one Linux box: network namespaces as hosts, real sshd, Open MPI and Slurm.
 
-    python -m tests.cluster.testbed up [-n 3]     # as root; installs Debian packages if missing
-    python -m tests.cluster.testbed on h1 CMD...  # run CMD "on" host h1
-    python -m tests.cluster.testbed down
+    python -m mxlarge.testbed up [-n 3]     # as root; installs Debian packages if missing
+    python -m mxlarge.testbed on h1 CMD...  # run CMD "on" host h1
+    python -m mxlarge.testbed down
 
 Host ``hI`` (I = 0..N-1) is the network namespace ``mxl-hI`` with ``eth0`` = 198.18.0.(10+I)/24
 (RFC 2544's benchmarking range) and ``lo``, a veth whose peer sits on bridge ``br0`` in a
@@ -59,9 +59,13 @@ PACKAGES = {
 
 @contextmanager
 def exclusive() -> Iterator[None]:
-    """Holds :data:`LOCK` (waits for another user of the testbed to finish)."""
+    """Holds :data:`LOCK` (waits for another user of the testbed to finish, saying so)."""
     with open(LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"testbed: waiting for the lock {LOCK} (in use)", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -153,7 +157,7 @@ class Testbed:
         if not (self.root / "hostlist").exists() or \
                 (self.root / "hostlist").read_text().split() != self.hosts:
             return False
-        if not set(map(self.netns, self.hosts)) <= set(_our_namespaces()):
+        if not set(map(self.netns, self.hosts)) <= set(our_namespaces()):
             return False
         r = _run(*self.on("h0", "sinfo", "-h", "-o", "%T"), check=False, timeout=20)
         return r.returncode == 0 and r.stdout.split() == ["idle"]
@@ -197,7 +201,7 @@ class Testbed:
         # "on hX CMD": the namespace, then a UTS namespace with hostname hX and hX's own /tmp.
         # A checkout under /tmp (mktemp -d) stays visible on every host: bound into the host's
         # own /tmp at the same path before that replaces /tmp.
-        repo = Path(__file__).resolve().parents[2]
+        repo = Path(__file__).resolve().parents[1]  # the checkout holding this package
         keep = ""
         if repo.is_relative_to("/tmp"):
             inner = f"{r}/nodes/$0/tmp/{repo.relative_to('/tmp')}"
@@ -314,7 +318,7 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
                 os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
             except (ValueError, IndexError, ProcessLookupError, PermissionError):
                 pass
-        namespaces = _our_namespaces()
+        namespaces = our_namespaces()
         leftovers: list[str] = []
         deadline = time.monotonic() + 15  # slurmd may wait for a step daemon on a loaded box
         while time.monotonic() < deadline and _pids_in(namespaces):
@@ -341,7 +345,7 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
         return leftovers
 
 
-def _our_namespaces() -> list[str]:
+def our_namespaces() -> list[str]:
     r = _run("ip", "netns", "list", check=False)
     names = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
     return [n for n in names if n.startswith(PREFIX)]
@@ -370,7 +374,7 @@ def _write_exe(path: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.cluster.testbed", description=__doc__
+    p = argparse.ArgumentParser(prog="python -m mxlarge.testbed", description=__doc__
                                 .split("\n\n")[0])
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     sub = p.add_subparsers(dest="verb", required=True)

@@ -267,3 +267,23 @@ def test_horovod_style_script_with_its_own_store_and_unsharded_data(tmp_path):
     warning = next(line for line in out.splitlines() if UNSHARDED in line)
     assert "num_parts=trainer.num_workers, part_index=trainer.rank" in warning
     assert "SplitSampler" in warning
+
+
+@pytest.mark.timeout(300)
+def test_unmodified_script_under_the_launcher_is_told_no_worker_joined(tmp_path):
+    """The unmodified script (gluon.Trainer, local store) under the launcher: every worker
+    trains alone and exits 0; the launcher says at once that no worker joined the parameter
+    server (not "did not exit within 30 s"), exit 1, every launcher line once."""
+    import time
+
+    _data(tmp_path / "d.npz")
+    started = time.monotonic()
+    code, out = _launch([SCRIPT, "--data", tmp_path / "d.npz", "--steps", "2",
+                         "--out", tmp_path / "u"], tmp_path)
+    assert time.monotonic() - started < 25, out[-3000:]
+    assert code == 1, out[-3000:]
+    launcher_lines = [line for line in out.splitlines() if line.startswith("[launcher]")]
+    assert len(launcher_lines) == len(set(launcher_lines)) == 2, out[-3000:]
+    assert launcher_lines[1].startswith("[launcher] no worker joined the parameter server: "
+                                        "all 2 workers exited 0"), out[-3000:]
+    assert "did not exit within" not in out

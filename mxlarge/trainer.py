@@ -312,12 +312,14 @@ class Trainer:
                 raise ValueError(f"parameter '{name}': lr_mult {p.lr_mult}, wd_mult "
                                  f"{p.wd_mult}: only lr_mult 1 and wd_mult 0 or 1 are "
                                  "supported (one LR schedule; decay on or off per tensor)")
-        self.store = SyncStore("local" if kvstore is None else kvstore, self.params,
-                               compression=compression, fusion_bytes=fusion_bytes)
-        if self.store.distributed:
+        kind = "local" if kvstore is None else kvstore
+        if (kind if isinstance(kind, str) else kind.type).startswith("dist"):
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
-            # that wait in push/pull for it: every script using this Trainer leaves at once.
+            # that wait in push/pull for it: every script using this Trainer leaves at once
+            # (installed first: the process may have a dist store already, see sync.create).
             install_fail_fast()
+        self.store = SyncStore(kind, self.params, compression=compression,
+                               fusion_bytes=fusion_bytes)
         # Progress for the launcher's stall watchdog (None outside a launched job).
         self.heartbeat = Beat.from_env(self.store.rank) if self.store.distributed else None
         self._last_update: mx.nd.NDArray | None = None

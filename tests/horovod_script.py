@@ -6,7 +6,8 @@ Horovod's ``hvd.init(); rank, size = hvd.rank(), hvd.size()`` became the script'
 process's); ``hvd.broadcast_parameters`` is gone (the Trainer gives every worker rank 0's
 values, also for parameters initialised at the first forward, which this net's all are).
 The data is split with a sampler over this rank's part, unless ``--unsharded`` (every worker
-reads all of it). Every worker seeds MXNet with its rank.
+reads all of it). Every worker seeds MXNet with its rank. ``--trainer-kvstore`` names another
+store type for the Trainer (refused: the process has a dist_sync store).
 
 Usage, under ``python -m mxlarge.launcher -n 2 -s 1 --``: ``python horovod_script.py --data
 D.npz --out PREFIX [--unsharded] [--epochs E] [--batch-size n]``; writes
@@ -29,6 +30,7 @@ parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--epochs", type=int, default=1)
 parser.add_argument("--samples", type=int, default=128, help="images used (of the file)")
 parser.add_argument("--unsharded", action="store_true")
+parser.add_argument("--trainer-kvstore", default="dist_sync")
 args = parser.parse_args()
 
 kv = mx.kv.create("dist_sync")
@@ -47,7 +49,8 @@ net.add(gluon.nn.Dense(32, activation="relu"), gluon.nn.Dense(10))
 net.initialize(mx.init.Xavier())
 
 optimizer_params = {"learning_rate": 0.05 * size, "momentum": 0.9, "wd": 1e-4}
-trainer = mxlarge.Trainer(net.collect_params(), "sgd", optimizer_params, kvstore="dist_sync")
+trainer = mxlarge.Trainer(net.collect_params(), "sgd", optimizer_params,
+                          kvstore=args.trainer_kvstore)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
 for epoch in range(args.epochs):

@@ -287,3 +287,19 @@ def test_unmodified_script_under_the_launcher_is_told_no_worker_joined(tmp_path)
     assert launcher_lines[1].startswith("[launcher] no worker joined the parameter server: "
                                         "all 2 workers exited 0"), out[-3000:]
     assert "did not exit within" not in out
+
+
+@pytest.mark.timeout(300)
+def test_horovod_style_script_asking_for_another_dist_store_is_refused_at_once(tmp_path):
+    """The script's own dist_sync store and ``kvstore='dist_device_sync'`` to the Trainer: one
+    line naming both, the job down within seconds (MXNet would hang in the second store)."""
+    import time
+
+    _data(tmp_path / "d.npz")
+    started = time.monotonic()
+    code, out = _launch([HOROVOD, "--data", tmp_path / "d.npz", "--out", tmp_path / "h",
+                         "--trainer-kvstore", "dist_device_sync"], tmp_path, timeout=120)
+    assert time.monotonic() - started < 40, out[-3000:]
+    assert code == 1, out[-3000:]
+    assert ("InputError: kvstore 'dist_device_sync': this process already has a 'dist_sync' "
+            "store and MXNet hangs creating a second one") in out, out[-3000:]

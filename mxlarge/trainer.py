@@ -40,8 +40,20 @@ dist_sync applies k times the intended update because servers sum.
 
 What cannot be honoured is refused with the reason (:data:`REFUSED`): the optimizer never runs
 on the servers (``update_on_kvstore=True`` loses ``wd_mult`` and LR changes on MXNet 1.9.1),
-every gradient is pushed every step (``ignore_stale_grad=True``), and parameters must have
-their shapes (deferred initialisation) before the store broadcasts them.
+and every gradient is pushed every step (``ignore_stale_grad=True``).
+
+**Deferred initialisation** (Gluon's shapes from the first forward): the Trainer may be built
+before it. A parameter with its shape gets rank 0's value at construction; one without gets it
+the moment Gluon initialises it (its ``_init_impl``, inside the first forward, before the
+forward reads it), waited for, so no gradient push can race it; the optimizer states, buckets
+and BN statistics follow once the last shape is known (as Horovod-MXNet broadcasts a deferred
+parameter at its initialisation).
+
+**What differs from gluon.Trainer** by default, said once on rank 0's stderr at construction:
+momentum correction and no decay on BN γ/β and biases; ``momentum_correction=False,
+decay_bn_bias=True`` give gluon.Trainer's update bitwise (sgd; nag without weight decay: MXNet's
+in-place NAG kernel reads the updated weight in its decay term). The first step of a dist job
+warns (rank 0) when every worker's gradients are bitwise equal: unsharded data.
 
 A dist Trainer installs :func:`mxlarge.launcher.worker.install_fail_fast`: an uncaught exception
 prints its traceback and ends the process at once (status 1), instead of deadlocking in ps-lite's
@@ -51,6 +63,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -70,6 +83,8 @@ from mxlarge.schedulers import Schedule
 
 # Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name.
 HONOURED = {"SGD": "sgd", "NAG": "nag", "LARS": "lars", "LBSGD": "lbsgd"}
+# The update count's key in save_states files (the momentum keys are "momentum:<index>").
+NUM_UPDATE_KEY = "num_update"
 
 
 class MXNetSchedule:
@@ -91,11 +106,23 @@ class MXNetSchedule:
         return self.values[step]
 
 
-def _deferred_message(name: str, shape: tuple) -> str:
-    return (f"parameter '{name}' is not initialised (shape {shape}): Gluon's deferred "
-            "initialisation cannot work here, because the store broadcasts rank 0's weights "
-            "when the Trainer is built; add one forward pass before it, e.g. "
-            "`net(mx.nd.zeros((1,) + input_shape))` (call net.initialize() first)")
+def _note_differences(momentum_correction: bool, decay_bn_bias: bool,
+                      opt: Mapping[str, Any]) -> None:
+    """The Gluon form's one note on stderr (rank 0, at construction): what this update does by
+    default that gluon.Trainer's does not, and the keywords that make it gluon's."""
+    differ = []
+    if momentum_correction and opt["momentum"]:
+        differ.append("momentum correction (the velocity is rescaled by lr_t/lr_{t-1} when "
+                      "the LR changes: Goyal et al.'s eq. 9, not MXNet's eq. 10)")
+    if not decay_bn_bias and opt["wd"]:
+        differ.append("no weight decay on BatchNorm gamma/beta and biases")
+    if not differ:
+        return
+    nag = (" (nag with wd: the decay term reads the weight before the update, MXNet's in-place "
+           "kernel the updated one)" if opt["nesterov"] and opt["wd"] else "")
+    print(f"mxlarge.Trainer: note: the update differs from gluon.Trainer's by "
+          f"{' and '.join(differ)}; momentum_correction=False, decay_bn_bias=True give "
+          f"gluon.Trainer's update{nag}", file=sys.stderr, flush=True)
 
 
 def _optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
@@ -182,7 +209,7 @@ class Trainer:
     """Large-minibatch SGD over a KVStore (module docstring: the two forms, the one counter).
 
     Args:
-        params: ``net.collect_params()`` (initialised, shapes known).
+        params: ``net.collect_params()`` (initialised; shapes may come from the first forward).
         optimizer: Gluon form: ``sgd``, ``nag``, ``lars``/``lbsgd`` or an ``mx.optimizer``
             instance of SGD/NAG/LARS/LBSGD. Explicit form: ``schedule(step) -> lr``.
         optimizer_params: MXNet optimizer arguments (Gluon form only).
@@ -276,49 +303,93 @@ class Trainer:
             params = {p.name: p for p in params}
         self.names = list(params.keys())
         self.params = list(params.values())
+        self._param_map = dict(params)
         for name, p in zip(self.names, self.params):
-            if p._data is None or any(s == 0 for s in p.shape):
-                raise ValueError(_deferred_message(name, p.shape))
+            if p._data is None and not p._deferred_init:
+                raise ValueError(f"parameter '{name}' is not initialised: call "
+                                 "net.initialize() before building the Trainer")
             if p.lr_mult != 1.0 or p.wd_mult not in (0.0, 1.0):
                 raise ValueError(f"parameter '{name}': lr_mult {p.lr_mult}, wd_mult "
                                  f"{p.wd_mult}: only lr_mult 1 and wd_mult 0 or 1 are "
                                  "supported (one LR schedule; decay on or off per tensor)")
-        self.roles: list[ParamRole] = param_roles(params, decay_bn_bias=decay_bn_bias)
-        self.store = SyncStore("local" if kvstore is None else kvstore, self.params,
-                               self.roles, compression=compression,
-                               fusion_bytes=fusion_bytes)
-        if self.store.distributed:
+        kind = "local" if kvstore is None else kvstore
+        if (kind if isinstance(kind, str) else kind.type).startswith("dist"):
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
-            # that wait in push/pull for it: every script using this Trainer leaves at once.
+            # that wait in push/pull for it: every script using this Trainer leaves at once
+            # (installed first: the process may have a dist store already, see sync.create).
             install_fail_fast()
+        self.store = SyncStore(kind, self.params, compression=compression,
+                               fusion_bytes=fusion_bytes)
         # Progress for the launcher's stall watchdog (None outside a launched job).
         self.heartbeat = Beat.from_env(self.store.rank) if self.store.distributed else None
         self._last_update: mx.nd.NDArray | None = None
-        self.pushed = self.store.pushed
         self.scale = opt["rescale"]
-        self.num_update = opt["begin"]
         self._base: Schedule = opt["base"]
         self._lb = (reference_batch, scaling, int(warmup_steps), warmup_lr) if gluon_form \
             else None
+        self._has_scheduler = gluon_form and isinstance(self._base, MXNetSchedule)
         self._batch: int | None = None  # images per worker and step the schedule is fixed for
         self._main: Schedule = self._base
         self._overrides: list[tuple[int, float]] = []  # set_learning_rate: (from step, lr)
         self.updater = LargeBatchSGD(
             self._base, momentum=opt["momentum"], nesterov=opt["nesterov"],
             momentum_correction=momentum_correction, wd=opt["wd"],
-            no_decay=[i for i in self.pushed
-                      if not self.roles[i].decay or self.params[i].wd_mult == 0.0],
             lars=opt["lars"], lars_eta=opt["lars_eta"], lars_eps=opt["lars_eps"])
-        # one optimizer state per (parameter, device): devices apply identical updates
-        self.states = [[self.updater.create_state(i, w) for w in self.params[i].list_data()]
-                       for i in range(len(self.params))]
+        self.updater.num_update = opt["begin"]
+        self._decay_bn_bias = decay_bn_bias
+        self._bn_mode = bn_stats
         self.simulated_workers = int(simulate_workers)
         if self.simulated_workers > 1:
             if self.store.kv is not None:
                 raise ValueError("simulate_workers needs a local store and a single device")
-            for i in self.pushed:
-                self.params[i].grad_req = "add"
-        self.bn = BNStats(self.params, self.store.stats, self.store, bn_stats,
+            for p in self.params:
+                if p.grad_req != "null":
+                    p.grad_req = "add"
+        self._first_step_checked = False
+        self._loaded: dict[str, mx.nd.NDArray] | None = None  # states loaded before shapes
+        if gluon_form and self.store.rank == 0:
+            _note_differences(momentum_correction, decay_bn_bias, opt)
+        # Rank 0's initial values: now for parameters with shapes, at their initialisation for
+        # the others (deferred: the first forward), before that forward reads them.
+        self.store.init_params([i for i, p in enumerate(self.params) if p._data is not None])
+        self._pending = {i for i, p in enumerate(self.params) if p._data is None}
+        for i in sorted(self._pending):
+            self._watch(i)
+        self._batch_size = batch_size
+        if not self._pending:
+            self._ready()
+
+    def _watch(self, i: int) -> None:
+        """Runs :meth:`_parameter_ready` right after parameter ``i`` gets its data (Gluon's
+        ``_init_impl``: the first forward's deferred initialisation, or a load)."""
+        p = self.params[i]
+        init_impl = p._init_impl
+
+        def hook(data: mx.nd.NDArray, ctx_list: list) -> None:
+            init_impl(data, ctx_list)
+            del p._init_impl  # the class's method again
+            self._parameter_ready(i)
+
+        p._init_impl = hook
+
+    def _parameter_ready(self, i: int) -> None:
+        self.store.init_params([i])
+        self._pending.discard(i)
+        if not self._pending:
+            self._ready()
+
+    def _ready(self) -> None:
+        """Everything that needs the shapes: roles, store keys, optimizer states, BN stats."""
+        self.roles: list[ParamRole] = param_roles(self._param_map,
+                                                  decay_bn_bias=self._decay_bn_bias)
+        self.store.ready(self.roles)
+        self.pushed = self.store.pushed
+        self.updater.no_decay = tuple(sorted(
+            i for i in self.pushed if not self.roles[i].decay or self.params[i].wd_mult == 0.0))
+        # one optimizer state per (parameter, device): devices apply identical updates
+        self.states = [[self.updater.create_state(i, w) for w in self.params[i].list_data()]
+                       for i in range(len(self.params))]
+        self.bn = BNStats(self.params, self.store.stats, self.store, self._bn_mode,
                           self.simulated_workers)
         # The update's arguments per device, gathered once: Gluon keeps these arrays for the
         # life of the parameters (loading weights copies into them), and grad_req is final here.
@@ -327,8 +398,22 @@ class Trainer:
              [self.params[i].list_grad()[d] for i in self.pushed],
              [self.states[i][d] for i in self.pushed])
             for d in range(len(self.params[0].list_ctx()) if self.params else 0)]
-        if batch_size is not None:
-            self._fix_schedule(batch_size)
+        if self._loaded is not None:
+            loaded, self._loaded = self._loaded, None
+            self._set_states(loaded, "load_states")
+        if self._batch_size is not None and self._batch is None:
+            self._fix_schedule(self._batch_size)
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether every parameter has its shape (deferred ones get it at the first forward)."""
+        return not self._pending
+
+    def _check_ready(self) -> None:
+        if self._pending:
+            names = [self.names[i] for i in sorted(self._pending)][:3]
+            raise ValueError(f"parameters {', '.join(names)} were never initialised: run the "
+                             "net's forward pass (inside autograd.record()) before step()")
 
     # -- the schedule ---------------------------------------------------------------------------
     def world(self, batch_size: int) -> World:
@@ -372,7 +457,16 @@ class Trainer:
 
         The schedule becomes Join(old, Constant(lr)) at t0 = :attr:`num_update`, a pure function
         of the step again, so the momentum correction η_t/η_{t−1} still applies at t0.
+
+        Raises:
+            UserWarning: an ``lr_scheduler`` was given in ``optimizer_params``, as
+                gluon.Trainer (MXNet's ``Optimizer.set_learning_rate``) raises it.
         """
+        if self._has_scheduler:
+            raise UserWarning("LRScheduler of the optimizer has already been defined. Note "
+                              "that set_learning_rate can mutate the value of the learning "
+                              "rate of the optimizer only when the LRScheduler of the "
+                              "optimizer is undefined.")
         t0 = self.num_update
         if self._overrides and self._overrides[-1][0] == t0:
             self._overrides[-1] = (t0, float(lr))
@@ -382,12 +476,25 @@ class Trainer:
 
     @property
     def learning_rate(self) -> float:
-        """η of the most recent update (of the next one before any), as gluon.Trainer's.
+        """η of the most recent update, as gluon.Trainer's; η of the next one before any update
+        and right after :meth:`set_learning_rate` (which gluon.Trainer returns at once).
 
         In the Gluon form the scaling and warmup are known once the global batch is: before the
         first update (without ``batch_size=``) this is the unscaled η_user(0).
         """
-        return self.lr_at(max(self.num_update - 1, 0))
+        t = self.num_update
+        if t == 0 or (self._overrides and self._overrides[-1][0] == t):
+            return self.lr_at(t)
+        return self.lr_at(t - 1)
+
+    @property
+    def num_update(self) -> int:
+        """Updates applied (the step of the next one); ``optimizer.num_update``, as in MXNet."""
+        return self.updater.num_update
+
+    @num_update.setter
+    def num_update(self, value: int) -> None:
+        self.updater.num_update = int(value)
 
     @property
     def optimizer(self) -> LargeBatchSGD:
@@ -416,8 +523,36 @@ class Trainer:
 
     # -- the step -------------------------------------------------------------------------------
     def allreduce_grads(self) -> None:
-        """Sums gradients over workers and devices (exposed for gradient statistics)."""
+        """Sums gradients over workers and devices (exposed for gradient statistics).
+
+        The first call of a dist job also checks the data is sharded (:meth:`_check_sharded`).
+        """
+        self._check_ready()
+        first = None
+        if not self._first_step_checked:
+            self._first_step_checked = True
+            if self.store.distributed and self.num_workers > 1 and self.pushed:
+                # computed before the sum overwrites the gradients (the engine orders the read)
+                grads = [self.params[i].list_grad()[0] for i in self.pushed]
+                first = mx.nd.concat(mx.nd.add_n(*[g.sum() for g in grads]),
+                                     mx.nd.add_n(*[g.norm() for g in grads]), dim=0)
         self.store.allreduce_grads()
+        if first is not None:
+            self._check_sharded(first.asnumpy())
+
+    def _check_sharded(self, checksum: Any) -> None:
+        """Warns once, on rank 0, when every worker's first gradients are bitwise equal
+        (``checksum``: Σ sums and Σ norms of this worker's gradients; one exact gather):
+        the workers read the same data, and k identical copies train."""
+        if not self.store.same_on_every_rank(checksum) or self.rank != 0:
+            return
+        print(f"mxlarge.Trainer: warning: the first gradients of all {self.num_workers} "
+              "workers are bitwise equal: every worker reads the same data, so the job trains "
+              f"{self.num_workers} identical copies. Give each worker its own part: "
+              "mx.io.ImageRecordIter(..., num_parts=trainer.num_workers, "
+              "part_index=trainer.rank), or a DataLoader with a split sampler "
+              "(gluoncv.data.sampler.SplitSampler(len(dataset), num_parts=trainer.num_workers, "
+              "part_index=trainer.rank))", file=sys.stderr, flush=True)
 
     def update(self, batch_size: int, step: int | None = None,
                ignore_stale_grad: bool = False) -> None:
@@ -431,6 +566,7 @@ class Trainer:
             ignore_stale_grad: False only (every gradient is summed every step).
         """
         step = _explicit_step(step, ignore_stale_grad)
+        self._check_ready()
         if self._batch is None:
             self._fix_schedule(batch_size)
         t = self.num_update if step is None else int(step)
@@ -498,28 +634,46 @@ class Trainer:
         Positions, not names: Gluon 1.x names parameters with process-global counters, so the
         same net built twice in one process gets different names.
         """
+        self._check_ready()
         return {f"momentum:{i}": self.states[i][0]
                 for i in self.pushed if self.states[i][0] is not None}
 
     def save_states(self, fname: str) -> None:
-        """Writes the momentum buffers as an MXNet NDArray file (no pickle)."""
-        mx.nd.save(fname, self.state_arrays())
+        """Writes the momentum buffers and the update count (``num_update``, an int64 array) as
+        an MXNet NDArray file (no pickle)."""
+        mx.nd.save(fname, {**self.state_arrays(),
+                           NUM_UPDATE_KEY: mx.nd.array([self.num_update], dtype="int64")})
 
     def load_states(self, fname: str) -> None:
         """Loads what :meth:`save_states` wrote, or ``gluon.Trainer.save_states``'s file.
 
-        Gluon's file is a pickle of (states by parameter index, optimizer); only its momentum is
-        taken (MXNet's velocity, the same eq. (10) quantity mxlarge's kernels keep), read with
-        an unpickler that constructs nothing but MXNet classes. The LR and schedule come from
-        this Trainer's arguments, not from the file. Keys and shapes are checked first (a file
-        of another net, or from a list of parameters rather than a ParameterDict, is refused).
+        The update count is restored (and with it the schedule position and the momentum
+        correction: a run resumed by ``step(n)`` continues where it stopped): from
+        ``num_update`` in mxlarge's file, from the pickled optimizer's ``num_update`` in Gluon's.
+        Gluon's file is a pickle of (states by parameter index, optimizer); besides the count
+        only its momentum is taken (MXNet's velocity, the same eq. (10) quantity mxlarge's
+        kernels keep), read with an unpickler that constructs nothing but MXNet classes. The LR
+        schedule comes from this Trainer's arguments, not from the file. Keys and shapes are
+        checked (a file of another net, or from a list of parameters rather than a
+        ParameterDict, is refused); before the first forward of a net with deferred
+        initialisation, the momentum is kept and checked and set once the shapes are known.
         """
         with open(fname, "rb") as fh:
             head = fh.read(1)
         if head == b"\x80":
-            loaded = self._gluon_states(fname)
+            loaded, count = self._gluon_states(fname)
         else:
             loaded = mx.nd.load(fname)
+            count = loaded.pop(NUM_UPDATE_KEY, None)
+            count = None if count is None else int(count.asnumpy()[0])
+        if self._pending:
+            self._loaded = loaded
+        else:
+            self._set_states(loaded, fname)
+        if count is not None:
+            self.num_update = count
+
+    def _set_states(self, loaded: dict[str, mx.nd.NDArray], fname: str) -> None:
         expected = self.state_arrays()
         missing = sorted(set(expected) - set(loaded))
         extra = sorted(set(loaded) - set(expected))
@@ -535,15 +689,16 @@ class Trainer:
             for s in self.states[int(key.split(":")[1])]:
                 loaded[key].copyto(s)
 
-    def _gluon_states(self, fname: str) -> dict[str, mx.nd.NDArray]:
-        """Gluon's states by parameter index, re-keyed to this Trainer's positions: gluon.Trainer
-        numbers a ParameterDict's parameters in *sorted name* order."""
+    def _gluon_states(self, fname: str) -> tuple[dict[str, mx.nd.NDArray], int | None]:
+        """Gluon's states by parameter index, re-keyed to this Trainer's positions (gluon.Trainer
+        numbers a ParameterDict's parameters in *sorted name* order), and the pickled
+        optimizer's ``num_update`` (None when the file has no optimizer)."""
         with open(fname, "rb") as fh:
             try:
                 obj = _GluonStates(io.BytesIO(fh.read())).load()
             except (pickle.UnpicklingError, AttributeError, ImportError, EOFError) as e:
                 raise ValueError(f"{fname}: not a gluon.Trainer states file ({e})") from None
-        states = obj[0] if isinstance(obj, tuple) and len(obj) == 2 else obj
+        states, optimizer = obj if isinstance(obj, tuple) and len(obj) == 2 else (obj, None)
         if not isinstance(states, dict):
             raise ValueError(f"{fname}: not a gluon.Trainer states file")
         by_gluon_index = {j: self.names.index(name) for j, name in enumerate(sorted(self.names))}
@@ -553,4 +708,5 @@ class Trainer:
                 raise ValueError(f"{fname}: multi-precision states are not supported")
             if state is not None:
                 out[f"momentum:{by_gluon_index.get(int(index), -1)}"] = state
-        return out
+        count = getattr(optimizer, "num_update", None)
+        return out, None if count is None else int(count)

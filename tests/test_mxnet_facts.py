@@ -167,3 +167,17 @@ def test_image_record_iter_aborts_the_process_on_a_truncated_rec(ten_records, tm
                        timeout=100)
     assert r.returncode == -6, (r.returncode, r.stdout, r.stderr[-2000:])
     assert "Invalid RecordIO Format" in r.stderr and "survived" not in r.stdout
+
+
+def test_a_dist_store_outside_a_launched_job_is_mxnets_dmlc_num_worker_check():
+    """A script's own ``mx.kv.create('dist_sync')`` with no launcher (no DMLC_* variables):
+    MXNetError naming ``DMLC_NUM_WORKER``, the line README's "When things go wrong" quotes."""
+    from pathlib import Path
+
+    line = 'MXNetError: Check  notnull: Environment::Get()->find("DMLC_NUM_WORKER")'
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("DMLC_")}
+    r = subprocess.run([sys.executable, "-c", "import mxnet as mx; mx.kv.create('dist_sync')"],
+                       capture_output=True, text=True, timeout=100, env=env)
+    assert r.returncode == 1 and line in r.stderr, r.stderr[-2000:]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"`{line}`" in readme

@@ -139,9 +139,8 @@ def test_states_from_another_net_refused(tmp_path):
 
 
 def test_uninitialised_params_refused():
-    net = gluon.nn.Dense(3)
-    net.initialize()
-    with pytest.raises(ValueError, match="not initialised"):
+    net = gluon.nn.Dense(3)  # no net.initialize()
+    with pytest.raises(ValueError, match="not initialised: call net.initialize()"):
         Trainer(net.collect_params(), Constant(0.1))
 
 
@@ -343,12 +342,64 @@ def test_kvstore_none_is_one_process():
         np.testing.assert_array_equal(x, y)
 
 
-def test_deferred_init_refused_with_the_line_to_add():
-    """Call 9, deferred initialisation."""
-    net = gluon.nn.Dense(3)
-    net.initialize()
-    with pytest.raises(ValueError, match=r"add one forward pass .*net\(mx.nd.zeros"):
-        Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+def _deferred_net(seed, bn, hybridize, ctx=None):
+    """A GluonCV-style net whose shapes come from the first forward (no in_channels/in_units)."""
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(4, 3, padding=1))
+    if bn:
+        net.add(gluon.nn.BatchNorm())
+    net.add(gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(3))
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    if hybridize:
+        net.hybridize()
+    return net
+
+
+def _lr_sequential(steps=6):
+    """GluonCV's warmup + cosine decay, as its ImageNet script builds it."""
+    from gluoncv.utils import LRScheduler, LRSequential
+
+    return LRSequential([LRScheduler("linear", base_lr=0.0, target_lr=0.2, niters=2),
+                         LRScheduler("cosine", base_lr=0.2, target_lr=0, niters=steps - 2)])
+
+
+@pytest.mark.parametrize("bn", [True, False])
+@pytest.mark.parametrize("hybridize", [True, False])
+def test_deferred_init_trains_as_if_the_shapes_were_known_first(bn, hybridize):
+    """Call 9, deferred initialisation (GluonCV's ``net.initialize()`` then Trainer, shapes
+    from the first forward), on 2 devices so the store's broadcast runs: bitwise the weights of
+    the same net given one forward pass before its Trainer; NAG with an LRSequential warmup."""
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    batches = _batches(steps=6)
+
+    def run(forward_first):
+        net = _deferred_net(0, bn, hybridize, ctx)
+        if forward_first:
+            for c in ctx:
+                net(mx.nd.zeros((2, 1, 6, 6), ctx=c))
+        p = {"momentum": 0.9, "wd": 1e-4, "lr_scheduler": _lr_sequential()}
+        tr = Trainer(net.collect_params(), "nag", p, kvstore="device")
+        assert tr.is_ready == forward_first
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        for x, y in batches:
+            xs, ys = gluon.utils.split_and_load(x, ctx), gluon.utils.split_and_load(y, ctx)
+            with autograd.record():
+                losses = [loss_fn(net(a), b) for a, b in zip(xs, ys)]
+            autograd.backward(losses)
+            tr.step(x.shape[0])
+        assert tr.is_ready and tr.num_update == 6
+        return [a.asnumpy() for v in net.collect_params().values() for a in v.list_data()]
+
+    for x, y in zip(run(True), run(False)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_step_before_the_first_forward_names_the_uninitialised_parameters():
+    net = _deferred_net(0, True, False)
+    tr = Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    with pytest.raises(ValueError, match="were never initialised: run the net's forward"):
+        tr.step(8)
 
 
 def test_update_on_kvstore_refused_with_the_reason():
@@ -434,3 +485,155 @@ def test_a_list_of_parameters_works_as_with_gluon_and_anything_else_is_refused()
         np.testing.assert_array_equal(x, y)
     with pytest.raises(ValueError, match="params: expected a ParameterDict"):
         Trainer([1, 2], "sgd", {"learning_rate": 0.1})
+
+
+# -- what a gluon.Trainer script reads back, and what differs by default -------------------------
+
+def test_learning_rate_reads_back_what_set_learning_rate_set_as_gluon_does():
+    """Gluon returns the new LR at once (also when set twice between updates)."""
+    net_a, net_b = _net(), _net()
+    ga = gluon.Trainer(net_a.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    tb = Trainer(net_b.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    seen = []
+    for net, tr in ((net_a, ga), (net_b, tb)):
+        lrs = []
+
+        def step(n, t, tr=tr, lrs=lrs):
+            if t == 2:
+                tr.set_learning_rate(0.05)
+                lrs.append(tr.learning_rate)
+                tr.set_learning_rate(tr.learning_rate * 0.5)  # decays twice before an update
+                lrs.append(tr.learning_rate)
+            tr.step(n)
+            lrs.append(tr.learning_rate)
+
+        _train(net, step, _batches(steps=4))
+        seen.append(lrs)
+    assert seen[0] == seen[1] == pytest.approx([0.1, 0.1, 0.05, 0.025, 0.025, 0.025])
+
+
+def test_optimizer_num_update_is_the_update_count_as_in_gluon():
+    wa, wb, ga, tb = _gluon_and_mxlarge({"learning_rate": 0.1, "momentum": 0.9}, steps=5)
+    assert ga.optimizer.num_update == 5
+    assert tb.optimizer.num_update == tb.num_update == 5
+
+
+def test_set_learning_rate_with_a_scheduler_raises_gluons_user_warning():
+    """gluon.Trainer raises MXNet's UserWarning (an exception) when optimizer_params hold an
+    lr_scheduler; mxlarge.Trainer raises the same one, with the same text."""
+    def sched():
+        return mx.lr_scheduler.FactorScheduler(step=2, factor=0.5, base_lr=0.1)
+
+    ga = gluon.Trainer(_net().collect_params(), "sgd", {"lr_scheduler": sched()})
+    with pytest.raises(UserWarning) as gluon_raised:
+        ga.set_learning_rate(0.01)
+    tb = Trainer(_net().collect_params(), "sgd", {"lr_scheduler": sched()})
+    with pytest.raises(UserWarning) as ours:
+        tb.set_learning_rate(0.01)
+    assert type(ours.value) is type(gluon_raised.value)
+    assert str(ours.value) == str(gluon_raised.value)
+    assert tb.lr_at(0) == pytest.approx(0.1)  # nothing changed
+
+
+def test_the_default_update_is_said_at_construction_and_the_keywords_give_gluons_bitwise(capsys):
+    """The Gluon form says once, on stderr, what differs from gluon.Trainer by default; with
+    momentum_correction=False, decay_bn_bias=True it is silent and bitwise gluon.Trainer's
+    (sgd, BN net, weight decay, a MultiFactor schedule so the LR changes)."""
+    def sched():
+        return mx.lr_scheduler.MultiFactorScheduler(step=[2, 4], factor=0.5, base_lr=0.2)
+
+    p = {"learning_rate": 0.2, "momentum": 0.9, "wd": 1e-3}
+    capsys.readouterr()
+    Trainer(_net().collect_params(), "sgd", {**p, "lr_scheduler": sched()})
+    err = capsys.readouterr().err
+    assert err.count("mxlarge.Trainer: note:") == 1, err
+    assert ("the update differs from gluon.Trainer's by momentum correction" in err
+            and "no weight decay on BatchNorm gamma/beta and biases" in err
+            and "momentum_correction=False, decay_bn_bias=True give gluon.Trainer's update"
+            in err), err
+    Trainer(_net().collect_params(), "nag", p)
+    assert "nag with wd: the decay term reads the weight before the update" in \
+        capsys.readouterr().err
+
+    batches = _batches(steps=6)
+    a, b, c = _net(), _net(), _net()
+    ga = gluon.Trainer(a.collect_params(), "sgd", {**p, "lr_scheduler": sched()})
+    wa = _train(a, lambda n, t: ga.step(n), batches)
+    tb = Trainer(b.collect_params(), "sgd", {**p, "lr_scheduler": sched()},
+                 momentum_correction=False, decay_bn_bias=True)
+    assert capsys.readouterr().err == ""
+    wb = _train(b, lambda n, t: tb.step(n), batches)
+    for x, y in zip(wa, wb):
+        np.testing.assert_array_equal(x, y)
+    tc = Trainer(c.collect_params(), "sgd", {**p, "lr_scheduler": sched()})
+    wc = _train(c, lambda n, t: tc.step(n), batches)
+    assert max(float(np.abs(x - y).max()) for x, y in zip(wa, wc)) > 1e-4
+
+
+def _gluoncv_style(net, make_trainer, batches, save=None, load=None):
+    """A GluonCV-style loop over ``batches``: ``trainer.step(batch_size)`` with no step, the
+    optional ``load_states`` right after the Trainer (before the first forward), as GluonCV's
+    ``--resume-states``."""
+    tr = make_trainer(net)
+    if load is not None:
+        tr.load_states(load)
+    _train(net, lambda n, t: tr.step(n), batches)
+    if save is not None:
+        tr.save_states(save)
+    return tr
+
+
+def _copy_params(src, dst):
+    for p, q in zip(src.collect_params().values(), dst.collect_params().values()):
+        q.set_data(p.data())
+
+
+@pytest.mark.parametrize("bn", [True, False])
+def test_resume_from_mxlarge_states_continues_the_schedule_bitwise(tmp_path, bn):
+    """2 epochs, save_states, a fresh net (deferred init) and Trainer that load_states, 2 more:
+    bitwise 4 epochs (NAG, LRSequential warmup + cosine, momentum correction)."""
+    batches = _batches(steps=8)
+
+    def make(net):
+        return Trainer(net.collect_params(), "nag",
+                       {"momentum": 0.9, "wd": 1e-4, "lr_scheduler": _lr_sequential(8)})
+
+    whole = _deferred_net(0, bn, True)
+    tw = _gluoncv_style(whole, make, batches)
+    first = _deferred_net(0, bn, True)
+    f = str(tmp_path / "e2.states")
+    _gluoncv_style(first, make, batches[:4], save=f)
+    first.save_parameters(str(tmp_path / "e2.params"))
+    second = _deferred_net(5, bn, True)
+    second.load_parameters(str(tmp_path / "e2.params"))  # GluonCV's --resume-params
+    ts = _gluoncv_style(second, make, batches[4:], load=f)
+    assert ts.num_update == tw.num_update == 8
+    for p, q in zip(whole.collect_params().values(), second.collect_params().values()):
+        np.testing.assert_array_equal(p.data().asnumpy(), q.data().asnumpy())
+
+
+def test_resume_from_gluon_states_continues_the_schedule_bitwise(tmp_path):
+    """gluon.Trainer 2 epochs + save_states, then mxlarge.Trainer (gluon's update: the two
+    keywords) load_states + 2 epochs: bitwise gluon.Trainer's 4 epochs, warmup not replayed."""
+    batches = _batches(steps=8)
+    p = {"momentum": 0.9, "wd": 1e-4}
+
+    def gluon_trainer(net):
+        return gluon.Trainer(net.collect_params(), "sgd", {**p, "lr_scheduler": _lr_sequential(8)})
+
+    def mxlarge_trainer(net):
+        return Trainer(net.collect_params(), "sgd", {**p, "lr_scheduler": _lr_sequential(8)},
+                       momentum_correction=False, decay_bn_bias=True)
+
+    whole = _deferred_net(0, True, True)
+    _gluoncv_style(whole, gluon_trainer, batches)
+    first = _deferred_net(0, True, True)
+    f = str(tmp_path / "gluon.states")
+    _gluoncv_style(first, gluon_trainer, batches[:4], save=f)
+    first.save_parameters(str(tmp_path / "e2.params"))
+    second = _deferred_net(5, True, True)
+    second.load_parameters(str(tmp_path / "e2.params"))
+    ts = _gluoncv_style(second, mxlarge_trainer, batches[4:], load=f)
+    assert ts.num_update == 8
+    for p_, q in zip(whole.collect_params().values(), second.collect_params().values()):
+        np.testing.assert_array_equal(p_.data().asnumpy(), q.data().asnumpy())

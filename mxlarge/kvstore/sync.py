@@ -11,8 +11,11 @@ Two MXNet 1.9.1 traps handled here:
   ``horovod`` or a typo, so the type is validated before ``mx.kv.create``.
 * Gluon initialises the store lazily inside the first ``step()``; the initial weight pull and
   the first gradient push of a key then race, and a weight can come back as a gradient sum.
-  Here every key is initialised, and the initial weights pulled *and waited for*, in the
-  constructor, before any gradient can exist.
+  Here every key is initialised, and the initial weights pulled *and waited for*, before any
+  gradient can exist: in the constructor for parameters that have their shapes, and for a
+  parameter initialised at the first forward (Gluon's deferred initialisation) by
+  :meth:`SyncStore.init_params` at that moment, before the forward reads it (what Horovod-MXNet
+  does for such parameters).
 
 A third: on CPU a dist push of one array keeps *that array* as the key's receive buffer
 ("avoid memory copy" in kvstore_dist.h), so the next pull of the key overwrites the pushed
@@ -21,7 +24,8 @@ anyway); anything else is pushed as a copy.
 
 A fourth: ``set_gradient_compression`` applies to *every* later push of the store, not only
 gradients (it cannot be set per key, and a second dist store in one process hangs in its
-constructor's barrier with the servers). 2-bit compression sends, per element, +t, −t or 0 and
+constructor's barrier with the servers, so :func:`create` hands out the process's live dist
+store instead of making a second one). 2-bit compression sends, per element, +t, −t or 0 and
 keeps the rest as a residual for the key's next push; a pushed value of exactly 0 or t is sent
 exactly and leaves a zero residual (``residual += g; if residual >= t: send t; residual -= t``,
 gradient_compression-inl.h). So every collective here is one exact *gather*: rank r writes its
@@ -57,6 +61,7 @@ Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY
 """
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,58 +149,90 @@ def validate_kvstore(kind: str) -> str:
     return kind
 
 
+def live_dist_store() -> mx.kv.KVStore | None:
+    """The dist store this process already has, if any.
+
+    MXNet keeps no registry of its stores, so the garbage collector's objects are searched (once
+    per :func:`create` of a dist store: a few ms).
+    """
+    for obj in gc.get_objects():
+        if type(obj) is mx.kv.KVStore and obj.type.startswith("dist"):
+            return obj
+    return None
+
+
 def create(kind: str) -> mx.kv.KVStore:
     """``mx.kv.create`` after validating the type (the rank and world size come from it).
 
+    A dist store the process already has (e.g. a script's own ``kv = mx.kv.create('dist_sync')``
+    for its rank and size) is returned instead of a second one: MXNet 1.9.1 hangs in the second
+    store's start-up barrier.
+
     Raises:
         InputError: a dist store outside a launched job (MXNet would abort with a long C++
-            traceback when it finds no scheduler to talk to).
+            traceback when it finds no scheduler to talk to), or a dist store of another type
+            than the process's.
     """
     kind = validate_kvstore(kind)
-    if kind.startswith("dist") and os.environ.get("DMLC_ROLE") != "worker":
+    if not kind.startswith("dist"):
+        return mx.kv.create(kind)
+    if os.environ.get("DMLC_ROLE") != "worker":
         raise InputError(f"kvstore {kind!r} needs a launched job (scheduler, servers and "
                          "workers): run it with `mxlarge launch CONFIG -n K` or "
                          "`python -m mxlarge.launcher -n K -s S -- CMD`, or use a local store "
                          "(dist.kvstore=local)")
-    return mx.kv.create(kind)
+    live = live_dist_store()
+    if live is None:
+        return mx.kv.create(kind)
+    if live.type != kind:
+        raise InputError(f"kvstore {kind!r}: this process already has a {live.type!r} store "
+                         "and MXNet hangs creating a second one; pass that store "
+                         f"(kvstore=kv) or create it as {kind!r}")
+    return live
 
 
 class SyncStore:
     """Push/pull of gradients and collectives over one KVStore.
 
+    Built in two stages, so that parameters initialised at the first forward (Gluon's deferred
+    initialisation) work: the constructor opens the store (rank and world size are known from
+    then on); :meth:`init_params` gives parameters rank 0's values as they get their shapes;
+    :meth:`ready` (given the roles, once every shape is known) initialises the remaining keys.
+    With ``roles`` the constructor does all three at once.
+
     Args:
         kvstore: ``local``, ``device``, ``dist_sync`` or ``dist_device_sync``, or a store made
             by :func:`create` (to learn the world size before building the schedule).
-        params: every parameter of the net, in the order of ``roles``; initialised.
-        roles: their roles (pushed / local statistic).
+        params: every parameter of the net, in the order of ``roles``.
+        roles: their roles (pushed / local statistic), or None to call :meth:`ready` later.
         compression: MXNet gradient-compression dict, e.g. ``{'type': '2bit', 'threshold': 0.5}``.
         fusion_bytes: bucket size of gradient fusion (module docstring); 0: one key per tensor.
     """
 
     def __init__(self, kvstore: str | mx.kv.KVStore, params: Sequence[mx.gluon.Parameter],
-                 roles: Sequence[ParamRole], compression: dict | None = None,
+                 roles: Sequence[ParamRole] | None = None, compression: dict | None = None,
                  fusion_bytes: int = FUSION_BYTES):
         kind = kvstore if isinstance(kvstore, str) else kvstore.type
         self.kind = validate_kvstore(kind)
         self.params = list(params)
-        self.roles = list(roles)
-        self.pushed = [i for i, r in enumerate(roles) if r.pushed]
-        self.stats = [i for i, r in enumerate(roles) if r.local_stat]
         if fusion_bytes < 0:
             raise ValueError(f"fusion_bytes {fusion_bytes}: expected ≥ 0 (0: one key per "
                              "tensor)")
-        # Only float32 tensors share a buffer (a bucket has one dtype).
-        self.buckets = fuse([int(np.prod(p.shape)) for p in self.params],
-                            list(reversed(self.pushed)), fusion_bytes // 4,
-                            alone=frozenset(i for i in self.pushed
-                                            if np.dtype(self.params[i].dtype) != np.float32))
+        self.fusion_bytes = fusion_bytes
+        self.roles: list[ParamRole] = []
+        self.pushed: list[int] = []
+        self.stats: list[int] = []
+        self.buckets: list[Bucket] = []
         self._flat: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> buffer per device
         self._views: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> [device][member]
+        self._broadcast: set[int] = set()  # parameters whose keys hold rank 0's values
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
         # One process with one device has nothing to aggregate: skip the store entirely.
         self.kv = None if isinstance(kvstore, str) else kvstore
         if self.kv is None and (kind.startswith("dist") or num_devices > 1):
             self.kv = create(kind)
+        if len(self.params) > MAX_PARAMS:
+            raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
         # Under 2-bit compression a gathered float travels as 32 pushed values of 0 or t.
         self._bit: float | None = None
         if compression:
@@ -205,10 +242,9 @@ class SyncStore:
                 raise ValueError(f"gradient compression {compression.get('type')!r}: only "
                                  "'2bit' is supported")
             self._bit = float(np.float32(compression.get("threshold", 0.5)))
-        if self.kv is not None:
-            if compression:
-                self.kv.set_gradient_compression(compression)
-            self._init_keys()
+            self.kv.set_gradient_compression(compression)
+        if roles is not None:
+            self.ready(roles)
 
     @property
     def rank(self) -> int:
@@ -227,16 +263,31 @@ class SyncStore:
     def distributed(self) -> bool:
         return self.kv is not None and self.kind.startswith("dist")
 
-    def _init_keys(self) -> None:
-        kv = self.kv
-        if len(self.params) > MAX_PARAMS:
-            raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
-        keys, values = [], []
-        for i, p in enumerate(self.params):
-            keys.append(i)
-            # A copy is in MXNet's default layout: after an inference forward pass on CPU a
-            # weight may be in MKLDNN's, which the store cannot read ("!IsMKLDNNData()").
-            values.append(p.list_data()[0].copy())
+    def init_params(self, indices: Sequence[int]) -> None:
+        """Rank 0's values of parameters ``indices`` (initialised) on every worker and device.
+
+        Collective: every rank calls it with the same indices in the same order (a key's
+        ``kv.init`` is a barrier, and the value the store keeps is rank 0's). The values are
+        pulled *and waited for* here, so no gradient of these keys can be pushed before.
+        """
+        todo = [i for i in indices if i not in self._broadcast]
+        self._init(todo, [], [])
+
+    def ready(self, roles: Sequence[ParamRole]) -> None:
+        """Every shape is known: plans the buckets and initialises every key not yet
+        initialised (parameters not broadcast yet, buckets, gather keys) in one collective."""
+        self.roles = list(roles)
+        self.pushed = [i for i, r in enumerate(roles) if r.pushed]
+        self.stats = [i for i, r in enumerate(roles) if r.local_stat]
+        # Only float32 tensors share a buffer (a bucket has one dtype).
+        self.buckets = fuse([int(np.prod(p.shape)) for p in self.params],
+                            list(reversed(self.pushed)), self.fusion_bytes // 4,
+                            alone=frozenset(i for i in self.pushed
+                                            if np.dtype(self.params[i].dtype) != np.float32))
+        if self.kv is None:
+            return
+        keys: list[int] = []
+        values: list[mx.nd.NDArray] = []
         contexts = self.params[0].list_ctx() if self.params else []
         for b in self.buckets:
             if b.fused:
@@ -253,21 +304,31 @@ class SyncStore:
             keys += [AUX_KEY, AUX_KEY + 1]
             values += [mx.nd.zeros((self._gather_width((max(len(self.pushed), 1),)),)),
                        mx.nd.zeros((self._gather_width((SCALARS,)),))]
-        kv.init(keys, values)
-        # Rank 0's initial weights (and BN statistics) reach every worker and device; waiting
-        # here is what keeps the first gradient push from racing the broadcast.
-        # Pulled into fresh default-layout arrays, then copied in (the store cannot write into
-        # an MKLDNN-layout weight either).
-        pulled = [[mx.nd.zeros(p.shape, ctx=a.context, dtype=a.dtype) for a in p.list_data()]
-                  for p in self.params]
-        for i in range(len(self.params)):
-            kv.pull(i, out=pulled[i], priority=-i)
-        for p, arrays in zip(self.params, pulled):
-            for src, dst in zip(arrays, p.list_data()):
-                src.copyto(dst)
-        mx.nd.waitall()
+        self._init([i for i in range(len(self.params)) if i not in self._broadcast], keys,
+                   values)
         if self.distributed:
             self.kv._barrier()
+
+    def _init(self, indices: list[int], keys: list[int], values: list[mx.nd.NDArray]) -> None:
+        """One ``kv.init`` of parameters ``indices`` (this rank's values; the store keeps rank
+        0's) and of ``keys``/``values``; then rank 0's parameter values pulled into every
+        device and waited for (what keeps the first gradient push from racing the broadcast)."""
+        self._broadcast.update(indices)
+        if self.kv is None or not (indices or keys):
+            return
+        # A copy is in MXNet's default layout: after an inference forward pass on CPU a
+        # weight may be in MKLDNN's, which the store cannot read ("!IsMKLDNNData()").
+        self.kv.init(list(indices) + keys,
+                     [self.params[i].list_data()[0].copy() for i in indices] + values)
+        # Pulled into fresh default-layout arrays, then copied in (the store cannot write into
+        # an MKLDNN-layout weight either).
+        for i in indices:
+            p = self.params[i]
+            pulled = [mx.nd.zeros(p.shape, ctx=a.context, dtype=a.dtype) for a in p.list_data()]
+            self.kv.pull(i, out=pulled, priority=-i)
+            for src, dst in zip(pulled, p.list_data()):
+                src.copyto(dst)
+        mx.nd.waitall()
 
     # -- gradients ------------------------------------------------------------------------------
     def allreduce_grads(self) -> None:
@@ -336,6 +397,18 @@ class SyncStore:
             return rows
         bits = (rows > self._bit / 2).astype(np.uint8)
         return np.packbits(bits, axis=1).view(np.float32).reshape(k, n)
+
+    def same_on_every_rank(self, values: Sequence[float]) -> bool:
+        """Whether every rank's few floats (≤ 8, as float32) are bitwise rank 0's
+        (collective: one exact gather)."""
+        if len(values) > SCALARS:
+            raise ValueError(f"at most {SCALARS} scalars per call")
+        if not self.distributed:
+            return True
+        buf = np.zeros(SCALARS, np.float32)
+        buf[:len(values)] = values
+        rows = self._gather(AUX_KEY + 1, buf)
+        return bool((rows.view(np.uint32) == rows[0].view(np.uint32)).all())
 
     def sum_scalars(self, values: Sequence[float]) -> list[float]:
         """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms; summed in

@@ -67,11 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def attempt(number: int) -> Outcome:
         if a.launcher == "local":
-            outcome = run_local(command, workers=a.workers, servers=servers, port=a.port,
-                                env=env, grace=a.grace, stall_timeout=a.stall_timeout,
-                                tuning=not a.no_tuning)
-            print(f"[launcher] {outcome.message}", flush=True)
-            return outcome
+            # run_local prints the outcome's line itself
+            return run_local(command, workers=a.workers, servers=servers, port=a.port,
+                             env=env, grace=a.grace, stall_timeout=a.stall_timeout,
+                             tuning=not a.no_tuning)
         extra = {"host_ip": a.host_ip} if a.host_ip else {}
         return cluster_outcome(cluster_run(
             a.launcher, command, workers=a.workers, servers=servers, hostfile=a.hostfile,

@@ -55,6 +55,11 @@ OWNED_ENV = frozenset({
     "MXLARGE_ROLE", "MXLARGE_LOCAL_RANK", "MXLARGE_JOB_ID", HEARTBEAT_ENV,
 })
 
+# A worker that joined the parameter server leaves through ps-lite's exit barrier together with
+# the scheduler, which exits in the same moment (measured: within one 0.1 s poll). A scheduler
+# still running this long after every worker exited 0 is still waiting for workers to join.
+JOIN_GRACE = 3.0
+
 
 class PortInUseError(OSError):
     """The scheduler port requested for a local job is already taken."""
@@ -236,7 +241,7 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
             outcome = _supervise(sup, stop, received, shutdown_timeout, watchdog)
             if outcome.reason is not None:
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job")
-            elif outcome.exit_code != 0:
+            else:
                 sup.sink.emit("launcher", outcome.message)
             # Still inside the signal block: a second Ctrl-C must not interrupt the cleanup.
             sup.teardown(grace)
@@ -291,12 +296,19 @@ def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
                                f"job finished: {n_w} worker(s), {n_s} server(s) and the "
                                f"scheduler exited 0")
             now = time.monotonic()
+            waiting = any(c.role == "scheduler" and c.status is None for c in sup.children)
             if workers_done_at is None:
                 workers_done_at = now
+            elif waiting and now - workers_done_at > min(JOIN_GRACE, shutdown_timeout):
+                n_w = sum(c.role == "worker" for c in sup.children)
+                return Outcome(1, None, None, None,
+                               f"no worker joined the parameter server: all {n_w} workers "
+                               "exited 0 while the scheduler still waited for them (the "
+                               "command never created a dist_sync store: give its Trainer "
+                               "kvstore='dist_sync'); servers and scheduler stopped")
             elif now - workers_done_at > shutdown_timeout:
                 hung = ", ".join(c.label for c in sup.children if c.status is None)
-                msg = (f"all workers exited 0; {hung} did not exit within "
-                       f"{shutdown_timeout:g} s and were stopped")
-                sup.sink.emit("launcher", msg)
-                return Outcome(0, None, None, None, msg)
+                return Outcome(0, None, None, None,
+                               f"all workers exited 0; {hung} did not exit within "
+                               f"{shutdown_timeout:g} s and were stopped")
         time.sleep(POLL_INTERVAL)

@@ -9,8 +9,14 @@ supervision loops (:mod:`mxlarge.launcher.local`, :mod:`mxlarge.launcher.cluster
 The rules:
 
 * **Armed after the first step.** Until every worker has completed one step in this launch,
-  nothing is judged: imports, data loading, KVStore start-up and the first step (graph building,
-  allocation) may take long. A job that hangs before its first step is not detected.
+  the stall rule does not apply: imports, data loading, KVStore start-up and the first step
+  (graph building, allocation) may take long.
+* **Start.** Instead, the start has its own limit: :data:`START_FACTOR` times the timeout from
+  the launch (the watchdog's creation) for every worker to complete its first step (busy phases:
+  :data:`BUSY_FACTOR` times that), warned about at half. It applies once a worker has reported
+  (built its ``mxlarge.Trainer``); a command that never reports (no ``mxlarge.Trainer``) gives
+  the launcher nothing to judge. Named as behind: the workers past no step, and how many never
+  reported.
 * **Stall.** Once armed, the job is stalled when no worker's record (steps, phase) has changed
   for ``timeout`` seconds, measured on the launcher's clock (no clock skew between hosts).
   A warning naming the ranks behind comes at half of it.
@@ -41,6 +47,7 @@ from mxlarge.launcher.heartbeat import Record, read_all
 MIN_TIMEOUT = 120.0
 STEP_FACTOR = 20.0
 BUSY_FACTOR = 10.0
+START_FACTOR = 10.0
 FROZEN_AFTER = 5.0
 READ_EVERY = 0.5
 # Exit code of a job the watchdog stopped (as coreutils' `timeout` does).
@@ -119,6 +126,7 @@ class Watchdog:
         self.step_times: deque[float] = deque(maxlen=200)
         self._read_at = -float("inf")
         self._warned_for: float | None = None
+        self.started = clock()
 
     # -- facts ------------------------------------------------------------------------------------
     @property
@@ -166,7 +174,7 @@ class Watchdog:
         """Reads the records; returns a :class:`Stall` once the job is stalled, warns at half."""
         self.read()
         if not self.armed:
-            return None
+            return self._check_start()
         now = self.clock()
         last = max(s.changed for s in self.seen.values())
         busy = sorted({s.record.phase for s in self.seen.values() if s.record.phase != "train"})
@@ -182,6 +190,36 @@ class Watchdog:
             _, names = self._behind(now)
             self.emit(f"warning: no worker advanced for {idle:.0f} s (the job is stopped "
                       f"after {allowed:g} s); {names}")
+        return None
+
+    def _check_start(self) -> Stall | None:
+        """The start rule (module docstring), before the job is armed."""
+        if not self.seen:
+            return None
+        now = self.clock()
+        busy = sorted({s.record.phase for s in self.seen.values() if s.record.phase != "train"})
+        allowed = self.timeout * START_FACTOR * (BUSY_FACTOR if busy else 1.0)
+        waited = now - self.started
+        if waited < allowed / 2:
+            return None
+        behind = tuple(sorted(r for r, s in self.seen.items() if s.record.here < 1))
+        parts = [f"rank {r} on {self.seen[r].record.host} (pid {self.seen[r].record.pid}) has "
+                 "not completed a step" for r in behind]
+        missing = self.workers - len(self.seen)
+        if missing:
+            parts.append(f"{missing} worker(s) never reported (imports, data loading or "
+                         "creating the store)")
+        names = "behind: " + "; ".join(parts)
+        if waited >= allowed:
+            return Stall(f"stalled: not every worker completed its first step within "
+                         f"{waited:.0f} s of the start (start limit {allowed:g} s = "
+                         f"{START_FACTOR:g} x the stall timeout"
+                         f"{', busy: ' + ', '.join(busy) if busy else ''}); {names}",
+                         behind, self.progress() or 0)
+        if self._warned_for != self.started:
+            self._warned_for = self.started
+            self.emit(f"warning: not every worker completed its first step after {waited:.0f} s "
+                      f"(the job is stopped after {allowed:g} s); {names}")
         return None
 
     def _behind(self, now: float) -> tuple[tuple[int, ...], str]:

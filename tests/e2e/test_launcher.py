@@ -309,16 +309,35 @@ def test_exception_inside_the_launcher_leaves_no_process(marker: str,
 
 @pytest.mark.timeout(60)
 def test_hanging_servers_are_stopped_after_the_workers_succeed(marker: str) -> None:
-    # No MXNet here: workers exit 0 at once, the other roles hang in a grandchild (sleep).
-    script = 'if [ "$DMLC_ROLE" = worker ]; then echo worker done; else sleep 60; fi'
+    # No MXNet here: workers and the scheduler exit 0 at once, the server hangs in a grandchild.
+    script = 'if [ "$DMLC_ROLE" = server ]; then sleep 60; else echo $DMLC_ROLE done; fi'
     out = Collector()
     started = time.monotonic()
     outcome = run_local(["sh", "-c", script], workers=2, servers=1, env={MARKER_VAR: marker},
                         output=out, grace=1.0, shutdown_timeout=1.0)
     assert time.monotonic() - started < 15
     assert outcome.exit_code == 0 and outcome.failed_role is None
-    assert "scheduler, server 0 did not exit within 1 s and were stopped" in outcome.message
+    assert "server 0 did not exit within 1 s and were stopped" in outcome.message
     assert out.count(r"^\[worker [01]\] worker done$") == 2
+    assert out.count(re.escape(outcome.message)) == 1  # the launcher's line, once
+    assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(60)
+def test_workers_that_never_joined_are_named_at_once(marker: str) -> None:
+    """Workers exit 0 while the scheduler still waits for them (a command that never creates a
+    dist store; here sh, the scheduler and server wait like ps-lite's): said within seconds,
+    not after the 30 s shutdown timeout, exit 1, once."""
+    script = 'if [ "$DMLC_ROLE" = worker ]; then echo worker done; else sleep 60; fi'
+    out = Collector()
+    started = time.monotonic()
+    outcome = run_local(["sh", "-c", script], workers=2, servers=1, env={MARKER_VAR: marker},
+                        output=out, grace=1.0)
+    assert time.monotonic() - started < 15
+    assert outcome.exit_code == 1 and outcome.reason is None  # not a fault to restart
+    assert outcome.message.startswith("no worker joined the parameter server: all 2 workers "
+                                      "exited 0 while the scheduler still waited for them")
+    assert out.count(re.escape(outcome.message)) == 1
     assert_no_leftovers(marker)
 
 

@@ -12,9 +12,9 @@ import pytest
 from tests.helpers import load_params
 
 SCRIPT = Path(__file__).resolve().parents[1] / "gluon_script.py"
-GLUON_LINE = ('trainer = gluon.Trainer(net.collect_params(), "sgd", optimizer_params, '
+GLUON_LINE = ('trainer = gluon.Trainer(net.collect_params(), opt.optimizer, optimizer_params, '
               'kvstore=kv)')
-MXLARGE_LINE = ('import mxlarge; trainer = mxlarge.Trainer(net.collect_params(), "sgd", '
+MXLARGE_LINE = ('import mxlarge; trainer = mxlarge.Trainer(net.collect_params(), opt.optimizer, '
                 'optimizer_params, kvstore=kv, reference_batch=8, warmup_steps=4)')
 STEPS, N_REF, LR, M, WD, WARMUP, DROP = 12, 8, 0.05, 0.9, 5e-4, 4, 8
 
@@ -125,3 +125,181 @@ def test_migrated_loop_equals_mxlarge_train_on_the_same_data(tmp_path):
         got = load_params(tmp_path / f"mig-{rank}.params")
         assert got.keys() == want.keys()
         assert max(float(np.abs(got[n] - want[n]).max()) for n in want) <= 1e-5
+
+
+# -- real-world shapes: a GluonCV-style script, a Horovod-style one, an unmodified one -----------
+# Each launch is 2 workers + 1 server and checks several points of the drop-in promise at once.
+
+HOROVOD = SCRIPT.parent / "horovod_script.py"
+GLUONCV = ["--net", "conv-bn", "--hybridize", "--optimizer", "nag", "--lr-mode", "cosine",
+           "--warmup-epochs", "1", "--epochs", "4", "--steps", "3", "--batch-size", "8"]
+NOTE = "mxlarge.Trainer: note: the update differs from gluon.Trainer's"
+UNSHARDED = "mxlarge.Trainer: warning: the first gradients of all 2 workers are bitwise equal"
+
+
+def _migrated(tmp_path, line, name="script_mxlarge.py"):
+    path = tmp_path / name
+    path.write_text(SCRIPT.read_text().replace(GLUON_LINE, line))
+    return path
+
+
+def _launch(args, cwd, timeout=120):
+    """``python -m mxlarge.launcher -n 2 -s 1 -- ARGS``: (exit code, merged output)."""
+    r = subprocess.run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1", "--",
+                        sys.executable, *map(str, args)], cwd=cwd, capture_output=True,
+                       text=True, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _trainable(params):
+    return {k: v for k, v in params.items() if not k.endswith(("running_mean", "running_var"))}
+
+
+def _assert_ranks_equal(prefix):
+    """Weights, γ and β bitwise equal on both ranks (BN running statistics are per worker)."""
+    ranks = [_trainable(load_params(f"{prefix}-{r}.params")) for r in range(2)]
+    assert ranks[0].keys() == ranks[1].keys()
+    for k in ranks[0]:
+        np.testing.assert_array_equal(ranks[0][k], ranks[1][k], err_msg=k)
+    return ranks[0]
+
+
+def _assert_first_forward_used_rank0s_values(prefix, net, batch):
+    """Rank 1's first forward ran with rank 0's initial values: its parameters then are rank
+    0's (every worker seeded with its rank, so its own differ), and its output is what rank 0's
+    parameters give on rank 1's batch (recomputed here, training mode)."""
+    import mxnet as mx
+    from mxnet import autograd
+
+    first = [_trainable(load_params(f"{prefix}-first-{r}.params")) for r in range(2)]
+    for k in first[0]:
+        np.testing.assert_array_equal(first[1][k], first[0][k], err_msg=k)
+    net.load_parameters(f"{prefix}-first-0.params")
+    with autograd.record():
+        want = net(mx.nd.array(batch)).asnumpy()
+    np.testing.assert_allclose(np.load(f"{prefix}-out0-1.npy"), want, rtol=1e-5, atol=1e-6)
+
+
+def _conv_bn_net():
+    from mxnet import gluon
+
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"),
+            gluon.nn.MaxPool2D(2), gluon.nn.Dense(10))
+    return net
+
+
+@pytest.mark.timeout(600)
+def test_gluoncv_style_script_deferred_init_nag_lrsequential_resume_launched(tmp_path):
+    """GluonCV's shape (deferred init with BN, hybridized, NAG, LRSequential warmup + cosine,
+    ``step(batch_size)``), only its Trainer line changed, 2 workers + 1 server: the first
+    forward of every rank uses rank 0's values; the ranks end bitwise equal; rank 0 says once
+    what differs from gluon.Trainer; sharded data draws no warning; ``optimizer.num_update`` is
+    the count. Resumed at epoch 2 from mxlarge's own states file (``--resume-states``, a new
+    launch): bitwise the 4-epoch run, schedule and momentum correction included."""
+    x, _ = _data(tmp_path / "d.npz")
+    script = _migrated(tmp_path, MXLARGE_LINE.replace(", reference_batch=8, warmup_steps=4", ""))
+    (tmp_path / "ckpt").mkdir()
+    common = [script, "--data", tmp_path / "d.npz", "--kvstore", "dist_sync", *GLUONCV]
+    code, out = _launch([*common, "--save-dir", tmp_path / "ckpt", "--out", tmp_path / "w"],
+                        tmp_path)
+    assert code == 0, out[-3000:]
+    whole = _assert_ranks_equal(tmp_path / "w")
+    _assert_first_forward_used_rank0s_values(tmp_path / "w", _conv_bn_net(),
+                                             x[8:16].reshape(8, 1, 8, 8))
+    assert out.count(NOTE) == 1, out[-3000:]
+    assert "[worker" in out.split(NOTE)[0].rsplit("\n", 1)[-1]
+    assert UNSHARDED not in out
+    epochs = [line.split("] ", 1)[1] for line in out.splitlines() if "[Epoch " in line]
+    assert [e.split("num_update=")[1] for e in epochs] == ["3", "6", "9", "12"], out[-3000:]
+
+    code, out2 = _launch([*common, "--resume-epoch", "2", "--resume-params",
+                          tmp_path / "ckpt" / "e2.params", "--resume-states",
+                          tmp_path / "ckpt" / "e2.states", "--out", tmp_path / "r"], tmp_path)
+    assert code == 0, out2[-3000:]
+    resumed = _assert_ranks_equal(tmp_path / "r")
+    for k in whole:
+        np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)
+    assert [line.split("] ", 1)[1] for line in out2.splitlines() if "[Epoch " in line] == \
+        epochs[2:]
+
+
+@pytest.mark.timeout(300)
+def test_gluoncv_style_script_resumes_a_gluon_trainer_run_bitwise(tmp_path):
+    """The unmodified script (gluon.Trainer, one process) 2 epochs, then the migrated one with
+    ``momentum_correction=False, decay_bn_bias=True`` resumed from gluon's states file for 2
+    more: bitwise gluon.Trainer's 4 epochs (the LRSequential warmup is not replayed)."""
+    _data(tmp_path / "d.npz")
+    (tmp_path / "ckpt").mkdir()
+    opts = [*GLUONCV, "--optimizer", "sgd", "--lr-mode", "step"]
+    _run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "d.npz"), *map(str, opts),
+          "--save-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "g")], tmp_path)
+    script = _migrated(tmp_path, MXLARGE_LINE.replace(
+        "reference_batch=8, warmup_steps=4", "momentum_correction=False, decay_bn_bias=True"))
+    _run([sys.executable, str(script), "--data", str(tmp_path / "d.npz"), *map(str, opts),
+          "--resume-epoch", "2", "--resume-params", str(tmp_path / "ckpt" / "e2.params"),
+          "--resume-states", str(tmp_path / "ckpt" / "e2.states"), "--out", str(tmp_path / "m")],
+         tmp_path)
+    want, got = load_params(tmp_path / "g-0.params"), load_params(tmp_path / "m-0.params")
+    assert want.keys() == got.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+@pytest.mark.timeout(300)
+def test_horovod_style_script_with_its_own_store_and_unsharded_data(tmp_path):
+    """A Horovod-style migration: its own ``mx.kv.create('dist_sync')`` for rank and size and
+    ``kvstore='dist_sync'`` to the Trainer (MXNet hangs in a second store's barrier: mxlarge
+    reuses the process's); a deferred, non-hybridized net without BN; every worker reads the
+    whole dataset: rank 0 warns once, naming the fix; the ranks stay bitwise equal."""
+    from mxnet import gluon
+
+    x, _ = _data(tmp_path / "d.npz")
+    code, out = _launch([HOROVOD, "--data", tmp_path / "d.npz", "--out", tmp_path / "h",
+                         "--unsharded"], tmp_path, timeout=120)
+    assert code == 0, out[-3000:]
+    assert out.count("horovod_script rank") == 2
+    _assert_ranks_equal(tmp_path / "h")
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Dense(32, activation="relu"), gluon.nn.Dense(10))
+    _assert_first_forward_used_rank0s_values(tmp_path / "h", net, x[:16])
+    assert out.count(UNSHARDED) == 1, out[-3000:]
+    warning = next(line for line in out.splitlines() if UNSHARDED in line)
+    assert "num_parts=trainer.num_workers, part_index=trainer.rank" in warning
+    assert "SplitSampler" in warning
+
+
+@pytest.mark.timeout(300)
+def test_unmodified_script_under_the_launcher_is_told_no_worker_joined(tmp_path):
+    """The unmodified script (gluon.Trainer, local store) under the launcher: every worker
+    trains alone and exits 0; the launcher says at once that no worker joined the parameter
+    server (not "did not exit within 30 s"), exit 1, every launcher line once."""
+    import time
+
+    _data(tmp_path / "d.npz")
+    started = time.monotonic()
+    code, out = _launch([SCRIPT, "--data", tmp_path / "d.npz", "--steps", "2",
+                         "--out", tmp_path / "u"], tmp_path)
+    assert time.monotonic() - started < 25, out[-3000:]
+    assert code == 1, out[-3000:]
+    launcher_lines = [line for line in out.splitlines() if line.startswith("[launcher]")]
+    assert len(launcher_lines) == len(set(launcher_lines)) == 2, out[-3000:]
+    assert launcher_lines[1].startswith("[launcher] no worker joined the parameter server: "
+                                        "all 2 workers exited 0"), out[-3000:]
+    assert "did not exit within" not in out
+
+
+@pytest.mark.timeout(300)
+def test_horovod_style_script_asking_for_another_dist_store_is_refused_at_once(tmp_path):
+    """The script's own dist_sync store and ``kvstore='dist_device_sync'`` to the Trainer: one
+    line naming both, the job down within seconds (MXNet would hang in the second store)."""
+    import time
+
+    _data(tmp_path / "d.npz")
+    started = time.monotonic()
+    code, out = _launch([HOROVOD, "--data", tmp_path / "d.npz", "--out", tmp_path / "h",
+                         "--trainer-kvstore", "dist_device_sync"], tmp_path, timeout=120)
+    assert time.monotonic() - started < 40, out[-3000:]
+    assert code == 1, out[-3000:]
+    assert ("InputError: kvstore 'dist_device_sync': this process already has a 'dist_sync' "
+            "store and MXNet hangs creating a second one") in out, out[-3000:]

@@ -151,3 +151,19 @@ def test_cluster_launcher_restarts_an_own_script_too(tmp_path):
     assert " start=8" in out and out.count("own_loop rank=0 done") == 1
     assert not (tmp_path / ".mxlarge-heartbeat").exists()  # heartbeats cleaned up
     assert dmlc_processes(marker) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_job_stuck_before_its_first_step_is_stopped_at_the_start_limit(tmp_path):
+    """Every worker sleeps before step 0 (a hang before the first step): with --stall-timeout 1
+    the start limit is 10 s; the job is torn down, named, exit 124, no orphan."""
+    marker = f"own-{uuid.uuid4().hex}"
+    r = launcher(["-n", "2", "-s", "1", "--stall-timeout", "1", "--", sys.executable, SCRIPT,
+                  "--steps", "4", "--sleep-from", "0", "--sleep", "600"], tmp_path, marker)
+    out = r.stdout
+    assert r.returncode == 124, out[-3000:]
+    assert re.search(r"\[launcher\] stalled: not every worker completed its first step within "
+                     r"\d+ s of the start \(start limit 10 s = 10 x the stall timeout\); behind: "
+                     r"rank 0 on .* has not completed a step; rank 1 on ", out), out[-3000:]
+    assert "own_loop rank=0 step=0" not in out
+    assert dmlc_processes(marker) == []

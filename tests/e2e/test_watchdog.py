@@ -57,16 +57,46 @@ def test_beat_writes_records_the_watchdog_reads(tmp_path):
 
 
 def test_not_armed_before_every_worker_completed_a_step(tmp_path):
+    """The stall rule waits for every worker's first step: 90 s without progress at a 10 s
+    timeout is no stall while rank 1's first step runs (the start limit is 100 s)."""
     clock, lines = Clock(), []
     dog = Watchdog(tmp_path, 2, 10, lines.append, clock)
     put(tmp_path, 0, 5, here=1)
     put(tmp_path, 1, 4, here=0)  # rank 1's first step (slow) is still running
-    for _ in range(10):
-        assert advance(clock, dog, 30) is None
-    assert lines == []
+    for _ in range(9):
+        assert advance(clock, dog, 10) is None
+    assert len(lines) == 1 and lines[0].startswith("warning: not every worker completed its "
+                                                   "first step after 50 s")
     put(tmp_path, 1, 5, here=1)
     assert advance(clock, dog, 1) is None
     assert dog.armed
+
+
+def test_a_start_that_never_completes_a_step_is_stopped_at_the_start_limit(tmp_path):
+    """No hang before the first step: 10 x the timeout from the launch for every worker's first
+    step, warned about at half; named: the rank past no step and the worker that never
+    reported. Nothing reported at all (no mxlarge.Trainer): nothing judged."""
+    clock, lines = Clock(), []
+    dog = Watchdog(tmp_path / "none", 3, 10, lines.append, clock)
+    (tmp_path / "none").mkdir()
+    for _ in range(30):
+        assert advance(clock, dog, 10) is None
+    assert lines == []
+
+    dog = Watchdog(tmp_path, 3, 10, lines.append, clock)
+    put(tmp_path, 0, 0, issued=0, here=0)  # rank 0 waits in its first push
+    put(tmp_path, 1, 0, issued=-1, here=0, pid=4242)  # rank 1 never gets to its first step
+    assert advance(clock, dog, 49) is None and lines == []
+    assert advance(clock, dog, 1) is None and len(lines) == 1
+    assert advance(clock, dog, 49) is None and len(lines) == 1
+    stall = advance(clock, dog, 1)
+    assert stall is not None and stall.behind == (0, 1)
+    assert stall.message.startswith("stalled: not every worker completed its first step within "
+                                    "100 s of the start (start limit 100 s = 10 x the stall "
+                                    "timeout); behind: rank 0 on hostA (pid 100) has not "
+                                    "completed a step; rank 1 on hostA (pid 4242)"), stall.message
+    assert stall.message.endswith("1 worker(s) never reported (imports, data loading or "
+                                  "creating the store)")
 
 
 def test_stall_names_the_frozen_rank_after_a_warning_at_half(tmp_path):

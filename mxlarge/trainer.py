@@ -174,7 +174,8 @@ def _optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
             "nesterov": kind == "nag", "wd": float(opt.wd), "lars": lars,
             "lars_eta": float(getattr(opt, "eta", 0.001)),
             "lars_eps": float(getattr(opt, "eps", 0.0)) if kind == "lars" else 0.0,
-            "rescale": float(opt.rescale_grad), "begin": int(opt.begin_num_update)}
+            "rescale": float(opt.rescale_grad), "begin": int(opt.begin_num_update),
+            "mxnet": opt}
 
 
 class _GluonStates(pickle.Unpickler):
@@ -288,7 +289,7 @@ class Trainer:
                    "nesterov": bool(nesterov), "lars": bool(lars),
                    "wd": 1e-4 if weight_decay is None else weight_decay,
                    "lars_eta": 0.001 if lars_eta is None else lars_eta, "lars_eps": 0.0,
-                   "rescale": 1.0, "begin": 0}
+                   "rescale": 1.0, "begin": 0, "mxnet": None}
         else:
             raise ValueError(f"optimizer {optimizer!r}: expected an optimizer name, an "
                              "mx.optimizer instance or a schedule(step) -> lr")
@@ -327,7 +328,8 @@ class Trainer:
         self._base: Schedule = opt["base"]
         self._lb = (reference_batch, scaling, int(warmup_steps), warmup_lr) if gluon_form \
             else None
-        self._has_scheduler = gluon_form and isinstance(self._base, MXNetSchedule)
+        # The MXNet optimizer the Gluon form was given: what it refuses, this Trainer refuses.
+        self._mxnet_optimizer: mx.optimizer.Optimizer | None = opt["mxnet"]
         self._batch: int | None = None  # images per worker and step the schedule is fixed for
         self._main: Schedule = self._base
         self._overrides: list[tuple[int, float]] = []  # set_learning_rate: (from step, lr)
@@ -459,14 +461,11 @@ class Trainer:
         of the step again, so the momentum correction η_t/η_{t−1} still applies at t0.
 
         Raises:
-            UserWarning: an ``lr_scheduler`` was given in ``optimizer_params``, as
-                gluon.Trainer (MXNet's ``Optimizer.set_learning_rate``) raises it.
+            UserWarning: an ``lr_scheduler`` was given in ``optimizer_params``: MXNet's
+                ``Optimizer.set_learning_rate`` raises it, as it does under gluon.Trainer.
         """
-        if self._has_scheduler:
-            raise UserWarning("LRScheduler of the optimizer has already been defined. Note "
-                              "that set_learning_rate can mutate the value of the learning "
-                              "rate of the optimizer only when the LRScheduler of the "
-                              "optimizer is undefined.")
+        if self._mxnet_optimizer is not None and self._mxnet_optimizer.lr_scheduler is not None:
+            self._mxnet_optimizer.set_learning_rate(lr)  # raises gluon.Trainer's UserWarning
         t0 = self.num_update
         if self._overrides and self._overrides[-1][0] == t0:
             self._overrides[-1] = (t0, float(lr))

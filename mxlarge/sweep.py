@@ -293,13 +293,9 @@ def _match_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
 
 
 def _final_error(uri: str, run_id: str | None) -> float | None:
-    from mxlarge import tracking
-    from mxlarge.report import final_error
+    from mxlarge.report import run_final_error_of
 
-    if run_id is None:
-        return None
-    errors = [v for _, v in tracking.metric_history(uri, run_id, "val_error_top1")]
-    return final_error(errors) if errors else None
+    return None if run_id is None else run_final_error_of(uri, run_id)
 
 
 def _run_in_process(sweep: Sweep, cell: Cell, run: Any) -> tuple[bool, str]:

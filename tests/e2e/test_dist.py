@@ -213,16 +213,17 @@ def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.params["dist.kvstore"] == "dist_sync"
     assert run.data.params["dist.workers"] == "2"
-    assert run.data.tags["world_size"] == "2" and run.data.tags["global_batch"] == "256"
+    assert run.data.params["plan.world_size"] == "2"
+    assert run.data.params["plan.global_batch"] == "256"
     steps = 1400 // 256
-    hist = client.get_metric_history(run.info.run_id, "val_accuracy")
+    hist = client.get_metric_history(run.info.run_id, "val/accuracy")
     assert [m.step for m in hist] == [steps, 2 * steps, 3 * steps]
-    per_rank = [client.get_metric_history(run.info.run_id, f"images_per_sec_rank{rank}")
+    per_rank = [client.get_metric_history(run.info.run_id, f"perf/images_per_sec_rank{rank}")
                 for rank in (0, 1)]
     assert [len(h) for h in per_rank] == [3, 3]
     # the global rate is measured: the sum of both workers' own rates (summed in float32), not
     # rank 0's rate x 2
-    glob = client.get_metric_history(run.info.run_id, "images_per_sec_global")
+    glob = client.get_metric_history(run.info.run_id, "perf/images_per_sec")
     for g, a, b in zip(sorted(glob, key=lambda m: m.step), *(sorted(h, key=lambda m: m.step)
                                                              for h in per_rank)):
         assert g.step == a.step == b.step

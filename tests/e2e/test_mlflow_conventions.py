@@ -43,14 +43,14 @@ def test_train_follows_mlflow_conventions_and_logs_a_loadable_model(tmp_path, ml
     assert len(tags["mlflow.source.git.commit"]) == 40
     assert "data.train_rec" not in params and "data.threads" not in params  # ImageNet keys
     assert params["data.batch_size"] == "64" and params["data.augment"] == "True"
-    lr_steps = [m.step for m in c.get_metric_history(run.info.run_id, "lr")]
-    assert lr_steps == [7, 14, 21]  # once per step, the epoch's end included
+    lr_steps = [m.step for m in c.get_metric_history(run.info.run_id, "train/lr")]
+    assert lr_steps == [0, 7, 14, 21]  # from step 0, once per step, the epoch's end included
 
     model = mxlarge.load(run.info.run_id, mlflow_uri)
     _, _, x_val, y_val, _, _ = load_split()  # stored standardised, as the net reads them
     pred = model(mx.nd.array(x_val)).asnumpy().argmax(axis=1)
     acc = float((pred == y_val).mean())
-    assert acc == pytest.approx(run.data.metrics["val_accuracy"], abs=1e-6)
+    assert acc == pytest.approx(run.data.metrics["val/accuracy"], abs=1e-6)
 
 
 @pytest.mark.timeout(300)
@@ -63,7 +63,7 @@ def test_mlflow_run_id_is_the_callers_run(tmp_path, mlflow_uri):
     assert r.returncode == 0, r.stderr[-3000:]
     assert [x.info.run_id for x in c.search_runs([exp])] == [mine]
     run = c.get_run(mine)
-    assert "val_accuracy" in run.data.metrics
+    assert "val/accuracy" in run.data.metrics
     assert run.info.status == "RUNNING"  # the caller opened it, so the caller ends it
 
 

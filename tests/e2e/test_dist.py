@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -175,10 +176,15 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
                     break
             time.sleep(0.5)
         assert target is not None, "job did not start"
-        time.sleep(8)  # let training run (imports take ~5 s)
+        seen = []  # let training run: until rank 0's first progress line
+        for line in proc.stdout:
+            seen.append(line)
+            if re.search(r"\] step \d+/", line):
+                break
         os.kill(target, signal.SIGKILL)
         killed_at = time.time()
         out, _ = proc.communicate(timeout=60)
+        out = "".join(seen) + out
         took = time.time() - killed_at
     finally:
         if proc.poll() is None:
@@ -194,7 +200,23 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
-    assert runs[0].data.tags["failed_role"] == victim
+    tags = runs[0].data.tags
+    assert tags["failed_role"] == victim
+    # the evidence: where and when it failed, and its last lines as the launcher printed them
+    index = int(tags["failed_rank"])
+    assert tags["failed_host"] == socket.gethostname()
+    assert int(tags["failed_step"]) >= 1  # killed after rank 0's first progress line
+    if victim == "worker":  # the kvstore rank from its heartbeat (a server has none)
+        assert tags["failed_kvstore_rank"] in ("0", "1")
+    else:
+        assert "failed_kvstore_rank" not in tags
+    log = client.download_artifacts(runs[0].info.run_id, f"failure/{victim}-{index}.log",
+                                    str(tmp_path))
+    head, *lines = Path(log).read_text().splitlines()
+    assert head.startswith(f"# {victim} {index} exited with signal 9 (SIGKILL); its last")
+    printed = [x[len(f"[{victim} {index}] "):] for x in out.splitlines()
+               if x.startswith(f"[{victim} {index}] ")]
+    assert lines == printed[-200:]
 
 
 @pytest.mark.timeout(240)

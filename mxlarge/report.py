@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -451,7 +452,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "target, else \"not reached\".",
            "- **images/s**: per run, the median over epochs of `perf/images_per_sec` (the sum "
            "of every worker's own measured rate); mean over seeds.",
-           "- **speedup** = images/s ÷ images/s of the 1-worker run (tag `workers` = 1) of "
+           "- **speedup** = images/s ÷ images/s of the 1-worker run (param `plan.workers` = 1) of "
            "the same config (all params equal except world size, store, seed and logging); "
            "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
            "(1 worker) ÷ train s to target (k workers). \"ref.\" marks the 1-worker run itself; "
@@ -534,7 +535,7 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
                     color=dots.get_facecolor()[0], label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")  # a diverged label at 60 % must not flatten the 1-4 % differences
-    ax.set_xlabel("global batch (tag global_batch)")
+    ax.set_xlabel("global batch (param plan.global_batch)")
     ax.set_ylabel("final top-1 error (%)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -661,11 +662,47 @@ def _int_tag(value: str | None) -> int | None:
         return None
 
 
+def metric_key(text: str) -> str:
+    """``text`` with what MLflow refuses in a metric name (it keeps letters, digits, ``_``,
+    ``-``, ``.``, space and ``:``; ``/`` starts a UI section) replaced by ``_``."""
+    return re.sub(r"[^\w\-. :]", "_", text)
+
+
+def label_metrics(summary: Summary, runs: Sequence[RunData]) -> dict[str, float]:
+    """The per-label numbers of the report as metrics of the sweep's parent run, one UI section
+    per label: ``LABEL/final_error`` (mean over seeds) and ``LABEL/final_error_std`` (sample
+    std, 2+ seeds), ``LABEL/best_accuracy`` (over its seeds and epochs), ``LABEL/seeds``
+    (FINISHED), ``LABEL/images_per_sec``, ``LABEL/speedup``, ``LABEL/efficiency`` (when known).
+    """
+    out: dict[str, float] = {}
+    for row in summary.rows:
+        if not row.seeds:
+            continue
+        key = metric_key(row.label)
+        values = {"seeds": float(len(row.seeds)), "images_per_sec": row.images_per_sec,
+                  "speedup": row.speedup, "efficiency": row.efficiency}
+        if row.final_errors:
+            values["final_error"], values["final_error_std"] = mean_std(row.final_errors)
+        values["best_accuracy"] = max((x["val/accuracy"] for r in runs if r.label == row.label
+                                       for x in r.rows if "val/accuracy" in x), default=None)
+        out.update({f"{key}/{k}": float(v) for k, v in values.items() if v is not None})
+    return out
+
+
+def parent_description(name: str, summary: Summary) -> str:
+    """The sweep parent's description once reported: the per-label table and the target."""
+    target = (f"target accuracy {summary.target:.4f} ({summary.target_fraction:g} × best)"
+              if summary.target is not None else "no target")
+    return "\n".join([f"**sweep {name}**: {target}; the full report is the artifact "
+                      "`report.md`.", "", markdown_table(summary)])
+
+
 def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                  experiment: str | None = None, uri: str | None = None) -> Path:
     """Writes report.md, report.json and PNGs of sweep ``name`` into ``out_dir`` and logs them
     to the sweep's parent run (else to a new summary run tagged ``sweep=name``,
-    ``summary=true``). Returns report.md's path.
+    ``summary=true``), with the table as its description and :func:`label_metrics`. Returns
+    report.md's path.
 
     Raises:
         ConfigError: if MLflow holds no FINISHED run of the sweep.
@@ -726,6 +763,8 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                       for r in used}},
             indent=2, default=str))
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
+        run.tag({"mlflow.note.content": parent_description(name, summary)})
+        run.log_metrics(label_metrics(summary, used), 0)
         ok = True
     finally:
         if owned is not None:
@@ -749,8 +788,6 @@ def _study(used: Sequence[RunData], order: Sequence[str], out: Path, name: str,
 
 def report_command(args: Any) -> int:
     """``mxlarge report NAME [--out DIR] [--target-fraction F] [--experiment E]``."""
-    import re
-
     from mxlarge import tracking
     from mxlarge.config import Config, ConfigError
 
@@ -772,4 +809,8 @@ def report_command(args: Any) -> int:
             start = text.index(head)
             print(text[start:text.index("\n\n", start)] + "\n")
     print(f"report: {path} (and PNGs beside it), logged to the sweep's MLflow run in {uri}")
+    run = tracking.find_sweep_parent(uri, args.experiment or tracking.experiment_name(Config()),
+                                     args.name)
+    if run is not None:
+        print(f"MLflow sweep run {run.run_id}: {tracking.ui_hint(uri, run.run_id)}")
     return 0

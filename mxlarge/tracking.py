@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import logging
 import os
 import subprocess
 import sys
@@ -176,7 +177,8 @@ def run_name(cfg: Config, world: Any, label: str | None = None) -> str:
 def describe_run(cfg: Config, plan: Any, source: str | None = None,
                  label: str | None = None) -> str:
     """The run's description (``mlflow.note.content``, markdown): what it trains, the plan."""
-    what = f"**{label or cfg.name}**" + (f" (`{shown_path(source)}`)" if source else "")
+    shown = shown_path(Path(source).resolve()) if source and Path(source).is_file() else None
+    what = f"**{label or cfg.name}**" + (f" (`{shown}`)" if shown else "")
     lines = [f"{what}: {cfg.model.name} on {cfg.data.dataset}, {plan.world.describe()}, "
              f"{cfg.train.epochs} epochs.", "", "| plan | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in plan.summary().items()]
@@ -403,6 +405,7 @@ class MLflowHook(Hook):
         self.val_errors = [earlier[s] for s in sorted(earlier)]  # a resumed run's evaluations
         self.run.log_metrics(self._axis(loop, loop.step), loop.step)
         # MLflow's own sampler (CPU, memory, disk, network, GPUs), resuming a resumed run's steps
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its INFO chatter
         self.monitor = SystemMetricsMonitor(self.run.run_id, tracking_uri=self.run.uri,
                                             resume_logging=True)
         self.monitor.start()

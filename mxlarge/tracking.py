@@ -403,7 +403,8 @@ class MLflowHook(Hook):
         earlier = {s: v for s, v in metric_history(self.run.uri, self.run.run_id,
                                                    "val/error_top1") if s <= loop.step}
         self.val_errors = [earlier[s] for s in sorted(earlier)]  # a resumed run's evaluations
-        self.run.log_metrics(self._axis(loop, loop.step), loop.step)
+        if loop.step == 0:  # a resumed run logged its step at the end of the epoch before
+            self.run.log_metrics(self._axis(loop, 0), 0)
         # MLflow's own sampler (CPU, memory, disk, network, GPUs), resuming a resumed run's steps
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its INFO chatter
         self.monitor = SystemMetricsMonitor(self.run.run_id, tracking_uri=self.run.uri,

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mxlarge-installed
 
-.PHONY: demo test test-slow test-cluster bench bench-cluster bench-peers bench-peers-cluster lint clean
+.PHONY: demo test test-slow test-cluster test-ui bench bench-cluster bench-peers bench-peers-cluster lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,10 +21,19 @@ demo: $(STAMP)
 # The fast tier (<= 10 min on 2 cores); `make test-slow` runs the rest (tests marked `slow`:
 # the longest launched jobs, sweeps, restarts, resumes). CI runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/cluster -m "not slow"
+	$(BIN)/python -m pytest -q --ignore=tests/cluster --ignore=tests/ui -m "not slow"
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q --ignore=tests/cluster -m slow
+	$(BIN)/python -m pytest -q --ignore=tests/cluster --ignore=tests/ui -m slow
+
+# The MLflow UI in a real browser: headless Chromium against `mlflow server` on 127.0.0.1, on a
+# store made by a short launch, a 2-cell sweep and a failed launch (tests/ui; installs Debian's
+# chromium when missing, as root).
+test-ui: $(STAMP)
+	command -v chromium >/dev/null || \
+	  { test "$$(id -u)" = 0 || { echo "test-ui: needs chromium (apt-get install chromium, as root)"; exit 1; }; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }
+	$(BIN)/python -m pytest -q tests/ui
 
 # Real ssh, Open MPI and Slurm jobs across network-namespace hosts on this machine (root; installs
 # its Debian packages when missing). See mxlarge/testbed.py and launch/README.md.

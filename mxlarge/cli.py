@@ -220,14 +220,13 @@ def _train(args: argparse.Namespace) -> int:
         run = RunHandle(tracking_uri(cfg), run_id) if run_id is not None else None
     result = train(cfg, args.config, resume=args.resume, run=run)
     if result.rank == 0:
-        acc = result.final.get("val_accuracy")
+        acc = result.final.get("val/accuracy")
         print(f"done: {result.steps} steps on {result.plan.world.describe()} in "
               f"{result.seconds:.1f} s" + (f", final validation accuracy {acc:.4f}"
                                            if acc is not None else ""))
         if result.run_id:
-            from mxlarge.tracking import tracking_uri
-            print(f"MLflow run {result.run_id} in {tracking_uri(cfg)} "
-                  f"(mlflow ui --backend-store-uri {tracking_uri(cfg)})")
+            from mxlarge.tracking import tracking_uri, ui_hint
+            print(f"MLflow run {result.run_id}: {ui_hint(tracking_uri(cfg), result.run_id)}")
     return 0
 
 

@@ -51,12 +51,16 @@ class DataConfig:
     val_rec: str | None = _f(None, "imagenet: validation .rec (its .idx beside it)")
     image_size: int = _f(224, "imagenet/synthetic: side of the square network input", ge=1)
     resize: int = _f(256, "imagenet validation: shorter side before the centre crop", ge=1)
-    scale: tuple[float, float] = _f((0.08, 1.0), "random-resized-crop area range", gt=0, le=1)
-    ratio: tuple[float, float] = _f((0.75, 4 / 3), "random-resized-crop aspect range", gt=0)
-    flip: bool = _f(True, "random horizontal flip when training")
+    scale: tuple[float, float] = _f((0.08, 1.0), "imagenet: random-resized-crop area range",
+                                    gt=0, le=1)
+    ratio: tuple[float, float] = _f((0.75, 4 / 3), "imagenet: random-resized-crop aspect range",
+                                    gt=0)
+    flip: bool = _f(True, "imagenet/cifar10: random horizontal flip when training")
     augment: bool = _f(True, "digits/cifar10: random shift (pad and crop) and, for cifar10, flip")
-    mean: tuple[float, float, float] = _f((123.68, 116.779, 103.939), "per-channel mean (0-255)")
-    std: tuple[float, float, float] = _f((58.393, 57.12, 57.375), "per-channel std (0-255)", gt=0)
+    mean: tuple[float, float, float] = _f((123.68, 116.779, 103.939),
+                                          "imagenet/cifar10: per-channel mean (0-255)")
+    std: tuple[float, float, float] = _f((58.393, 57.12, 57.375),
+                                         "imagenet/cifar10: per-channel std (0-255)", gt=0)
     synthetic_train: int = _f(2048, "synthetic: number of training images", ge=1)
     synthetic_val: int = _f(256, "synthetic: number of validation images", ge=1)
     mnist1d_train: int = _f(4000, "mnist1d: training samples generated", ge=1)
@@ -73,7 +77,8 @@ class DataConfig:
 class ModelConfig:
     name: str = _f("small_resnet", "small_resnet, small_plain, resnet1d or a GluonCV model-zoo "
                                    "name")
-    width: int = _f(16, "small_resnet/resnet1d: channels of the first stage", ge=1)
+    width: int = _f(16, "small_resnet/small_plain/resnet1d: channels of the first stage",
+                    ge=1)
     he_init: bool = _f(True, "He/MSRA normal init of convolutions (Goyal et al.)")
     fc_init_std: float = _f(0.01, "std of the final Dense init; 0 keeps the builder's init", ge=0)
     zero_gamma: bool = _f(True, "gamma = 0 for the last BatchNorm of every residual block")
@@ -481,16 +486,23 @@ def field_docs(node: Any = None, prefix: str = "") -> dict[str, str]:
     return out
 
 
+# models whose builder reads ``model.width`` (mxlarge.nets); zoo models ignore it
+LOCAL_NETS = ("small_resnet", "small_plain", "resnet1d")
+
+
 def applies(key: str, cfg: Config) -> bool:
-    """Whether ``key`` means anything for ``cfg``'s dataset: a doc string that starts with
-    dataset names (``imagenet: ...``, ``digits/cifar10: ...``, ``imagenet validation: ...``)
-    limits the field to those datasets."""
+    """Whether ``key`` means anything for ``cfg``'s dataset and model: a doc string that starts
+    with dataset names (``imagenet: ...``, ``digits/cifar10: ...``, ``imagenet validation:
+    ...``) limits the field to those datasets, one that starts with model names
+    (``small_resnet/resnet1d: ...``, from :data:`LOCAL_NETS`) to those models."""
     doc = field_docs().get(key, "")
     head = doc.split(":", 1)[0].split(" ", 1)[0] if ":" in doc else ""
     named = [d for d in head.split("/") if d]
-    if not named or any(d not in DATASETS for d in named):
-        return True
-    return cfg.data.dataset in named
+    if named and all(d in DATASETS for d in named):
+        return cfg.data.dataset in named
+    if named and all(d in LOCAL_NETS for d in named):
+        return cfg.model.name in named
+    return True
 
 
 def flatten(cfg: Config) -> dict[str, Any]:

@@ -51,9 +51,9 @@ class NoiseScale:
     def metrics(self) -> dict[str, float]:
         corr = 1 - self.decay ** self.count
         g2, trace = self.g2 / corr, self.trace / corr
-        out = {"gns_g2": g2, "gns_trace": trace}
+        out = {"gns/g2": g2, "gns/trace": trace}
         # Early on the unbiased |G|² estimate can be <= 0: no meaningful B_simple yet (MLflow
         # would store an infinity as the largest float).
         if g2 > 0 and trace > 0:
-            out["gns_b_simple"] = trace / g2
+            out["gns/b_simple"] = trace / g2
         return out

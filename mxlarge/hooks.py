@@ -4,13 +4,19 @@ A hook overrides what it needs of ``before_train`` / ``after_step`` / ``after_ep
 ``after_train``. Hooks never hold one another: what one produces travels in the data the loop
 hands to the next,
 
-* per step, ``StepOutput.metrics`` (declared keys: ``train_loss_step`` from the loss hook on
-  logging steps; ``gns_g2``, ``gns_trace``, ``gns_b_simple`` from the loop on measuring steps);
-* per epoch, the ``metrics`` dict (``epoch``, ``train_loss``, ``lr``, ``images_per_sec``,
-  ``images_per_sec_global``, ``train_seconds``, ``val_*``);
+* per step, ``StepOutput.metrics`` (declared keys: ``train/loss`` from the loss hook on
+  logging steps; ``gns/g2``, ``gns/trace``, ``gns/b_simple`` from the loop on measuring steps);
+* per epoch, the ``metrics`` dict (``train/epoch``, ``train/loss`` (the epoch's mean of the
+  logged losses), ``train/lr`` (the LR of the next update), ``perf/images_per_sec`` (all
+  workers), ``perf/images_per_sec_rank{r}`` (more than one worker), ``perf/train_seconds``,
+  ``val/error_top1``, ``val/error_top5``, ``val/accuracy``, ``val/loss``);
 * after training, ``loop.artifacts`` (declared keys: ``final_params``, the path of the final
   parameters with the ``bn_stats`` statistics, and ``model``, the directory of a hybridized
   net's ``net.export`` (symbol + those parameters), both written by the final-parameters hook).
+
+Metric names are MLflow's: the part before the first ``/`` is the section the MLflow UI groups
+a run's charts in (``train``, ``val``, ``perf``, ``gns``; MLflow's own ``system``). Stores
+written before these names used :data:`mxlarge.report.LEGACY_METRICS`.
 
 The order is stated once, as each hook class's :attr:`Hook.stage`; the loop runs hooks sorted by
 stage (stable for equal stages), so producers always run before consumers:

@@ -6,7 +6,9 @@ train. ``-n``/``-s`` are the overrides ``dist.workers``/``dist.servers`` (the co
 over the file), so ``mxlarge show CONFIG dist.workers=N`` prints the plan this job runs. The
 job's run is opened here before anything starts (or given with ``--run-id`` by a caller that
 ends it), passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and
-ended FINISHED or FAILED by the job's exit status, with the failing role/rank as tags.
+ended FINISHED or FAILED by the job's exit status, with the failure as tags (``failed_role``,
+``failed_rank`` (launch index), ``failed_kvstore_rank``, ``failed_host``, ``failed_step``) and the
+failed process's last lines of output as the artifact ``failure/<role>-<index>.log``.
 """
 from __future__ import annotations
 
@@ -96,7 +98,7 @@ def launch(args: argparse.Namespace) -> int:
         elif meta is not None and meta.get("run_id"):
             owned = run = tracking.RunHandle.reopen(uri, meta["run_id"])
         else:
-            owned = run = tracking.RunHandle.create(cfg, uri)
+            owned = run = tracking.RunHandle.create(cfg, uri, plan=plan, source=args.config)
         run.tag({"launcher": args.launcher, "servers": servers})
         command += ["--run-id", run.run_id]
         env["MLFLOW_TRACKING_URI"] = uri
@@ -162,6 +164,15 @@ def launch(args: argparse.Namespace) -> int:
             if outcome.failed_role is not None:
                 end_tags.update(failed_role=outcome.failed_role,
                                 failed_rank=str(outcome.failed_rank))
+            for key, value in (("failed_step", outcome.step), ("failed_host", outcome.failed_host),
+                               ("failed_kvstore_rank", outcome.failed_kvstore_rank)):
+                if value is not None:
+                    end_tags[key] = str(value)
+            if run is not None and outcome.failed_role is not None:
+                head = (f"# {outcome.message}; its last {len(outcome.failed_output)} line(s) of "
+                        "output:")
+                run.log_text("\n".join([head, *outcome.failed_output]) + "\n",
+                             f"failure/{outcome.failed_role}-{outcome.failed_rank}.log")
             if outcome.failed_status is not None:
                 end_tags["failed_status"] = str(outcome.failed_status)
             if outcome.reason == "stalled":
@@ -171,7 +182,7 @@ def launch(args: argparse.Namespace) -> int:
     finally:
         if owned is not None:
             owned.end(ok, end_tags)
-            print(f"mxlarge: MLflow run {owned.run_id} {'FINISHED' if ok else 'FAILED'} "
-                  f"(mlflow ui --backend-store-uri {owned.uri})", flush=True)
+            print(f"mxlarge: MLflow run {owned.run_id} {'FINISHED' if ok else 'FAILED'}: "
+                  f"{tracking.ui_hint(owned.uri, owned.run_id)}", flush=True)
         elif run is not None:
             run.tag(end_tags)

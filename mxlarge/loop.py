@@ -115,7 +115,7 @@ class TrainLoop:
                         h.after_step(self, out)
                     if self.max_steps is not None and self.step >= self.max_steps:
                         break
-                metrics: dict[str, float] = {"epoch": float(epoch + 1)}
+                metrics: dict[str, float] = {"train/epoch": float(epoch + 1)}
                 with self.trainer.busy("evaluating/checkpointing"):
                     for h in self.hooks:
                         h.after_epoch(self, epoch, metrics)
@@ -165,19 +165,21 @@ class LossHook(Hook):
                                   f"{self.factor:g} x its early value {self.early:.4g}")
         self.sum += loss
         self.count += 1
-        out.metrics["train_loss_step"] = loss
+        out.metrics["train/loss"] = loss
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         if self.count:
-            metrics["train_loss"] = self.sum / self.count
-        metrics["lr"] = loop.trainer.lr_at(max(loop.step - 1, 0))
+            metrics["train/loss"] = self.sum / self.count
+        # the LR in force from this step on, as MLflow's train/lr and `show --lr-at` read it
+        metrics["train/lr"] = loop.trainer.lr_at(loop.step)
         self.sum, self.count = 0.0, 0
 
 
 class TimerHook(Hook):
-    """Images per second over each epoch's training steps: ``images_per_sec`` of this worker,
-    ``images_per_sec_global`` = Σ over workers of their own ``images_per_sec`` (a collective
-    through the store's ``sum_scalars``, so registered on every rank)."""
+    """Images per second over each epoch's training steps: ``perf/images_per_sec`` = Σ over
+    workers of each worker's own rate (a collective through the store's ``sum_scalars``, so
+    registered on every rank), ``perf/images_per_sec_rank{r}`` = worker r's own rate (only with
+    more than one worker: with one it equals the sum), ``perf/train_seconds`` cumulative."""
 
     stage = H.MEASURE
 
@@ -195,10 +197,11 @@ class TimerHook(Hook):
         mx.nd.waitall()
         elapsed = time.perf_counter() - self.start
         self.train_seconds += elapsed
-        metrics["images_per_sec"] = self.images / elapsed if elapsed > 0 else 0.0
-        metrics["train_seconds"] = self.train_seconds
-        metrics["images_per_sec_global"] = loop.trainer.store.sum_scalars(
-            [metrics["images_per_sec"]])[0]
+        own = self.images / elapsed if elapsed > 0 else 0.0
+        metrics["perf/train_seconds"] = self.train_seconds
+        metrics["perf/images_per_sec"] = loop.trainer.store.sum_scalars([own])[0]
+        if loop.trainer.num_workers > 1:  # with one worker it is the total above
+            metrics[f"perf/images_per_sec_rank{loop.trainer.rank}"] = own
         self.images = 0
 
 
@@ -234,8 +237,8 @@ class EvalHook(Hook):
                 top5 += float(hit.sum().asscalar())
                 count += data.shape[0]
         top1, top5, count, loss_sum = trainer.store.sum_scalars([top1, top5, count, loss_sum])
-        return {"val_error_top1": 1 - top1 / count, "val_error_top5": 1 - top5 / count,
-                "val_accuracy": top1 / count, "val_loss": loss_sum / count}
+        return {"val/error_top1": 1 - top1 / count, "val/error_top5": 1 - top5 / count,
+                "val/accuracy": top1 / count, "val/loss": loss_sum / count}
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         if (epoch + 1) % self.every == 0 or epoch + 1 == loop.epochs:
@@ -363,8 +366,8 @@ class ProgressHook(Hook):
         self.mark = (now, done)
         per_step = (now - since) / max(done - at, 1)
         fields = {}
-        if "train_loss_step" in out.metrics:
-            fields["loss"] = f"{out.metrics['train_loss_step']:.4g}"
+        if "train/loss" in out.metrics:
+            fields["loss"] = f"{out.metrics['train/loss']:.4g}"
         fields["lr"] = f"{out.lr:.4g}"
         if per_step > 0:
             fields["images/s"] = f"{out.images * loop.trainer.num_workers / per_step:.1f}"
@@ -380,8 +383,9 @@ class ProgressHook(Hook):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        shown = {k: metrics[k] for k in ("train_loss", "val_accuracy", "images_per_sec", "lr")
-                 if k in metrics}
+        shown = {name: metrics[k] for name, k in (
+            ("train_loss", "train/loss"), ("val_accuracy", "val/accuracy"),
+            ("images_per_sec", "perf/images_per_sec"), ("lr", "train/lr")) if k in metrics}
         print(f"epoch {epoch + 1}/{self.epochs} " + " ".join(
             f"{k}={v:.4g}" for k, v in shown.items()), flush=True)
 

@@ -24,10 +24,10 @@ def plot_training_curves(history: list[dict[str, float]], path: str | Path,
                          title: str = "") -> None:
     """PNG with training loss, validation error and LR per epoch."""
     plt = pyplot()
-    epochs = [h["epoch"] for h in history]
+    epochs = [h["train/epoch"] for h in history]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    series = [("train_loss", "training loss"), ("val_error_top1", "validation top-1 error"),
-              ("lr", "learning rate (end of epoch)")]
+    series = [("train/loss", "training loss"), ("val/error_top1", "validation top-1 error"),
+              ("train/lr", "learning rate (end of epoch)")]
     for ax, (key, label) in zip(axes, series):
         pts = [(e, h[key]) for e, h in zip(epochs, history) if key in h]
         if pts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -18,8 +19,14 @@ from mxlarge.stats import final_error  # the rule lives in mxlarge.stats
 # sweep reports: `mxlarge report NAME` (the arithmetic is pure and works on plain lists/dicts)
 
 # Metrics logged once per epoch, all at the step at which the epoch ended (mxlarge.loop).
-EPOCH_KEYS = ("epoch", "val_error_top1", "val_accuracy", "train_seconds",
-              "images_per_sec_global", "train_loss")
+EPOCH_KEYS = ("train/epoch", "val/error_top1", "val/accuracy", "perf/train_seconds",
+              "perf/images_per_sec")
+# The names stores written before the MLflow sections (train/, val/, perf/, gns/) used for the
+# metrics a report reads; such a run is read under the new names.
+LEGACY_METRICS = {"train/epoch": "epoch", "val/error_top1": "val_error_top1",
+                  "val/accuracy": "val_accuracy", "perf/train_seconds": "train_seconds",
+                  "perf/images_per_sec": "images_per_sec_global", "train/loss": "train_loss_step",
+                  "train/lr": "lr", "gns/b_simple": "gns_b_simple"}
 # Params that do not change what is trained or are the world size itself: two runs whose other
 # params are equal are "the same config" at different world sizes (for the speedup columns).
 _NOT_CONFIG = ("name", "train.seed", "train.progress", "train.log_every", "train.save_params",
@@ -30,10 +37,11 @@ def epoch_rows(histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[dic
     """Joins per-epoch metric histories ``{key: [(step, value)]}`` into one row per epoch.
 
     An epoch's metrics are all logged at the step at which it ended, so the rows are the steps
-    of the ``epoch`` metric; a row holds ``step`` and every key logged at that step (the last
-    value if one was logged twice). Keys logged per step (``lr``) must not be passed in.
+    of the ``train/epoch`` metric; a row holds ``step`` and every key logged at that step (the
+    last value if one was logged twice). Keys logged per step (``train/lr``) must not be passed
+    in.
     """
-    steps = sorted({s for s, _ in histories.get("epoch", ())})
+    steps = sorted({s for s, _ in histories.get("train/epoch", ())})
     by_key = {k: dict(v) for k, v in histories.items()}
     return [{"step": float(s), **{k: d[s] for k, d in by_key.items() if s in d}}
             for s in steps]
@@ -41,7 +49,7 @@ def epoch_rows(histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[dic
 
 def run_final_error(rows: Sequence[Mapping[str, float]], last: int = 5) -> float | None:
     """:func:`final_error` over the evaluated epochs (all of them if fewer than ``last``)."""
-    errors = [r["val_error_top1"] for r in rows if "val_error_top1" in r]
+    errors = [r["val/error_top1"] for r in rows if "val/error_top1" in r]
     return final_error(errors, last) if errors else None
 
 
@@ -69,13 +77,13 @@ def time_to_target(rows: Sequence[Mapping[str, float]],
         excluded; None if not logged), or None if the target is never reached.
     """
     for r in rows:
-        if "val_accuracy" in r and r["val_accuracy"] >= target:
-            return r.get("epoch", float("nan")), r.get("train_seconds")
+        if "val/accuracy" in r and r["val/accuracy"] >= target:
+            return r.get("train/epoch", float("nan")), r.get("perf/train_seconds")
     return None
 
 
 def median_throughput(rows: Sequence[Mapping[str, float]],
-                      key: str = "images_per_sec_global") -> float | None:
+                      key: str = "perf/images_per_sec") -> float | None:
     """Median over epochs of the global images/s (robust to a slow first epoch)."""
     values = [r[key] for r in rows if key in r]
     return float(statistics.median(values)) if values else None
@@ -115,9 +123,10 @@ def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[fl
 
 
 def config_fingerprint(params: Mapping[str, str]) -> str:
-    """sha256 of the params that define what is trained (world size, store, seed excluded)."""
+    """sha256 of the params that define what is trained (world size, store, seed excluded;
+    the plan's and the net's derived ``plan.*``/``net.*`` follow from the rest and the world)."""
     kept = sorted((k, v) for k, v in params.items()
-                  if k not in _NOT_CONFIG and not k.startswith("tracking."))
+                  if k not in _NOT_CONFIG and not k.startswith(("tracking.", "plan.", "net.")))
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
 
 
@@ -142,7 +151,8 @@ class RunData:
     fingerprint: str = ""
     rows: tuple[Mapping[str, float], ...] = ()
     lr: tuple[tuple[int, float], ...] = ()
-    gns: tuple[tuple[int, float], ...] = ()  # (step, gns_b_simple) when the run measured it
+    gns: tuple[tuple[int, float], ...] = ()  # (step, gns/b_simple) when the run measured it
+    loss: tuple[tuple[int, float], ...] = ()  # (step, train/loss) as logged
     sweep_target: str = ""  # the sweep's target (JSON tag), see mxlarge.study
     commit: str = ""  # the git commit the run was made at (tag ``git_commit``)
     diverged: str = ""  # a FAILED run stopped by divergence: the message (tag ``diverged``)
@@ -199,7 +209,7 @@ def noise_scale_markdown(runs: Sequence[RunData]) -> list[str]:
         return []
     return ["## Gradient noise scale", "",
             "B_simple = tr(Σ)/|G|² (McCandlish et al. 2018), EMA-smoothed as logged "
-            "(`gns_b_simple`); median over each third of the measurements after the first 10%. "
+            "(`gns/b_simple`); median over each third of the measurements after the first 10%. "
             f"\"Far above\" = global batch > {FAR_ABOVE:g}× B_simple: by the model S = "
             "S_min(1 + B_noise/B), E = E_min(1 + B/B_noise), a larger batch then saves at most "
             "9% of the steps while each example buys 11× less.", "",
@@ -293,8 +303,8 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
             gets a row (with no numbers), so a failure is visible in the table.
         order: labels in sweep order (others follow in order of appearance).
     """
-    best = max(((r["val_accuracy"], run) for run in runs for r in run.rows
-                if "val_accuracy" in r), key=lambda t: t[0], default=(None, None))
+    best = max(((r["val/accuracy"], run) for run in runs for r in run.rows
+                if "val/accuracy" in r), key=lambda t: t[0], default=(None, None))
     target = best[0] * target_fraction if best[0] is not None else None
     labels: dict[str, list[RunData]] = {}
     for run in runs:
@@ -433,16 +443,16 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "", target, "", markdown_table(s), "", *([study] if study else []),
            "## How the numbers are computed", "",
            "- **final error**: per run, the median of the last 5 evaluated epochs' "
-           "`val_error_top1` (all of them if fewer than 5), as in Goyal et al.; then mean ± "
+           "`val/error_top1` (all of them if fewer than 5), as in Goyal et al.; then mean ± "
            "**sample** standard deviation (n − 1) over seeds (± n/a with one seed).",
            "- **epochs / train s to target**: per run, the first evaluated epoch whose "
            "`val_accuracy` ≥ target (no interpolation between evaluations), and the cumulative "
            "`train_seconds` at its end (training steps only: evaluation, start-up and logging "
            "are excluded); mean ± sample std over seeds, shown only if every seed reached the "
            "target, else \"not reached\".",
-           "- **images/s**: per run, the median over epochs of `images_per_sec_global` (the sum "
+           "- **images/s**: per run, the median over epochs of `perf/images_per_sec` (the sum "
            "of every worker's own measured rate); mean over seeds.",
-           "- **speedup** = images/s ÷ images/s of the 1-worker run (tag `workers` = 1) of "
+           "- **speedup** = images/s ÷ images/s of the 1-worker run (param `plan.workers` = 1) of "
            "the same config (all params equal except world size, store, seed and logging); "
            "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
            "(1 worker) ÷ train s to target (k workers). \"ref.\" marks the 1-worker run itself; "
@@ -457,7 +467,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
             "| epoch to target | train s to target | images/s |", "|" + "---|" * 8]
     for r in runs:
         fe = run_final_error(r.rows)
-        best = max((x["val_accuracy"] for x in r.rows if "val_accuracy" in x), default=None)
+        best = max((x["val/accuracy"] for x in r.rows if "val/accuracy" in x), default=None)
         t = time_to_target(r.rows, s.target) if s.target is not None else None
         ips = median_throughput(r.rows)
         secs = "not reached" if t is None else (f"{t[1]:.1f}" if t[1] is not None else "n/a")
@@ -489,8 +499,8 @@ def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (label, group) in enumerate(_by_label(runs).items()):
-        curve = mean_curve([[(x["epoch"], 100 * x["val_error_top1"]) for x in r.rows
-                             if "epoch" in x and "val_error_top1" in x] for r in group])
+        curve = mean_curve([[(x["train/epoch"], 100 * x["val/error_top1"]) for x in r.rows
+                             if "train/epoch" in x and "val/error_top1" in x] for r in group])
         if curve:
             ax.plot(*zip(*curve), label=f"{label} (n={len(group)})", lw=2.2 if i == 0 else 1.4,
                     color="black" if i == 0 else None)
@@ -525,7 +535,7 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
                     color=dots.get_facecolor()[0], label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")  # a diverged label at 60 % must not flatten the 1-4 % differences
-    ax.set_xlabel("global batch (tag global_batch)")
+    ax.set_xlabel("global batch (param plan.global_batch)")
     ax.set_ylabel("final top-1 error (%)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -534,7 +544,7 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
 
 
 def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
-    """Per label, for its lowest seed: training loss (per epoch) and the LR (per step) vs step."""
+    """Per label, for its lowest seed: training loss and the LR, as logged per step, vs step."""
     plt = pyplot()
     groups = _by_label(runs)
     cols = min(3, max(1, len(groups)))
@@ -544,9 +554,8 @@ def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> 
         ax.axis("off")
     for ax, (label, group) in zip(axes.flat, groups.items()):
         run = min(group, key=lambda r: r.seed)
-        loss = [(x["step"], x["train_loss"]) for x in run.rows if "train_loss" in x]
-        if loss:
-            ax.plot(*zip(*loss), marker="o", ms=2.5, color="tab:blue")
+        if run.loss:
+            ax.plot(*zip(*sorted(dict(run.loss).items())), lw=1, color="tab:blue")
         ax.set_ylabel("training loss", color="tab:blue")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -589,8 +598,31 @@ def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "")
     save(fig, path)
 
 
+def metric_names(logged: Mapping[str, float]) -> dict[str, str]:
+    """``{name: key it is stored under}`` of a run whose latest metrics are ``logged``: the
+    current names, or :data:`LEGACY_METRICS`' for a run written before them."""
+    legacy = "train/epoch" not in logged and "epoch" in logged
+    return {k: LEGACY_METRICS.get(k, k) if legacy else k
+            for k in (*EPOCH_KEYS, "train/loss", "train/lr", "gns/b_simple")}
+
+
+def run_final_error_of(uri: str, run_id: str) -> float | None:
+    """:func:`final_error` of a run in the store, whichever names it was written with."""
+    from mxlarge import tracking
+
+    names = metric_names(tracking.client(uri).get_run(run_id).data.metrics)
+    errors = [v for _, v in tracking.metric_history(uri, run_id, names["val/error_top1"])]
+    return final_error(errors) if errors else None
+
+
+def _plan_value(params: Mapping[str, str], tags: Mapping[str, str], key: str) -> str | None:
+    """The plan's ``key``: param ``plan.KEY``, or the tag ``KEY`` of runs made before."""
+    return params.get(f"plan.{key}", tags.get(key))
+
+
 def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
-    """Every run tagged ``sweep=name`` (summary runs excluded), histories for FINISHED ones."""
+    """Every run tagged ``sweep=name`` (summary runs excluded), histories for FINISHED ones,
+    read under the current metric names (:func:`metric_names`)."""
     from mxlarge import tracking
 
     out = []
@@ -600,22 +632,25 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
             continue
         finished = rec["status"] == "FINISHED"
         rows: list[dict[str, float]] = []
-        lr: list[tuple[int, float]] = []
-        gns: list[tuple[int, float]] = []
+        series: dict[str, list[tuple[int, float]]] = {}
         if finished:
-            rows = epoch_rows({k: tracking.metric_history(uri, rec["run_id"], k)
+            names = metric_names(rec["metrics"])
+            rows = epoch_rows({k: tracking.metric_history(uri, rec["run_id"], names[k])
                                for k in EPOCH_KEYS})
-            lr = tracking.metric_history(uri, rec["run_id"], "lr")
-            gns = tracking.metric_history(uri, rec["run_id"], "gns_b_simple")
+            series = {k: tracking.metric_history(uri, rec["run_id"], names[k])
+                      for k in ("train/loss", "train/lr", "gns/b_simple")}
+        peak_lr = _plan_value(params, tags, "peak_lr")
         out.append(RunData(
             run_id=rec["run_id"], label=tags["sweep_label"], seed=int(tags["seed"]),
             status=rec["status"], start_time=int(rec["start_time"]),
-            workers=_int_tag(tags.get("workers")),
-            global_batch=_int_tag(tags.get("global_batch")),
-            peak_lr=float(tags["peak_lr"]) if "peak_lr" in tags else None,
+            workers=_int_tag(_plan_value(params, tags, "workers")),
+            global_batch=_int_tag(_plan_value(params, tags, "global_batch")),
+            peak_lr=float(peak_lr) if peak_lr is not None else None,
             config_hash=tags.get("config_hash", ""), fingerprint=config_fingerprint(params),
-            rows=tuple(rows), lr=tuple(lr), gns=tuple(gns),
-            sweep_target=tags.get("sweep_target", ""), commit=tags.get("git_commit", ""),
+            rows=tuple(rows), lr=tuple(series.get("train/lr", ())),
+            gns=tuple(series.get("gns/b_simple", ())), loss=tuple(series.get("train/loss", ())),
+            sweep_target=tags.get("sweep_target", ""),
+            commit=tags.get("git_commit") or tags.get("mlflow.source.git.commit", ""),
             diverged=tags.get("diverged", "") if rec["status"] == "FAILED" else ""))
     return out
 
@@ -627,11 +662,47 @@ def _int_tag(value: str | None) -> int | None:
         return None
 
 
+def metric_key(text: str) -> str:
+    """``text`` with what MLflow refuses in a metric name (it keeps letters, digits, ``_``,
+    ``-``, ``.``, space and ``:``; ``/`` starts a UI section) replaced by ``_``."""
+    return re.sub(r"[^\w\-. :]", "_", text)
+
+
+def label_metrics(summary: Summary, runs: Sequence[RunData]) -> dict[str, float]:
+    """The per-label numbers of the report as metrics of the sweep's parent run, one UI section
+    per label: ``LABEL/final_error`` (mean over seeds) and ``LABEL/final_error_std`` (sample
+    std, 2+ seeds), ``LABEL/best_accuracy`` (over its seeds and epochs), ``LABEL/seeds``
+    (FINISHED), ``LABEL/images_per_sec``, ``LABEL/speedup``, ``LABEL/efficiency`` (when known).
+    """
+    out: dict[str, float] = {}
+    for row in summary.rows:
+        if not row.seeds:
+            continue
+        key = metric_key(row.label)
+        values = {"seeds": float(len(row.seeds)), "images_per_sec": row.images_per_sec,
+                  "speedup": row.speedup, "efficiency": row.efficiency}
+        if row.final_errors:
+            values["final_error"], values["final_error_std"] = mean_std(row.final_errors)
+        values["best_accuracy"] = max((x["val/accuracy"] for r in runs if r.label == row.label
+                                       for x in r.rows if "val/accuracy" in x), default=None)
+        out.update({f"{key}/{k}": float(v) for k, v in values.items() if v is not None})
+    return out
+
+
+def parent_description(name: str, summary: Summary) -> str:
+    """The sweep parent's description once reported: the per-label table and the target."""
+    target = (f"target accuracy {summary.target:.4f} ({summary.target_fraction:g} × best)"
+              if summary.target is not None else "no target")
+    return "\n".join([f"**sweep {name}**: {target}; the full report is the artifact "
+                      "`report.md`.", "", markdown_table(summary)])
+
+
 def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                  experiment: str | None = None, uri: str | None = None) -> Path:
     """Writes report.md, report.json and PNGs of sweep ``name`` into ``out_dir`` and logs them
     to the sweep's parent run (else to a new summary run tagged ``sweep=name``,
-    ``summary=true``). Returns report.md's path.
+    ``summary=true``), with the table as its description and :func:`label_metrics`. Returns
+    report.md's path.
 
     Raises:
         ConfigError: if MLflow holds no FINISHED run of the sweep.
@@ -692,6 +763,8 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                       for r in used}},
             indent=2, default=str))
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
+        run.tag({"mlflow.note.content": parent_description(name, summary)})
+        run.log_metrics(label_metrics(summary, used), 0)
         ok = True
     finally:
         if owned is not None:
@@ -715,8 +788,6 @@ def _study(used: Sequence[RunData], order: Sequence[str], out: Path, name: str,
 
 def report_command(args: Any) -> int:
     """``mxlarge report NAME [--out DIR] [--target-fraction F] [--experiment E]``."""
-    import re
-
     from mxlarge import tracking
     from mxlarge.config import Config, ConfigError
 
@@ -738,4 +809,8 @@ def report_command(args: Any) -> int:
             start = text.index(head)
             print(text[start:text.index("\n\n", start)] + "\n")
     print(f"report: {path} (and PNGs beside it), logged to the sweep's MLflow run in {uri}")
+    run = tracking.find_sweep_parent(uri, args.experiment or tracking.experiment_name(Config()),
+                                     args.name)
+    if run is not None:
+        print(f"MLflow sweep run {run.run_id}: {tracking.ui_hint(uri, run.run_id)}")
     return 0

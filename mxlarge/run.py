@@ -153,7 +153,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         tracking.check_reachable(uri)
         saved = (meta or {}).get("run_id")
         owned = run = (tracking.RunHandle.reopen(uri, saved) if saved
-                       else tracking.RunHandle.create(cfg, uri))
+                       else tracking.RunHandle.create(cfg, uri, plan=p, source=source))
     hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor),
                            L.TimerHook(),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
@@ -173,11 +173,13 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     if run is not None:
         from mxlarge import tracking
         if rank == 0:
-            tags = {**p.summary(), "kvstore": cfg.dist.kvstore,
-                    "zero_gamma_blocks": len(b.init_report.zero_gamma),
-                    **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
-            hooks.append(tracking.MLflowHook(cfg, run, tags, cfg.train.log_every))
-        hooks.append(tracking.RankThroughputHook(run, rank))
+            facts = {"zero_gamma_blocks": len(b.init_report.zero_gamma),
+                     **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
+            example, _ = next(iter(data.val.batches(2)))  # the logged model's input example
+            hooks.append(tracking.MLflowHook(cfg, run, facts, cfg.train.log_every,
+                                             p.global_batch, example.asnumpy()))
+        else:
+            hooks.append(tracking.RankThroughputHook(run))
     gns = None
     if cfg.train.gns_every:
         from mxlarge.gns import NoiseScale

@@ -9,7 +9,7 @@ For a sweep with a ``target`` (see :mod:`mxlarge.sweep`), every label (configura
   k > 1 against the target's reference (the small batch);
 * steps, epochs and training seconds to the target the MLPerf way (:func:`mxlarge.stats.
   mlperf_mean`), with the number of runs that reached it;
-* B_simple (gradient noise scale): per run the median of its ``gns_b_simple`` measurements
+* B_simple (gradient noise scale): per run the median of its ``gns/b_simple`` measurements
   after the first 10% (the estimate swings at initialisation), then the median over seeds;
 
 a run stopped by divergence (tag ``diverged``) counts as one that never reaches the target and
@@ -75,7 +75,7 @@ def target_from_runs(runs: Sequence[RunData]) -> Target | None:
 
 def run_final_error(rows: Sequence[Mapping[str, float]]) -> float | None:
     """:func:`mxlarge.stats.final_error` of a run's evaluated epochs; None without any."""
-    errors = [r["val_error_top1"] for r in rows if "val_error_top1" in r]
+    errors = [r["val/error_top1"] for r in rows if "val/error_top1" in r]
     return stats.final_error(errors) if errors else None
 
 
@@ -86,8 +86,8 @@ def _run_b_simple(run: RunData) -> float | None:
 
 
 def _points(run: RunData) -> list[tuple[float, float, float, float | None]]:
-    return [(r["step"], r["epoch"], r["val_error_top1"], r.get("train_seconds"))
-            for r in run.rows if "val_error_top1" in r and "epoch" in r]
+    return [(r["step"], r["train/epoch"], r["val/error_top1"], r.get("perf/train_seconds"))
+            for r in run.rows if "val/error_top1" in r and "train/epoch" in r]
 
 
 def _versus(label: str, batch: int | None, batches: dict[str, int | None],

@@ -274,9 +274,13 @@ def select_part(cells: Sequence[Cell], part: str) -> list[Cell]:
 
 
 def cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
+    """What finds a cell's run again (``sweep``, ``sweep_label``, ``seed``, ``config_hash``),
+    the experiment file relative to the repository (``sweep_config``) and the target; the
+    label names the run (:func:`mxlarge.tracking.run_name`)."""
+    from mxlarge.tracking import shown_path
+
     tags = {"sweep": sweep.name, "sweep_label": cell.label, "seed": str(cell.seed),
-            "config_hash": cell.config_hash, "sweep_config": cell.config,
-            "mlflow.runName": f"{sweep.name} / {cell.label} / seed {cell.seed}"}
+            "config_hash": cell.config_hash, "sweep_config": shown_path(cell.config_path)}
     if sweep.target.reference:
         tags["sweep_target"] = json.dumps({"reference": sweep.target.reference,
                                            "tolerance": sweep.target.tolerance})
@@ -293,13 +297,9 @@ def _match_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
 
 
 def _final_error(uri: str, run_id: str | None) -> float | None:
-    from mxlarge import tracking
-    from mxlarge.report import final_error
+    from mxlarge.report import run_final_error_of
 
-    if run_id is None:
-        return None
-    errors = [v for _, v in tracking.metric_history(uri, run_id, "val_error_top1")]
-    return final_error(errors) if errors else None
+    return None if run_id is None else run_final_error_of(uri, run_id)
 
 
 def _run_in_process(sweep: Sweep, cell: Cell, run: Any) -> tuple[bool, str]:
@@ -349,7 +349,8 @@ def run_cell(sweep: Sweep, cell: Cell, parent: Any = None) -> CellOutcome:
         return CellOutcome(cell, "SKIPPED", run_id, final_error=_final_error(uri, run_id),
                            message="FINISHED run already in MLflow")
     t0 = time.perf_counter()
-    run = tracking.RunHandle.create(cell.cfg, uri, cell_tags(sweep, cell), parent=parent)
+    run = tracking.RunHandle.create(cell.cfg, uri, cell_tags(sweep, cell), parent=parent,
+                                    source=str(cell.config_path))
     runner = _run_launched if sweep.mode == "launch" else _run_in_process
     ok, message = False, "interrupted"
     try:
@@ -377,19 +378,44 @@ def summary_line(o: CellOutcome, total: int) -> str:
     return head + body + (f" (run {o.run_id[:8]})" if o.run_id else "")
 
 
-def run_sweep(sweep: Sweep, cells: Sequence[Cell]) -> list[CellOutcome]:
+def parent_params(sweep: Sweep) -> dict[str, str]:
+    """The sweep parent's params: the sweep file (relative to the repository) and its grid."""
+    from mxlarge.tracking import shown_path
+
+    return {"sweep.file": shown_path(Path(sweep.source).resolve()), "sweep.mode": sweep.mode,
+            "sweep.labels": ", ".join(r.label for r in sweep.runs),
+            "sweep.seeds": ",".join(map(str, sweep.seeds)),
+            "sweep.overrides": " ".join(sweep.overrides),
+            "sweep.target.reference": sweep.target.reference,
+            "sweep.target.tolerance": str(sweep.target.tolerance)}
+
+
+def parent_description(sweep: Sweep) -> str:
+    """The sweep parent's description until ``mxlarge report`` writes its table there."""
+    lines = [f"**sweep {sweep.name}**" + (f": {sweep.description}" if sweep.description else ""),
+             "", f"{len(sweep.runs)} label(s) x seeds {', '.join(map(str, sweep.seeds))}, mode "
+             f"{sweep.mode}; `mxlarge report {sweep.name}` puts its table here.", "",
+             "| label | config | overrides |", "|---|---|---|"]
+    lines += [f"| {r.label} | `{r.config}` | {' '.join(r.overrides) or '—'} |"
+              for r in sweep.runs]
+    return "\n".join(lines)
+
+
+def run_sweep(sweep: Sweep, cells: Sequence[Cell],
+              parents: dict[tuple[str, str], Any] | None = None) -> list[CellOutcome]:
     """Runs the cells one after another with a tqdm bar and a line per cell, as child runs of
-    the sweep's parent run (one per store and experiment), which ends FINISHED if no cell
-    failed."""
+    the sweep's parent run (one per store and experiment, collected in ``parents``), which
+    ends FINISHED if no cell failed."""
     from tqdm.auto import tqdm
 
     from mxlarge import tracking
 
-    parents: dict[tuple[str, str], Any] = {}
+    parents = {} if parents is None else parents
     for c in cells:
         key = (tracking.tracking_uri(c.cfg), tracking.experiment_name(c.cfg))
         if key not in parents:
-            parents[key] = tracking.sweep_parent(*key, sweep.name)
+            parents[key] = tracking.sweep_parent(*key, sweep.name, parent_params(sweep),
+                                                 parent_description(sweep))
     outcomes = []
     # disable=None: no bar unless stderr is a terminal, so a pipe or log file never gets
     # carriage-return frames; the line per cell is printed either way
@@ -446,12 +472,18 @@ def sweep_command(args: Any) -> int:
             print(f"[{c.index + 1}/{len(cells)}] {c.label}, seed {c.seed}, k={c.workers}, "
                   f"config {c.config_hash[:12]}: {'done' if done else 'to run'}")
         return 0
-    outcomes = run_sweep(sweep, cells)
+    from mxlarge.tracking import ui_hint
+
+    parents: dict[tuple[str, str], Any] = {}
+    outcomes = run_sweep(sweep, cells, parents)
     failed = [o for o in outcomes if o.status == "FAILED"]
     ran = sum(o.status == "FINISHED" for o in outcomes)
     skipped = sum(o.status == "SKIPPED" for o in outcomes)
     print(f"sweep {sweep.name}: {ran} finished, {skipped} skipped, {len(failed)} failed; "
           f"report: mxlarge report {sweep.name}", flush=True)
+    for parent in parents.values():
+        print(f"MLflow sweep run {parent.run_id}: {ui_hint(parent.uri, parent.run_id)}",
+              flush=True)
     if failed:
         names = "; ".join(f"{o.cell.label} seed {o.cell.seed} ({o.message or 'failed'})"
                           for o in failed)

@@ -11,9 +11,23 @@ experiment unless the config sets ``tracking.experiment`` (:func:`experiment_nam
 every run gets the system tags ``mlflow.user``, ``mlflow.source.name``, ``mlflow.source.type``
 and ``mlflow.source.git.commit``; a sweep is a parent run (tag ``sweep_parent``) whose cells are
 child runs (tag ``mlflow.parentRunId``, which the MLflow UI nests), and its report is logged to
-the parent. Params that do not apply to the run's dataset are left out (``config.applies``).
-The trained model is logged as ``model/`` (``net.export``: ``model-symbol.json`` +
-``model-0000.params``, MLflow 3 has no Gluon flavour) and :func:`load` reads it back.
+the parent.
+
+What a run holds, as the MLflow UI shows it (:func:`run_url` is its page in the training view):
+
+* name (``mlflow.runName``): what tells runs apart first, ``label · K×n · seed S`` (label: the
+  sweep label, else the config's ``name``; K×n: gradient contributors × images each);
+  description (``mlflow.note.content``): the plan as a table (:func:`describe_run`);
+* params: the config keys that apply to its dataset and model (``config.applies``; ``name`` is
+  the run name instead), ``tracking.uri`` as resolved, paths inside the repository relative to
+  it, the plan's derived numbers as ``plan.*`` and the built net's facts as ``net.*``;
+* metrics in sections by prefix (``train/``, ``val/``, ``perf/``, ``gns/``, MLflow's own
+  ``system/`` on rank 0; the names are :mod:`mxlarge.hooks`'), ``train/lr`` from step 0 and
+  ``train/samples`` (images seen) at every logged step, ``val/best_accuracy`` and
+  ``val/final_error`` (:func:`mxlarge.stats.final_error`) at every evaluation;
+* the model as an MLflow logged model (``python_function`` flavour over ``net.export``'s files,
+  :mod:`mxlarge.gluon_pyfunc`, with a signature and an input example); :func:`load` reads it
+  back as a ``gluon.SymbolBlock``.
 
 A job's run is a :class:`RunHandle` (store URI + run id), passed down as a value: whoever opens
 a run ends it. ``mxlarge train`` opens one (or reopens the run of the checkpoint it resumes) and
@@ -26,12 +40,12 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +57,12 @@ from mlflow.tracking import MlflowClient
 from mxlarge.config import Config, applies, dump_yaml, flatten
 from mxlarge.errors import InputError
 from mxlarge.hooks import REPORT, Hook, StepOutput
+from mxlarge.stats import final_error
 
 DEFAULT_URI = "sqlite:///mlruns.db"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# where `mlflow ui` / `mlflow server` listen unless told otherwise
+UI_ADDRESS = "http://127.0.0.1:5000"
 
 
 def tracking_uri(cfg: Config) -> str:
@@ -140,6 +158,69 @@ def _experiment_id(c: MlflowClient, name: str) -> str:
     return exp.experiment_id if exp else c.create_experiment(name)
 
 
+def shown_path(path: str | Path) -> str:
+    """``path`` relative to the repository when it lies inside it, else as given."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(path)
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def run_name(cfg: Config, world: Any, label: str | None = None) -> str:
+    """``label · K×n · seed S``: what differs first between runs (label, world, seed)."""
+    return f"{label or cfg.name} · {world.units}×{world.batch} · seed {cfg.train.seed}"
+
+
+def describe_run(cfg: Config, plan: Any, source: str | None = None,
+                 label: str | None = None) -> str:
+    """The run's description (``mlflow.note.content``, markdown): what it trains, the plan."""
+    shown = shown_path(Path(source).resolve()) if source and Path(source).is_file() else None
+    what = f"**{label or cfg.name}**" + (f" (`{shown}`)" if shown else "")
+    lines = [f"{what}: {cfg.model.name} on {cfg.data.dataset}, {plan.world.describe()}, "
+             f"{cfg.train.epochs} epochs.", "", "| plan | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in plan.summary().items()]
+    return "\n".join(lines)
+
+
+def run_params(cfg: Config, uri: str, plan: Any) -> dict[str, str]:
+    """The params of a training run (module docstring)."""
+    params: dict[str, Any] = {k: v for k, v in flatten(cfg).items()
+                              if k != "name" and applies(k, cfg)}
+    params["tracking.uri"] = uri
+    for k, v in params.items():
+        if isinstance(v, str) and v.startswith("/"):
+            params[k] = shown_path(v)
+    params.update({f"plan.{k}": v for k, v in plan.summary().items()})
+    return {k: str(v)[:500] for k, v in params.items()}
+
+
+def _log_params(c: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    items = [mlflow.entities.Param(k, str(v)[:500]) for k, v in params.items()]
+    for lo in range(0, len(items), 100):
+        c.log_batch(run_id, params=items[lo:lo + 100])
+
+
+def run_url(uri: str, run_id: str) -> str:
+    """The run's page in the MLflow UI's training view (``workflowType=machine_learning``,
+    which MLflow 3 otherwise opens as a GenAI experiment): at ``uri`` itself for a tracking
+    server, else at the address ``mlflow ui --backend-store-uri URI`` serves (:data:`UI_ADDRESS`).
+    """
+    exp = client(uri).get_run(run_id).info.experiment_id
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_ADDRESS
+    return f"{base}/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning"
+
+
+def ui_hint(uri: str, run_id: str) -> str:
+    """``URL`` and, for a local store, the command that serves it."""
+    url = run_url(uri, run_id)
+    if uri.startswith(("http://", "https://")):
+        return url
+    return f"{url} (serve it with: mlflow ui --backend-store-uri {uri})"
+
+
 @dataclass(frozen=True)
 class RunHandle:
     """One MLflow run of a job: where it is stored and its id."""
@@ -149,32 +230,36 @@ class RunHandle:
 
     @classmethod
     def create(cls, cfg: Config, uri: str, tags: dict[str, Any] | None = None,
-               parent: RunHandle | None = None) -> RunHandle:
-        """A RUNNING run with the config's applicable keys as params; a child of ``parent``."""
+               parent: RunHandle | None = None, plan: Any = None,
+               source: str | None = None) -> RunHandle:
+        """A RUNNING run named, described and with params as in the module docstring; a child
+        of ``parent``. ``plan`` defaults to :func:`mxlarge.plan.plan_for` of ``cfg``;
+        ``source`` is the experiment file (for the description); a ``sweep_label`` tag names
+        the run instead of ``cfg.name``."""
+        from mxlarge.plan import plan_for
+
+        plan = plan or plan_for(cfg)
+        label = (tags or {}).get("sweep_label")
         c = client(uri)
-        all_tags = {**system_tags(), "mlflow.runName": cfg.name, "git_commit": git_commit(),
-                    "dataset": cfg.data.dataset, "model": cfg.model.name, **(tags or {})}
+        all_tags = {**system_tags(), "mlflow.runName": run_name(cfg, plan.world, label),
+                    "mlflow.note.content": describe_run(cfg, plan, source, label),
+                    **(tags or {})}
         if parent is not None:
             all_tags["mlflow.parentRunId"] = parent.run_id
         run = c.create_run(_experiment_id(c, experiment_name(cfg)),
                            tags={k: str(v) for k, v in all_tags.items()})
-        params = [mlflow.entities.Param(k, str(v)[:500]) for k, v in flatten(cfg).items()
-                  if applies(k, cfg)]
-        for lo in range(0, len(params), 100):
-            c.log_batch(run.info.run_id, params=params[lo:lo + 100])
+        _log_params(c, run.info.run_id, run_params(cfg, uri, plan))
         return cls(uri, run.info.run_id)
 
     @classmethod
     def create_plain(cls, uri: str, experiment: str, tags: dict[str, Any],
                      params: dict[str, Any] | None = None) -> RunHandle:
-        """A RUNNING run without a training config (e.g. a sweep's summary)."""
+        """A RUNNING run without a training config (e.g. a sweep's parent)."""
         c = client(uri)
         run = c.create_run(_experiment_id(c, experiment),
-                           tags={**system_tags(), "git_commit": git_commit(),
-                                 **{k: str(v) for k, v in tags.items()}})
+                           tags={**system_tags(), **{k: str(v) for k, v in tags.items()}})
         if params:
-            c.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, str(v)[:500])
-                                                 for k, v in params.items()])
+            _log_params(c, run.info.run_id, params)
         return cls(uri, run.info.run_id)
 
     @classmethod
@@ -201,14 +286,64 @@ class RunHandle:
         ms = [mlflow.entities.Metric(k, float(v), now, int(step)) for k, v in metrics.items()]
         client(self.uri).log_batch(self.run_id, metrics=ms)
 
-    def log_artifacts(self, paths: Sequence[str | Path]) -> None:
-        """Files at the artifact root; a directory ``d`` goes under ``d.name/``."""
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Params (an existing key may only be logged again with the same value)."""
+        _log_params(client(self.uri), self.run_id, params)
+
+    def log_artifacts(self, paths: Sequence[str | Path], under: str | None = None) -> None:
+        """Files at the artifact root (or under ``under/``); a directory ``d`` goes under
+        ``d.name/``."""
         c = client(self.uri)
         for p in paths:
             if Path(p).is_dir():
-                c.log_artifacts(self.run_id, str(p), Path(p).name)
+                c.log_artifacts(self.run_id, str(p), "/".join(x for x in (under, Path(p).name)
+                                                              if x))
             else:
-                c.log_artifact(self.run_id, str(p))
+                c.log_artifact(self.run_id, str(p), under)
+
+    def log_text(self, text: str, path: str) -> None:
+        """``text`` as the artifact ``path`` (e.g. ``failure/worker-1.log``)."""
+        client(self.uri).log_text(self.run_id, text, path)
+
+    def log_model(self, export_dir: str | Path, example: Any, step: int) -> str:
+        """``net.export``'s files in ``export_dir`` as the run's logged model ``model``: the
+        ``python_function`` flavour of :mod:`mxlarge.gluon_pyfunc`, with the signature inferred
+        from ``example`` (a float32 batch) and the net's output on it. Returns its model id."""
+        import mlflow.models
+        import mlflow.pyfunc
+        import mxnet as mx
+        import numpy as np
+
+        from mxlarge import gluon_pyfunc
+
+        output = gluon_pyfunc.GluonModel(export_dir).predict(example)
+        requirements = [f"mxnet=={mx.__version__}", f"numpy=={np.__version__}"]
+        c = client(self.uri)
+        # made here, in the run's experiment: Model.log would put it in the process's active
+        # experiment (the default one)
+        run = c.get_run(self.run_id)
+        model = c.create_logged_model(run.info.experiment_id, name="model",
+                                      source_run_id=self.run_id, params=run.data.params)
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.uri)  # Model.log reads the process's tracking URI
+        try:
+            info = mlflow.models.Model.log(
+                artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=self.run_id,
+                model_id=model.model_id, step=step, loader_module="gluon_pyfunc",
+                data_path=str(export_dir),
+                code_paths=[gluon_pyfunc.__file__], pip_requirements=requirements,
+                signature=mlflow.models.infer_signature(example, output),
+                input_example=example)
+        finally:
+            mlflow.set_tracking_uri(previous)
+        return info.model_id
+
+    def model_id(self) -> str | None:
+        """The id of the run's newest logged model (its URI is ``models:/ID``), None if it
+        has none."""
+        outputs = client(self.uri).get_run(self.run_id).outputs
+        models = outputs.model_outputs if outputs is not None else []
+        return models[-1].model_id if models else None
 
     def end(self, ok: bool, tags: dict[str, Any] | None = None) -> None:
         """FINISHED or FAILED, after the given tags (e.g. ``failure``)."""
@@ -219,104 +354,159 @@ class RunHandle:
         return client(self.uri).get_run(self.run_id).info.status
 
 
-class MLflowHook(Hook):
-    """Rank 0: tags, the config artifact, metrics with their step, and artifacts of the run.
+def best_and_final(val_errors: Sequence[float]) -> dict[str, float]:
+    """``val/best_accuracy`` = 1 − min error and ``val/final_error`` (median of the last 5
+    evaluations, :func:`mxlarge.stats.final_error`) of the evaluations so far."""
+    return {"val/best_accuracy": 1 - min(val_errors), "val/final_error": final_error(val_errors)}
 
-    The run's owner opens and ends it; this hook only logs, and tags ``failure`` if training
-    raised. Per-step metrics come in ``StepOutput.metrics`` (the LR every ``log_every`` steps),
-    per-epoch ones in the epoch's metrics, files in ``loop.artifacts`` (:mod:`mxlarge.hooks`).
+
+class MLflowHook(Hook):
+    """Rank 0: the config artifact, metrics with their step, the model, system metrics.
+
+    The run's owner opens and ends it (its params and description come with it,
+    :meth:`RunHandle.create`); this hook logs the built net's facts as ``net.*`` params, tags
+    ``failure`` and ``failed_step`` if training raised. Per-step metrics come in
+    ``StepOutput.metrics``, per-epoch ones in the epoch's metrics, files in ``loop.artifacts``
+    (:mod:`mxlarge.hooks`). At step s, ``train/lr`` is the LR of update s (0-based; what
+    ``mxlarge show --lr-at s`` prints) and ``train/samples`` = s × ``global_batch``; both are
+    logged at step 0 and every ``log_every`` steps, and at each epoch's end. ``train/loss`` is
+    the per-step series only (its epoch mean would draw the same curve again).
+    ``val/best_accuracy`` and ``val/final_error`` cover every evaluation of the run, those
+    before a resume included (read back from the store). ``example`` (a float32 batch of
+    inputs) is the logged model's input example.
     """
 
     stage = REPORT
 
-    def __init__(self, cfg: Config, run: RunHandle, tags: dict[str, Any], log_every: int):
+    def __init__(self, cfg: Config, run: RunHandle, net_facts: dict[str, Any], log_every: int,
+                 global_batch: int, example: Any = None):
         self.cfg = cfg
         self.run = run
-        self.tags = tags
+        self.net_facts = net_facts
         self.log_every = log_every
+        self.global_batch = global_batch
+        self.example = example
+        self.val_errors: list[float] = []
+        self.monitor: Any = None
+
+    def _axis(self, loop: Any, step: int) -> dict[str, float]:
+        return {"train/lr": loop.trainer.lr_at(step), "train/samples": step * self.global_batch}
 
     def before_train(self, loop: Any) -> None:
-        self.run.tag(self.tags)
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.run.log_params({f"net.{k}": v for k, v in self.net_facts.items()})
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "config.yaml"
             path.write_text(dump_yaml(self.cfg))
             self.run.log_artifacts([path])
+        earlier = {s: v for s, v in metric_history(self.run.uri, self.run.run_id,
+                                                   "val/error_top1") if s <= loop.step}
+        self.val_errors = [earlier[s] for s in sorted(earlier)]  # a resumed run's evaluations
+        if loop.step == 0:  # a resumed run logged its step at the end of the epoch before
+            self.run.log_metrics(self._axis(loop, 0), 0)
+        # MLflow's own sampler (CPU, memory, disk, network, GPUs), resuming a resumed run's steps
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its INFO chatter
+        self.monitor = SystemMetricsMonitor(self.run.run_id, tracking_uri=self.run.uri,
+                                            resume_logging=True)
+        self.monitor.start()
 
     def after_step(self, loop: Any, out: StepOutput) -> None:
         metrics = dict(out.metrics)
-        if (out.step + 1) % self.log_every == 0:
-            metrics["lr"] = out.lr
+        done = out.step + 1
+        if done % self.log_every == 0:
+            metrics.update(self._axis(loop, done))
         if metrics:
-            self.run.log_metrics(metrics, out.step + 1)
+            self.run.log_metrics(metrics, done)
 
     def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
-        # one lr per step: after_step already logged it when the epoch ends on a logging step
-        logged = loop.step % self.log_every == 0
-        self.run.log_metrics({k: v for k, v in metrics.items() if not (k == "lr" and logged)},
-                             loop.step)
+        out = {k: v for k, v in metrics.items() if k not in ("train/loss", "train/lr")}
+        if loop.step % self.log_every:  # else after_step logged them at this step
+            out.update(self._axis(loop, loop.step))
+        if "val/error_top1" in metrics:
+            self.val_errors.append(metrics["val/error_top1"])
+            out.update(best_and_final(self.val_errors))
+        self.run.log_metrics(out, loop.step)
 
     def after_train(self, loop: Any, error: BaseException | None) -> None:
-        if error is not None:
-            self.run.tag({"failure": f"{type(error).__name__}: {error}"[:4000]})
-        with tempfile.TemporaryDirectory() as tmp:
-            files: list[str | Path] = list(loop.artifacts.values())
-            if loop.history:
-                from mxlarge.plots import plot_training_curves
-                png = Path(tmp) / "training_curves.png"
-                plot_training_curves(loop.history, png, title=self.cfg.name)
-                files.append(png)
-            self.run.log_artifacts(files)
+        try:
+            if error is not None:
+                self.run.tag({"failure": f"{type(error).__name__}: {error}"[:4000],
+                              "failed_step": loop.step})
+            with tempfile.TemporaryDirectory() as tmp:
+                files: list[str | Path] = [v for k, v in loop.artifacts.items() if k != "model"]
+                if loop.history:
+                    from mxlarge.plots import plot_training_curves
+                    png = Path(tmp) / "training_curves.png"
+                    plot_training_curves(loop.history, png, title=self.cfg.name)
+                    files.append(png)
+                self.run.log_artifacts(files)
+            if "model" in loop.artifacts and self.example is not None:
+                self.run.log_model(loop.artifacts["model"], self.example, loop.step)
+        finally:
+            if self.monitor is not None:
+                self.monitor.finish()
 
 
 class RankThroughputHook(Hook):
-    """Every rank logs its own images/s as ``images_per_sec_rank{r}`` to the job's run."""
+    """Ranks other than 0 log their own ``perf/images_per_sec_rank{r}`` to the job's run
+    (rank 0's comes with its :class:`MLflowHook`)."""
 
     stage = REPORT
 
-    def __init__(self, run: RunHandle, rank: int):
-        self.run, self.rank = run, rank
+    def __init__(self, run: RunHandle):
+        self.run = run
 
     def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
-        if "images_per_sec" in metrics:
-            self.run.log_metrics({f"images_per_sec_rank{self.rank}": metrics["images_per_sec"]},
-                                 loop.step)
+        own = {k: v for k, v in metrics.items() if k.startswith("perf/images_per_sec_rank")}
+        if own:
+            self.run.log_metrics(own, loop.step)
 
 
 def load(run_id: str, uri: str | None = None, ctx: Any = None) -> Any:
-    """The model a run logged (``model/``), as a ``gluon.SymbolBlock`` ready for inference.
+    """The model a run logged, as a ``gluon.SymbolBlock`` ready for inference: its logged
+    model (``models:/ID``), or in runs made before logged models its artifact ``model/``.
 
     ``uri`` defaults to :func:`tracking_uri` of a default config. Raises ``InputError`` if the
     run has no model (a run of a non-hybridized net, or one that failed).
     """
-    import mxnet as mx
+    from mlflow.artifacts import download_artifacts
+
+    from mxlarge.gluon_pyfunc import import_net
 
     uri = uri or tracking_uri(Config())
     dst = tempfile.mkdtemp(prefix="mxlarge-model-")
     try:
-        local = Path(client(uri).download_artifacts(run_id, "model", dst))
+        model = RunHandle(uri, run_id).model_id()
+        if model is not None:
+            where = client(uri).get_logged_model(model).artifact_location
+            local = Path(download_artifacts(artifact_uri=where, dst_path=dst))
+            # the pyfunc's data/ holds the export directory
+            local = next((p.parent for p in local.glob("data/*/*-symbol.json")), local)
+        else:
+            local = Path(client(uri).download_artifacts(run_id, "model", dst))
     except mlflow.exceptions.MlflowException as exc:
-        raise InputError(f"run {run_id!r} in {uri!r} has no model artifact: "
+        raise InputError(f"run {run_id!r} in {uri!r} has no model: "
                          f"{str(exc).splitlines()[0][:300]}") from None
-    symbols = sorted(local.glob("*-symbol.json"))
-    params = sorted(local.glob("*.params"))
-    if not symbols or not params:
-        raise InputError(f"run {run_id!r}: model/ holds no exported symbol and parameters")
-    with warnings.catch_warnings():
-        # imports() cannot infer the input's dtype from the symbol and warns; it is float32,
-        # the default it then uses
-        warnings.filterwarnings("ignore", message="Cannot decide type")
-        return mx.gluon.SymbolBlock.imports(str(symbols[0]), ["data"], str(params[0]),
-                                            ctx=ctx or mx.cpu())
+    try:
+        return import_net(local, ctx)
+    except FileNotFoundError:
+        raise InputError(f"run {run_id!r}: its model holds no exported symbol and "
+                         "parameters") from None
 
 
-def sweep_parent(uri: str, experiment: str, name: str) -> RunHandle:
+def sweep_parent(uri: str, experiment: str, name: str, params: dict[str, Any] | None = None,
+                 description: str = "") -> RunHandle:
     """The parent run of sweep ``name`` (tag ``sweep_parent``), reopened if a previous
-    invocation made it (a resumed sweep keeps one parent), else created."""
+    invocation made it (a resumed sweep keeps one parent), else created with ``params`` and
+    ``description``."""
     found = find_runs(uri, experiment, {"sweep_parent": name})
     if found:
         return RunHandle.reopen(uri, found[0]["run_id"])
     return RunHandle.create_plain(uri, experiment, {"sweep_parent": name,
-                                                    "mlflow.runName": f"sweep {name}"})
+                                                    "mlflow.runName": f"sweep {name}",
+                                                    "mlflow.note.content": description},
+                                  params)
 
 
 def find_sweep_parent(uri: str, experiment: str, name: str) -> RunHandle | None:
@@ -336,7 +526,8 @@ def find_runs(uri: str, experiment: str, tags: dict[str, str],
     checked here, so labels with quotes or spaces still match exactly.
 
     Returns:
-        ``[{"run_id", "status", "start_time" (ms), "tags", "params"}]``, newest first; an
+        ``[{"run_id", "status", "start_time" (ms), "tags", "params", "metrics" (latest
+        values)}]``, newest first; an
         empty list if the experiment does not exist.
     """
     c = client(uri)
@@ -360,7 +551,7 @@ def find_runs(uri: str, experiment: str, tags: dict[str, str],
                 continue
             out.append({"run_id": r.info.run_id, "status": r.info.status,
                         "start_time": r.info.start_time or 0, "tags": dict(r.data.tags),
-                        "params": dict(r.data.params)})
+                        "params": dict(r.data.params), "metrics": dict(r.data.metrics)})
         token = page.token
         if not token:
             return out

@@ -18,7 +18,7 @@ def test_unbiased_estimates_closed_form():
     ns = NoiseScale(8, 64, decay=0.5)
     for _ in range(3):
         m = ns.update(small, big)
-    assert m["gns_b_simple"] == pytest.approx(tr / g2)
+    assert m["gns/b_simple"] == pytest.approx(tr / g2)
     with pytest.raises(ValueError):
         unbiased(1.0, 8, 1.0, 8)
 
@@ -66,7 +66,7 @@ def test_gns_estimate_within_8_percent_of_closed_form_and_not_of_a_wrong_one(see
     loop = TrainLoop(net=net, trainer=trainer, train_source=prob, loss_fn=gluon.loss.L2Loss(),
                      epochs=1, gns=ns, gns_every=1)
     loop.run()
-    est = ns.metrics()["gns_b_simple"]
+    est = ns.metrics()["gns/b_simple"]
     r2 = float((prob.r ** 2).sum())
     without_rrT = (d * r2 + d * sigma ** 2) / r2
     assert est == pytest.approx(prob.analytic(), rel=0.08), (est, prob.analytic())

@@ -56,8 +56,8 @@ def test_hooks_run_by_stage_whatever_the_registration_order(tmp_path):
     assert [type(h).__name__ for h in loop.hooks] == [
         "TimerHook", "LossHook", "EvalHook", "FinalParamsHook", "Seen"]
     loop.run()
-    assert seen.step_keys == {"train_loss_step"}
-    assert {"train_loss", "images_per_sec", "val_accuracy", "lr"} <= seen.epoch_keys
+    assert seen.step_keys == {"train/loss"}
+    assert {"train/loss", "perf/images_per_sec", "val/accuracy", "train/lr"} <= seen.epoch_keys
     # the hybridized net is also exported (symbol + parameters) for mxlarge.load
     assert seen.artifacts == {"final_params": f"{tmp_path}/final.params",
                               "model": f"{tmp_path}/model"}

@@ -35,14 +35,14 @@ def rows(acc, seconds=None, ips=None, err=None):
     """Per-epoch rows: epoch e (1-based) at step 10·e."""
     out = []
     for i, a in enumerate(acc):
-        r = {"epoch": float(i + 1), "step": float(10 * (i + 1))}
+        r = {"train/epoch": float(i + 1), "step": float(10 * (i + 1))}
         if a is not None:
-            r["val_accuracy"] = a
-            r["val_error_top1"] = 1 - a if err is None else err[i]
+            r["val/accuracy"] = a
+            r["val/error_top1"] = 1 - a if err is None else err[i]
         if seconds is not None:
-            r["train_seconds"] = seconds[i]
+            r["perf/train_seconds"] = seconds[i]
         if ips is not None:
-            r["images_per_sec_global"] = ips[i]
+            r["perf/images_per_sec"] = ips[i]
         out.append(r)
     return tuple(out)
 
@@ -57,26 +57,27 @@ def run(label, seed, acc, seconds=None, ips=None, world=1, batch=32, params=None
 
 
 def test_epoch_rows_join_epoch_metrics_by_step_and_skip_unevaluated_epochs():
-    hist = {"epoch": [(10, 1.0), (20, 2.0), (30, 3.0)],
-            "val_accuracy": [(10, 0.5), (30, 0.7)],          # eval_every = 2 (+ last epoch)
-            "train_seconds": [(10, 1.5), (20, 3.0), (30, 4.5)]}
+    hist = {"train/epoch": [(10, 1.0), (20, 2.0), (30, 3.0)],
+            "val/accuracy": [(10, 0.5), (30, 0.7)],          # eval_every = 2 (+ last epoch)
+            "perf/train_seconds": [(10, 1.5), (20, 3.0), (30, 4.5)]}
     got = epoch_rows(hist)
-    assert got == [{"step": 10.0, "epoch": 1.0, "val_accuracy": 0.5, "train_seconds": 1.5},
-                   {"step": 20.0, "epoch": 2.0, "train_seconds": 3.0},
-                   {"step": 30.0, "epoch": 3.0, "val_accuracy": 0.7, "train_seconds": 4.5}]
+    assert got == [
+        {"step": 10.0, "train/epoch": 1.0, "val/accuracy": 0.5, "perf/train_seconds": 1.5},
+        {"step": 20.0, "train/epoch": 2.0, "perf/train_seconds": 3.0},
+        {"step": 30.0, "train/epoch": 3.0, "val/accuracy": 0.7, "perf/train_seconds": 4.5}]
     assert epoch_rows({}) == []
 
 
 def test_final_error_is_the_median_of_the_last_five_epochs():
     r = rows([None] * 7)
     errors = [0.5, 0.4, 0.3, 0.2, 0.1, 0.3, 0.2]
-    r = tuple({**x, "val_error_top1": e} for x, e in zip(r, errors))
+    r = tuple({**x, "val/error_top1": e} for x, e in zip(r, errors))
     assert run_final_error(r) == pytest.approx(0.2)          # median(.3,.2,.1,.3,.2)
     assert final_error(errors) == pytest.approx(0.2)         # unchanged public function
 
 
 def test_final_error_with_fewer_than_five_epochs_uses_all_and_none_without_evaluations():
-    r = tuple({"epoch": float(i), "val_error_top1": e} for i, e in enumerate([0.4, 0.2, 0.3]))
+    r = tuple({"train/epoch": float(i), "val/error_top1": e} for i, e in enumerate([0.4, 0.2, 0.3]))
     assert run_final_error(r) == pytest.approx(0.3)
     assert run_final_error(r[:2]) == pytest.approx(0.3)      # median of two = their mean
     assert run_final_error(rows([None, None])) is None

@@ -17,8 +17,8 @@ TARGET = json.dumps({"reference": "1x recipe", "tolerance": 0.003})
 
 
 def _run(label, seed, batch, errors, steps_per_epoch, gns=(), start=0):
-    rows = tuple({"epoch": float(e + 1), "step": float((e + 1) * steps_per_epoch),
-                  "val_error_top1": err, "train_seconds": 2.0 * (e + 1)}
+    rows = tuple({"train/epoch": float(e + 1), "step": float((e + 1) * steps_per_epoch),
+                  "val/error_top1": err, "perf/train_seconds": 2.0 * (e + 1)}
                  for e, err in enumerate(errors))
     return RunData(run_id=f"{label}-{seed}".ljust(32, "0"), label=label, seed=seed,
                    start_time=start, global_batch=batch, peak_lr=0.05 * batch / 32, rows=rows,

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
@@ -27,6 +28,9 @@ POLL_INTERVAL = 0.05
 # After SIGKILL a process normally vanishes within milliseconds; this only bounds pathological
 # cases (uninterruptible sleep on a dead NFS mount) so that teardown itself can never hang.
 _KILL_WAIT = 5.0
+
+# Lines of each child's output kept in memory: the evidence of a failure (``Child.tail``).
+TAIL_LINES = 200
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -87,7 +91,8 @@ class LineSink:
 
 
 class Child:
-    """One supervised process (the leader of its own process group)."""
+    """One supervised process (the leader of its own process group); ``tail`` holds its last
+    :data:`TAIL_LINES` lines of output."""
 
     def __init__(self, role: str, index: int | None, label: str, popen: subprocess.Popen[bytes],
                  sink: LineSink) -> None:
@@ -96,6 +101,7 @@ class Child:
         self.label = label
         self.popen = popen
         self.status: int | None = None
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._pump = threading.Thread(target=self._pump_lines, args=(sink,),
                                       name=f"pump {label}", daemon=True)
         self._pump.start()
@@ -111,7 +117,9 @@ class Child:
             return
         try:
             for raw in iter(stream.readline, b""):
-                sink.emit(self.label, raw.decode("utf-8", "replace").rstrip("\r\n"))
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                self.tail.append(line)
+                sink.emit(self.label, line)
         except (OSError, ValueError):
             pass  # the pipe was closed under us during teardown
         finally:

@@ -467,6 +467,7 @@ class ClusterOutcome:
         message: one line, e.g. ``"worker 1 via ssh 10.0.0.2:22 exited with status 137"``.
         hosts: the scheduler address, then the hosts the backend was given (ssh targets used,
             the mpi hostfile's hosts, the Slurm allocation's nodes), without repeats.
+        failed_output: the failed local process's last lines of output (``Child.tail``).
     """
 
     exit_code: int
@@ -475,6 +476,7 @@ class ClusterOutcome:
     failed_host: str | None
     message: str
     hosts: tuple[str, ...]
+    failed_output: tuple[str, ...] = ()
 
 
 class _ReportSink(LineSink):
@@ -721,7 +723,8 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
             rank, host = sink.reports.get(failed.label, (None, None))
     elif stop.is_set():  # e.g. scancel: Slurm's SIGTERM reached the launcher first
         role, rank, host = "launcher", 0, args.host_ip
-    return ClusterOutcome(rc, role, rank, host, message, tuple(dict.fromkeys(used)))
+    return ClusterOutcome(rc, role, rank, host, message, tuple(dict.fromkeys(used)),
+                          tuple(failed.tail) if failed is not None else ())
 
 
 def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],

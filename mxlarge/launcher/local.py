@@ -81,6 +81,10 @@ class Outcome:
             the job); ``None`` on success or when the launcher was interrupted.
         step: on failure, the last step the failed worker (a crash), or every worker (a
             stall or a server crash), had completed, as far as the heartbeats tell.
+        failed_kvstore_rank: the failed (or first stalled) worker's kvstore rank, from its
+            heartbeat; ``None`` for a server or scheduler, or before its first report.
+        failed_host: where that process ran.
+        failed_output: its last lines of output (``Child.tail``).
     """
 
     exit_code: int
@@ -90,6 +94,9 @@ class Outcome:
     message: str
     reason: str | None = None
     step: int | None = None
+    failed_kvstore_rank: int | None = None
+    failed_host: str | None = None
+    failed_output: tuple[str, ...] = ()
 
 
 def free_port() -> int:
@@ -261,8 +268,11 @@ def _stalled(sup: Supervisor, watchdog: Watchdog | None) -> Outcome | None:
         return None
     pids = {watchdog.seen[r].record.pid for r in stall.behind}
     child = next((c for c in sup.children if c.role == "worker" and c.pid in pids), None)
+    record = watchdog.record_of_pid(child.pid) if child else None
     return Outcome(STALL_EXIT, "worker" if child else None, child.index if child else None,
-                   None, stall.message, "stalled", stall.step)
+                   None, stall.message, "stalled", stall.step,
+                   record.rank if record else None, record.host if record else None,
+                   tuple(child.tail) if child else ())
 
 
 def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
@@ -277,14 +287,17 @@ def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
         failed = sup.first_failure()
         if failed is not None:
             assert failed.status is not None
-            step = None
+            step = record = None
             if watchdog is not None:
                 watchdog.read(force=True)  # the failed worker's last record
-                step = watchdog.step_of_pid(failed.pid) if failed.role == "worker" else None
-                step = watchdog.progress() if step is None else step
+                record = watchdog.record_of_pid(failed.pid) if failed.role == "worker" else None
+                step = watchdog.progress() if record is None else record.done
+            failed.join_pump(timeout=2.0)  # its last lines, written just before it died
             return Outcome(exit_code_for(failed.status), failed.role, failed.index,
                            failed.status, f"{failed.label} exited with "
-                                          f"{describe_status(failed.status)}", "crashed", step)
+                                          f"{describe_status(failed.status)}", "crashed", step,
+                           record.rank if record else None,
+                           record.host if record else socket.gethostname(), tuple(failed.tail))
         stalled = _stalled(sup, watchdog)
         if stalled is not None:
             return stalled

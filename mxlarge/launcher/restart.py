@@ -127,4 +127,5 @@ def cluster_outcome(result: ClusterOutcome) -> Outcome:
     reason = (None if code == 0 or interrupted else
               "stalled" if code == STALL_EXIT else "crashed")
     role = None if result.failed_role == "launcher" else result.failed_role
-    return Outcome(code, role, result.failed_rank, None, result.message, reason)
+    return Outcome(code, role, result.failed_rank, None, result.message, reason,
+                   failed_host=result.failed_host, failed_output=result.failed_output)

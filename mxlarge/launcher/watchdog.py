@@ -151,7 +151,13 @@ class Watchdog:
 
     def step_of_pid(self, pid: int) -> int | None:
         """The completed steps reported by the worker with process id ``pid``, if any."""
-        return next((s.record.done for s in self.seen.values() if s.record.pid == pid), None)
+        record = self.record_of_pid(pid)
+        return record.done if record is not None else None
+
+    def record_of_pid(self, pid: int) -> Record | None:
+        """The last record of the worker with process id ``pid`` (its kvstore rank, host), if
+        any."""
+        return next((s.record for s in self.seen.values() if s.record.pid == pid), None)
 
     # -- judging ----------------------------------------------------------------------------------
     def read(self, force: bool = False) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from mxnet.gluon import HybridBlock
 
-from mxlarge.config import ConfigError, ModelConfig
+from mxlarge.config import LOCAL_NETS, ConfigError, ModelConfig
 from mxlarge.errors import closest
 from mxlarge.nets.init import (
     DEFAULT_INIT,
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Names served by mxlarge itself; anything else goes to GluonCV's model zoo.
-LOCAL_MODELS = ("small_resnet", "small_plain", "resnet1d")
+LOCAL_MODELS = LOCAL_NETS
 
 #: GluonCV modules whose builders are image classifiers taking ``classes=``. The rest of the
 #: zoo (detection, segmentation, pose, video, int8, ...) is refused: those builders do not take

@@ -219,4 +219,4 @@ def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed, work: Path
     assert "done: 3 steps on 3 worker(s) x 2 device(s) x 2 images" in text, text[-3000:]
     run = check_run(work, ",".join(testbed.addr(h) for h in testbed.hosts))
     assert run.data.params["dist.kvstore"] == "dist_device_sync"
-    assert run.data.tags["global_batch"] == str(3 * 2 * 2)
+    assert run.data.params["plan.global_batch"] == str(3 * 2 * 2)

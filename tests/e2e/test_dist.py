@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -178,10 +179,15 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
                     break
             time.sleep(0.5)
         assert target is not None, "job did not start"
-        time.sleep(8)  # let training run (imports take ~5 s)
+        seen = []  # let training run: until rank 0's first progress line
+        for line in proc.stdout:
+            seen.append(line)
+            if re.search(r"\] step \d+/", line):
+                break
         os.kill(target, signal.SIGKILL)
         killed_at = time.time()
         out, _ = proc.communicate(timeout=60)
+        out = "".join(seen) + out
         took = time.time() - killed_at
     finally:
         if proc.poll() is None:
@@ -197,7 +203,23 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
-    assert runs[0].data.tags["failed_role"] == victim
+    tags = runs[0].data.tags
+    assert tags["failed_role"] == victim
+    # the evidence: where and when it failed, and its last lines as the launcher printed them
+    index = int(tags["failed_rank"])
+    assert tags["failed_host"] == socket.gethostname()
+    assert int(tags["failed_step"]) >= 1  # killed after rank 0's first progress line
+    if victim == "worker":  # the kvstore rank from its heartbeat (a server has none)
+        assert tags["failed_kvstore_rank"] in ("0", "1")
+    else:
+        assert "failed_kvstore_rank" not in tags
+    log = client.download_artifacts(runs[0].info.run_id, f"failure/{victim}-{index}.log",
+                                    str(tmp_path))
+    head, *lines = Path(log).read_text().splitlines()
+    assert head.startswith(f"# {victim} {index} exited with signal 9 (SIGKILL); its last")
+    printed = [x[len(f"[{victim} {index}] "):] for x in out.splitlines()
+               if x.startswith(f"[{victim} {index}] ")]
+    assert lines == printed[-200:]
 
 
 @pytest.mark.slow
@@ -217,16 +239,17 @@ def test_launched_demo_job_is_one_finished_mlflow_run(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.params["dist.kvstore"] == "dist_sync"
     assert run.data.params["dist.workers"] == "2"
-    assert run.data.tags["world_size"] == "2" and run.data.tags["global_batch"] == "256"
+    assert run.data.params["plan.world_size"] == "2"
+    assert run.data.params["plan.global_batch"] == "256"
     steps = 1400 // 256
-    hist = client.get_metric_history(run.info.run_id, "val_accuracy")
+    hist = client.get_metric_history(run.info.run_id, "val/accuracy")
     assert [m.step for m in hist] == [steps, 2 * steps, 3 * steps]
-    per_rank = [client.get_metric_history(run.info.run_id, f"images_per_sec_rank{rank}")
+    per_rank = [client.get_metric_history(run.info.run_id, f"perf/images_per_sec_rank{rank}")
                 for rank in (0, 1)]
     assert [len(h) for h in per_rank] == [3, 3]
     # the global rate is measured: the sum of both workers' own rates (summed in float32), not
     # rank 0's rate x 2
-    glob = client.get_metric_history(run.info.run_id, "images_per_sec_global")
+    glob = client.get_metric_history(run.info.run_id, "perf/images_per_sec")
     for g, a, b in zip(sorted(glob, key=lambda m: m.step), *(sorted(h, key=lambda m: m.step)
                                                              for h in per_rank)):
         assert g.step == a.step == b.step

@@ -34,7 +34,7 @@ def _expected(decay: str, t: int) -> float:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("decay", ["cosine", "poly"])
 def test_decay_schedule_through_the_config(tmp_path, mlflow_uri, decay):
-    """Every step's LR in MLflow (metric ``lr`` at step t + 1 is update t's) equals the closed
+    """Every step's LR in MLflow (metric ``train/lr`` at step t is update t's) equals the closed
     form: linear warmup, then cosine or (1 − x)^3 decay to 0 over the remaining steps."""
     cfg = tmp_path / "sched.yaml"
     cfg.write_text(SCHEDULE_CONFIG.replace("DECAY", decay))
@@ -42,8 +42,8 @@ def test_decay_schedule_through_the_config(tmp_path, mlflow_uri, decay):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     client = MlflowClient(tracking_uri=mlflow_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])
-    got = {m.step - 1: m.value for m in client.get_metric_history(run.info.run_id, "lr")}
-    assert sorted(got) == list(range(TOTAL))
+    got = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/lr")}
+    assert sorted(got) == list(range(TOTAL + 1))  # from step 0 (warmup's start) on
     for t in (0, 20, WARMUP - 1, WARMUP, 80, 107, 150, TOTAL - 1):
         assert got[t] == pytest.approx(_expected(decay, t), rel=1e-9, abs=1e-12), t
     assert got[TOTAL - 1] < 0.01 * PEAK  # decayed to (nearly) zero by the end

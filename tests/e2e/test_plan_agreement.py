@@ -79,7 +79,8 @@ def test_show_agrees_with_what_runs(case, tmp_path, mlflow_uri, recordio, capsys
     c = MlflowClient(tracking_uri=mlflow_uri)
     runs = c.search_runs([c.get_experiment_by_name("mxlarge").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    tags = runs[0].data.tags
-    assert {k: tags.get(k) for k in PLAN_KEYS} == {k: str(shown[k]) for k in PLAN_KEYS}
-    first = [m.value for m in c.get_metric_history(runs[0].info.run_id, "lr") if m.step == 1]
+    params = runs[0].data.params
+    assert {k: params.get(f"plan.{k}") for k in PLAN_KEYS} == {k: str(shown[k]) for k in PLAN_KEYS}
+    first = [m.value for m in c.get_metric_history(runs[0].info.run_id, "train/lr")
+             if m.step == 0]
     assert first and all(v == pytest.approx(shown["lr_at"]["0"]) for v in first)

@@ -116,7 +116,7 @@ def test_server_killed_at_epoch_3_worker_stopped_at_epoch_6_job_still_finishes(t
     assert run.data.tags["restart_1_reason"] == "server 0 exited with signal 9 (SIGKILL)"
     assert run.data.tags["restart_2_reason"].startswith("stalled: no worker advanced")
     assert [m.value for m in client.get_metric_history(run.info.run_id, "restarts")] == [1, 2]
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")]
     assert sorted(set(steps)) == [SPE * e for e in range(1, 11)]
     time.sleep(0.5)
     assert dmlc_processes(str(tmp_path)) == []

@@ -63,7 +63,7 @@ def test_four_epochs_equal_two_plus_resume_plus_two(tmp_path, verb):
     by_status = {r.info.run_id: r for r in runs}
     for run in by_status.values():
         assert run.info.status == "FINISHED"
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")]
         assert steps == [spe, 2 * spe, 3 * spe, 4 * spe]
 
 

@@ -49,8 +49,8 @@ def test_tiny_sweep_resumes_and_reports(tmp_path, mlflow_uri, capsys):
         assert len(x.data.tags["config_hash"]) == 64
         assert x.data.params["train.epochs"] == "2"
         assert x.data.params["train.seed"] == x.data.tags["seed"]
-        assert x.data.tags["world_size"] == "1"
-    assert {x.data.tags["global_batch"] for x in runs} == {"64", "256"}
+        assert x.data.params["plan.world_size"] == "1"
+    assert {x.data.params["plan.global_batch"] for x in runs} == {"64", "256"}
 
     # again: every cell is found in MLflow and skipped, nothing new is created
     r = cli(["sweep", str(sweep), *TINY[1:]], tmp_path, mlflow_uri)

@@ -28,12 +28,13 @@ def test_train_tracks_a_readable_mlflowcli(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.params["optim.base_lr"] == "0.05"
     assert run.data.params["train.epochs"] == "4"
-    assert run.data.tags["dataset"] == "digits" and run.data.tags["world_size"] == "1"
-    assert run.data.tags["global_batch"] == "16"
-    hist = client.get_metric_history(run.info.run_id, "val_accuracy")
+    assert run.data.params["data.dataset"] == "digits"
+    assert run.data.params["plan.world_size"] == "1"
+    assert run.data.params["plan.global_batch"] == "16"
+    hist = client.get_metric_history(run.info.run_id, "val/accuracy")
     assert [m.step for m in hist] == [87, 174, 261, 348]
     assert hist[-1].value == pytest.approx(acc, abs=1e-4)
-    lr = client.get_metric_history(run.info.run_id, "lr")
+    lr = client.get_metric_history(run.info.run_id, "train/lr")
     assert min(m.value for m in lr) == pytest.approx(0.0005)
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "final.params", "training_curves.png"} <= arts

@@ -1,0 +1,95 @@
+"""`mxlarge report` against real MLflow stores: one written with the metric names and tags of
+stores made before the MLflow sections (train/, val/, perf/, gns/) reads exactly like the same
+runs written with the current names, and the sweep's parent run gets the report's table as its
+description and the per-label numbers as metrics."""
+import statistics
+
+import pytest
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+from mxlarge import tracking
+from mxlarge.report import LEGACY_METRICS, label_metrics, load_sweep_runs, write_report
+
+# per seed: val errors of 3 epochs (logged at steps 10, 20, 30), images/s, per-step losses
+RUNS = {0: ([0.5, 0.3, 0.2], 100.0), 1: ([0.6, 0.25, 0.15], 120.0)}
+
+
+def _write(uri: str, legacy: bool) -> None:
+    c = MlflowClient(tracking_uri=uri)
+    found = c.get_experiment_by_name("mxlarge")
+    exp = found.experiment_id if found else c.create_experiment("mxlarge")
+    parent = tracking.sweep_parent(uri, "mxlarge", "old", {"sweep.seeds": "0,1"}, "grid")
+    for seed, (errors, ips) in RUNS.items():
+        plan = {"workers": "1", "global_batch": "32", "peak_lr": "0.1"}
+        tags = {"sweep": "old", "sweep_label": "base", "seed": str(seed),
+                "mlflow.parentRunId": parent.run_id}
+        if legacy:  # the plan as tags, the commit twice
+            tags.update(plan, git_commit="c" * 40)
+        run = c.create_run(exp, tags=tags).info.run_id
+        c.log_batch(run, params=[] if legacy else [Param(f"plan.{k}", v)
+                                                   for k, v in plan.items()])
+        ms = []
+        for e, err in enumerate(errors):
+            step = 10 * (e + 1)
+            for key, value in (("train/epoch", e + 1.0), ("val/error_top1", err),
+                               ("val/accuracy", 1 - err), ("perf/train_seconds", 2.0 * step),
+                               ("perf/images_per_sec", ips), ("train/loss", 2.0 - e / 2),
+                               ("train/lr", 0.1)):
+                ms.append(Metric(LEGACY_METRICS[key] if legacy else key, value, 0, step))
+        c.log_batch(run, metrics=ms)
+        c.set_terminated(run, "FINISHED")
+    parent.end(True)
+
+
+def _numbers(uri: str, tmp_path):
+    runs = sorted(load_sweep_runs(uri, "mxlarge", "old"), key=lambda r: r.seed)
+    text = write_report("old", tmp_path / "rep", uri=uri).read_text()
+    table = text[text.index("| label |"):text.index("\n\n", text.index("| label |"))]
+    return ([(r.seed, r.workers, r.global_batch, r.peak_lr, r.rows, r.lr, r.loss)
+             for r in runs], table)
+
+
+@pytest.mark.timeout(240)
+def test_report_reads_a_store_with_the_old_names_as_one_with_the_new(tmp_path, mlflow_uri):
+    old_uri = f"sqlite:///{tmp_path}/old.db"
+    _write(old_uri, legacy=True)
+    _write(mlflow_uri, legacy=False)
+    old, old_table = _numbers(old_uri, tmp_path / "o")
+    new, new_table = _numbers(mlflow_uri, tmp_path / "n")
+    assert old == new and old_table == new_table
+    seed0 = old[0]
+    assert seed0[1:4] == (1, 32, 0.1)  # workers, global batch, peak LR: from the old tags
+    assert [r["val/error_top1"] for r in seed0[4]] == RUNS[0][0]
+    assert seed0[6] == ((10, 2.0), (20, 1.5), (30, 1.0))  # train_loss_step read as train/loss
+    # final error = median of the evaluations (3 < 5 here): 0.3 and 0.25; mean ± sample std
+    assert "| 27.50 ± 3.54 |" in new_table
+
+
+@pytest.mark.timeout(240)
+def test_sweep_parent_gets_the_table_and_the_per_label_numbers(tmp_path, mlflow_uri):
+    _write(mlflow_uri, legacy=False)
+    write_report("old", tmp_path / "rep", uri=mlflow_uri)
+    parent = tracking.find_sweep_parent(mlflow_uri, "mxlarge", "old")
+    run = MlflowClient(tracking_uri=mlflow_uri).get_run(parent.run_id)
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith("**sweep old**") and "\n| base | 1 | 32 | 0.1 | 0,1 |" in note
+    m = run.data.metrics
+    finals = [statistics.median(e) for e, _ in RUNS.values()]
+    assert m["base/final_error"] == pytest.approx(statistics.fmean(finals))
+    assert m["base/final_error_std"] == pytest.approx(statistics.stdev(finals))
+    assert m["base/best_accuracy"] == pytest.approx(0.85)
+    assert m["base/seeds"] == 2 and m["base/images_per_sec"] == pytest.approx(110.0)
+    assert run.data.params["sweep.seeds"] == "0,1"
+
+
+def test_label_metrics_keys_are_names_mlflow_accepts():
+    from mxlarge.report import LabelRow, Summary, metric_key
+
+    assert metric_key("16x recipe (LARS, η=5)/b") == "16x recipe _LARS_ η_5__b"
+    row = LabelRow(label="a/b", seeds=(0,), missing_seeds=(), workers=1, global_batch=32,
+                   peak_lr=0.1, final_errors=(0.2,), epochs_to_target=(None,),
+                   seconds_to_target=(None,), images_per_sec=None, reference=None,
+                   speedup=None, efficiency=None, conv_speedup=None)
+    got = label_metrics(Summary(None, None, 0.99, None, (row,)), [])
+    assert got == {"a_b/seeds": 1.0, "a_b/final_error": 0.2}

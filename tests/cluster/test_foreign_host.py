@@ -137,3 +137,88 @@ def test_without_it_the_job_fails_naming_the_cause(testbed: Testbed, work: Path)
     assert rulesets(testbed) == before
     assert not anything_of(str(work))
 
+
+
+HOLD_FILTER = """
+import sys, time
+from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, packet_filter
+with packet_filter(sys.argv[1], [Host("here"), Host.ssh(sys.argv[2])], SCHEDULER_PORTS,
+                   lambda line: print(line, flush=True)):
+    print("up", flush=True)
+    time.sleep(120)
+"""
+
+
+def wait_for(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_launcher_leaves_no_rule_and_a_killed_guard_is_cleaned_up_later(
+        testbed: Testbed, work: Path) -> None:
+    before = rulesets(testbed)
+    # 1. kill -9 of the launcher (here: a process on h0 holding the filter on h0 and h1): the
+    # remote guard reads end of file through ssh and removes its table. (The local guard does
+    # the same when this runs by hand; under pytest here it was SIGKILLed from outside once
+    # orphaned, and its table is then the stale one of part 2.)
+    job = start(testbed, "h0", [PY, "-c", HOLD_FILTER, "aaaa00000001", testbed.addr("h1")], work)
+    try:
+        wait_for(lambda: "up" in job.text().split(), 60, f"the filter ({job.text()})")
+        now = rulesets(testbed)
+        for h in ("h0", "h1"):
+            assert "table ip mxlarge_aaaa00000001_" in now[h], now[h]
+        assert now["h2"] == before["h2"]
+        subprocess.run(["pkill", "-9", "-P", str(job.proc.pid)], check=False)  # python under `on`
+        job.proc.kill()
+        job.proc.wait()
+        wait_for(lambda: rulesets(testbed)["h1"] == before["h1"], 15, "h1's table to go")
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    # 2. a guard killed -9 leaves its table (stale); the next guard on that host removes it
+    job = start(testbed, "h1", [PY, "-c", HOLD_FILTER, "bbbb00000002", testbed.addr("h2")], work,
+                log_name="job2.log")
+    try:
+        wait_for(lambda: "up" in job.text().split(), 60, f"the filter ({job.text()})")
+        guard = next(pid for pid in _pids_with(" mxlarge-guard bbbb00000002 ")
+                     if host_netns(testbed, pid) == "h1")
+        subprocess.run(["kill", "-9", str(guard)], check=True)
+        time.sleep(1)
+        assert "table ip mxlarge_bbbb00000002_" in rulesets(testbed)["h1"]
+    finally:
+        job.proc.kill()
+        job.proc.wait()
+    wait_for(lambda: rulesets(testbed)["h2"] == before["h2"], 15, "h2's table to go")
+    assert "table ip mxlarge_bbbb00000002_" in rulesets(testbed)["h1"]  # stale
+    clean = subprocess.run(testbed.on("h1", PY, "-m", "mxlarge.launcher.firewall", "clean"),
+                           capture_output=True, text=True, timeout=60, cwd=work)
+    assert clean.returncode == 0, clean.stderr
+    assert re.search(r"this host: removed stale mxlarge_bbbb00000002_\d+", clean.stdout), \
+        clean.stdout
+    assert rulesets(testbed)["h1"] == before["h1"]
+    # anything left on h0 (part 1) goes the same way
+    clean = subprocess.run(testbed.on("h0", PY, "-m", "mxlarge.launcher.firewall", "clean"),
+                           capture_output=True, text=True, timeout=60, cwd=work)
+    assert clean.returncode == 0, clean.stderr
+    assert rulesets(testbed) == before
+
+
+def _pids_with(needle: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode() + " ":
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def host_netns(tb: Testbed, pid: int) -> str | None:
+    from tests.cluster.test_failures import host_of
+
+    return host_of(tb, pid)

@@ -101,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--no-tuning", action="store_true",
                     help="add no process settings (malloc, big-array bound, OpenMP threads; see "
                          "mxlarge.launcher.tuning): MXNet's and glibc's defaults")
+    la.add_argument("--firewall", choices=["auto", "on", "off"], default="auto",
+                    help="cluster jobs: let only the job's hosts reach its ports while it runs "
+                         "(nftables on every host; needs root there): auto = where the "
+                         "launcher can, on = or refuse, off = never; see "
+                         "mxlarge/launcher/firewall.py")
     la.add_argument("--max-restarts", type=int, default=0, metavar="N",
                     help="after a failure (crash, kill, stall) relaunch the whole job from its "
                          "newest checkpoint, up to N times, in the same MLflow run (turns on "

@@ -72,6 +72,10 @@ def launch(args: argparse.Namespace) -> int:
             launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
         except ValueError as exc:
             raise InputError(str(exc)) from None
+    from mxlarge.launcher.firewall import FirewallError, local_refusal, refusal
+    why = refusal(args.launcher) or local_refusal()
+    if args.firewall == "on" and why:  # before any run is created or process started
+        raise InputError(f"--firewall on: {why}")
     if args.launcher == "local" and args.port is not None:
         try:  # before any run is created or process started
             launcher.local.ensure_port_free(args.port)
@@ -127,7 +131,7 @@ def launch(args: argparse.Namespace) -> int:
         result = launcher.cluster_run(args.launcher, cmd, workers=workers, servers=servers,
                                       hostfile=args.hostfile, env=env,
                                       stall_timeout=args.stall_timeout,
-                                      tuning=not args.no_tuning)
+                                      tuning=not args.no_tuning, firewall=args.firewall)
         hosts[:] = result.hosts
         for key in ("failed_role", "failed_rank", "failed_host"):  # this attempt's only
             end_tags.pop(key, None)
@@ -153,7 +157,7 @@ def launch(args: argparse.Namespace) -> int:
                 attempt, RestartPolicy(args.max_restarts),
                 lambda line: print(f"mxlarge: {line}", flush=True), record)
         except (launcher.PortInUseError, ValueError, NotImplementedError,
-                FileNotFoundError) as exc:
+                FileNotFoundError, FirewallError) as exc:
             end_tags["failure"] = str(exc)
             raise InputError(str(exc)) from None
         ok = outcome.exit_code == 0

@@ -54,6 +54,7 @@ PACKAGES = {
     "openssh-client": "/usr/bin/ssh", "openmpi-bin": "/usr/bin/mpirun",
     "slurm-wlm": "/usr/sbin/slurmctld", "munge": "/usr/sbin/munged",
     "util-linux": "/usr/bin/unshare",
+    "nftables": "/usr/sbin/nft",  # the jobs' packet filter (mxlarge/launcher/firewall.py)
 }
 
 

@@ -1,11 +1,13 @@
 """``python -m mxlarge.launcher -n 2 -s 1 [--launcher ssh -H hosts] [--stall-timeout S]
-[--max-restarts N] -- CMD ...`` (manual use, e.g. your own training script)."""
+[--max-restarts N] [--firewall auto|on|off] -- CMD ...`` (manual use, e.g. your own training
+script)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_run
+from mxlarge.launcher.firewall import MODES, FirewallError, local_refusal, refusal
 from mxlarge.launcher.local import Outcome, PortInUseError, run_local
 from mxlarge.launcher.restart import RestartPolicy, cluster_outcome, run_with_restarts
 from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
@@ -48,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="after a failure (crash, kill, stall) run the whole job again, up to N "
                         "times; the command resumes from its own checkpoints (mxlarge.resume)")
+    p.add_argument("--firewall", choices=MODES, default="auto",
+                   help="cluster launchers: let only the job's hosts reach its ports while it "
+                        "runs (nftables on every host; needs root there): auto = where the "
+                        "launcher can, on = or refuse, off = never; see "
+                        "mxlarge/launcher/firewall.py")
     p.add_argument("--no-tuning", action="store_true",
                    help="add no process settings (malloc, big-array bound, OpenMP threads; see "
                         "mxlarge.launcher.tuning): MXNet's and glibc's defaults")
@@ -64,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--hostfile/--host-ip are for cluster launchers")
     if a.launcher != "local" and a.port is not None:
         p.error("--port is for the local launcher (dmlc_tracker picks the scheduler port)")
+    why = refusal(a.launcher) or local_refusal()
+    if a.firewall == "on" and why:
+        p.error(f"--firewall on: {why}")
 
     def attempt(number: int) -> Outcome:
         if a.launcher == "local":
@@ -75,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         return cluster_outcome(cluster_run(
             a.launcher, command, workers=a.workers, servers=servers, hostfile=a.hostfile,
             env=env, extra=extra, grace=a.grace, stall_timeout=a.stall_timeout,
-            tuning=not a.no_tuning))
+            tuning=not a.no_tuning, firewall=a.firewall))
 
     try:
         return run_with_restarts(attempt, RestartPolicy(a.max_restarts),
                                  lambda line: print(f"[launcher] {line}", flush=True)).exit_code
-    except (ValueError, PortInUseError, NotImplementedError, FileNotFoundError) as e:
+    except (ValueError, PortInUseError, NotImplementedError, FileNotFoundError,
+            FirewallError) as e:
         print(f"mxlarge.launcher: error: {e}", file=sys.stderr)
         return 2
 

@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
+from mxlarge.launcher.pslog import PsLog
+
 # How often the supervision loops look at their children. Small enough that a failure is
 # noticed well within a second, large enough to cost nothing next to MXNet's own threads.
 POLL_INTERVAL = 0.05
@@ -31,6 +33,8 @@ _KILL_WAIT = 5.0
 
 # Lines of each child's output kept in memory: the evidence of a failure (``Child.tail``).
 TAIL_LINES = 200
+# How long a failure report waits for the failed child's last lines (see failure_message).
+_DRAIN_WAIT = 1.0
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -61,6 +65,18 @@ def describe_status(status: int) -> str:
             name = "unknown"
         return f"signal {-status} ({name})"
     return f"status {status}"
+
+
+def failure_message(child: Child) -> str:
+    """The one line that names a failed child: ``worker 1 exited with signal 9 (SIGKILL)``,
+    followed by the cause when its output told one (:meth:`PsLog.cause`)."""
+    assert child.status is not None
+    # The exit is seen by waitid, the output by the pump thread: let the pump read what the
+    # process wrote before it died (the pipe ends with it, unless a grandchild still holds it).
+    child.join_pump(timeout=_DRAIN_WAIT)
+    line = f"{child.label} exited with {describe_status(child.status)}"
+    cause = child.pslog.cause()
+    return line if cause is None else f"{line}: {cause}"
 
 
 def exit_code_for(status: int) -> int:
@@ -95,13 +111,14 @@ class Child:
     :data:`TAIL_LINES` lines of output."""
 
     def __init__(self, role: str, index: int | None, label: str, popen: subprocess.Popen[bytes],
-                 sink: LineSink) -> None:
+                 sink: LineSink, hide_ps_verbose: bool = False) -> None:
         self.role = role
         self.index = index
         self.label = label
         self.popen = popen
         self.status: int | None = None
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.pslog = PsLog(hide_ps_verbose)  # what ps-lite said: its address, an abort
         self._pump = threading.Thread(target=self._pump_lines, args=(sink,),
                                       name=f"pump {label}", daemon=True)
         self._pump.start()
@@ -117,9 +134,10 @@ class Child:
             return
         try:
             for raw in iter(stream.readline, b""):
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                self.tail.append(line)
-                sink.emit(self.label, line)
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if self.pslog.see(text):  # ps-lite's hidden verbose lines are no evidence
+                    self.tail.append(text)
+                    sink.emit(self.label, text)
         except (OSError, ValueError):
             pass  # the pipe was closed under us during teardown
         finally:
@@ -209,10 +227,14 @@ class Supervisor:
     Args:
         output: text stream that receives every child's output, one ``[label] line`` per line.
         sink: a :class:`LineSink` (subclass) to use instead of a plain one on ``output``.
+        hide_ps_verbose: do not show ps-lite's level-1 lines (the launcher set ``PS_VERBOSE``
+            for its own use, see :mod:`mxlarge.launcher.pslog`).
     """
 
-    def __init__(self, output: IO[str] | Any, sink: LineSink | None = None) -> None:
+    def __init__(self, output: IO[str] | Any, sink: LineSink | None = None,
+                 hide_ps_verbose: bool = False) -> None:
         self.sink = LineSink(output) if sink is None else sink
+        self._hide_ps_verbose = hide_ps_verbose
         self.children: list[Child] = []
         self._exit_order: list[Child] = []
         self._recorded: set[int] = set()
@@ -238,7 +260,7 @@ class Supervisor:
                 args, env=None if env is None else dict(env), shell=shell, executable=executable,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=self._preexec)
-            child = Child(role, index, label, popen, self.sink)
+            child = Child(role, index, label, popen, self.sink, self._hide_ps_verbose)
             self.children.append(child)
         return child
 

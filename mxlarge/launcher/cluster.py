@@ -81,11 +81,13 @@ from mxlarge.launcher._supervise import (
     LineSink,
     Supervisor,
     check_job,
-    describe_status,
     exit_code_for,
+    failure_message,
     termination_signals,
 )
+from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
 from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import cluster_env
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
@@ -537,7 +539,8 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
                 extra: Mapping[str, Any] | None = None, grace: float = 10.0,
                 output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0,
                 stall_timeout: float | None = None,
-                heartbeat_dir: str | None = None, tuning: bool = True) -> ClusterOutcome:
+                heartbeat_dir: str | None = None, tuning: bool = True,
+                firewall: str = "off") -> ClusterOutcome:
     """Run ``command`` as a dist_sync job through dmlc_tracker's ``launcher`` backend.
 
     The scheduler runs on this host (that is how dmlc_tracker works), servers and workers where
@@ -570,6 +573,10 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
             which the ssh backend also ``cd``s to on every host). Removed afterwards.
         tuning: add :mod:`mxlarge.launcher.tuning`'s settings (malloc, big-array bound) where
             ``env`` and this process's environment leave them unset.
+        firewall: ``"auto"``, ``"on"`` or ``"off"``: the job's packet filter, which lets only
+            the job's hosts reach its ports while it runs (:mod:`mxlarge.launcher.firewall`;
+            ssh and mpi, as root on every host; ``auto`` installs it where it can; the front
+            ends' default is ``auto``, a library call changes no host's rules unless asked).
 
     Returns:
         The :class:`ClusterOutcome`; its exit code is 0 if every process started here exited
@@ -580,6 +587,7 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
         NotImplementedError: ``sge`` or ``yarn`` (see :data:`UNSUPPORTED`).
         FileNotFoundError: the backend's tool (ssh, mpirun, srun) is not on PATH.
         RuntimeError: dmlc_tracker itself failed, or another submission is running.
+        FirewallError: ``firewall="on"`` and a host cannot take the filter; nothing started.
     """
     if launcher in UNSUPPORTED:
         raise NotImplementedError(UNSUPPORTED[launcher])
@@ -598,6 +606,9 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
 
     # Unbuffered by default so that lines arrive through ssh/mpirun/srun as they are printed.
     job_env = {"PYTHONUNBUFFERED": "1", **forwarded_env(env)}
+    # ps-lite names its port (pslog); those lines are not shown unless the user asked for them
+    ps_verbose = verbose_env({**os.environ, **job_env})
+    job_env.update(ps_verbose)
     if tuning:
         job_env.update(cluster_env({**os.environ, **job_env}))
     job_env["MXLARGE_JOB_ID"] = uuid.uuid4().hex[:12]
@@ -658,8 +669,19 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
                     stack.callback(_remove_if_empty, os.path.dirname(beats))
                 stack.callback(shutil.rmtree, beats, True)
             hosts = _slurm_nodes() if launcher == "slurm" else [e.host for e in entries or ()]
+            # Guards: here (the scheduler), then each other host once, as the backend reaches it.
+            guarded = [Host(f"{args.host_ip} (here)")] + list({
+                e.host: Host.ssh(e.host, e.port) for e in entries or ()
+                if e.host != args.host_ip}.values())
+            # every process on loopback (the tests' fake clusters): as local, nothing to filter
+            loopback = all(_is_ip(h) and ipaddress.ip_address(h).is_loopback
+                           for h in [args.host_ip, *hosts])
+            stack.enter_context(job_filter(
+                firewall, "local" if loopback else launcher, job_env["MXLARGE_JOB_ID"],
+                guarded, SCHEDULER_PORTS, lambda line: LineSink(output).emit("launcher", line)))
             return _submit(backend, tracker, args, launcher, job_env["MXLARGE_JOB_ID"], grace,
-                           output, shutdown_timeout, hosts, beats, stall_timeout)
+                           output, shutdown_timeout, hosts, beats, stall_timeout,
+                           bool(ps_verbose))
     finally:
         _submit_lock.release()
 
@@ -671,9 +693,10 @@ def _remove_if_empty(directory: str) -> None:
 
 def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, job_id: str,
             grace: float, output: IO[str] | Any, shutdown_timeout: float,
-            hosts: list[str], beats: str | None, stall_timeout: float | None) -> ClusterOutcome:
+            hosts: list[str], beats: str | None, stall_timeout: float | None,
+            hide_ps_verbose: bool) -> ClusterOutcome:
     sink = _ReportSink(output, launcher)
-    sup = Supervisor(output, sink=sink)
+    sup = Supervisor(output, sink=sink, hide_ps_verbose=hide_ps_verbose)
     watchdog = None if beats is None else Watchdog(
         beats, args.num_workers, stall_timeout, emit=lambda line: sup.sink.emit("launcher", line))
     shim = _SubprocessShim(sup, launcher, srun_overlap=launcher == "slurm" and srun_has_overlap())
@@ -742,7 +765,7 @@ def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException
             hint = " (ssh could not connect?)" if failed.status == 255 and "ssh" in \
                 failed.label else ""
             return (exit_code_for(failed.status),
-                    f"{failed.label} exited with {describe_status(failed.status)}{hint}", failed)
+                    f"{failure_message(failed)}{hint}", failed)
         # As in run_local: judged while training runs, until a worker (or its ssh/mpirun/srun)
         # has ended.
         if watchdog is not None and not any(c.status is not None for c in sup.children

@@ -36,11 +36,12 @@ from mxlarge.launcher._supervise import (
     POLL_INTERVAL,
     Supervisor,
     check_job,
-    describe_status,
     exit_code_for,
+    failure_message,
     termination_signals,
 )
 from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import local_role_env
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
@@ -214,13 +215,15 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
     if stall_timeout is not None and stall_timeout < 0:
         raise ValueError(f"stall_timeout must be >= 0 (0 disables), got {stall_timeout}")
     base = _job_env(env)
+    ps_verbose = verbose_env(base)  # ps-lite names its port (pslog); not shown unless asked
+    base.update(ps_verbose)
     if port is None:
         port = free_port()
     else:
         ensure_port_free(port)
 
     job_id = uuid.uuid4().hex[:12]
-    sup = Supervisor(output)
+    sup = Supervisor(output, hide_ps_verbose=bool(ps_verbose))
     stop = threading.Event()
     received: list[int] = []
     watchdog = None
@@ -292,10 +295,8 @@ def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
                 watchdog.read(force=True)  # the failed worker's last record
                 record = watchdog.record_of_pid(failed.pid) if failed.role == "worker" else None
                 step = watchdog.progress() if record is None else record.done
-            failed.join_pump(timeout=2.0)  # its last lines, written just before it died
             return Outcome(exit_code_for(failed.status), failed.role, failed.index,
-                           failed.status, f"{failed.label} exited with "
-                                          f"{describe_status(failed.status)}", "crashed", step,
+                           failed.status, failure_message(failed), "crashed", step,
                            record.rank if record else None,
                            record.host if record else socket.gethostname(), tuple(failed.tail))
         stalled = _stalled(sup, watchdog)

@@ -43,7 +43,8 @@ def testbed() -> Iterator[Testbed]:
 
 
 def _testbed() -> Iterator[Testbed]:
-    tb = Testbed()
+    # Jobs run on h0..h2; h3 is the host outside every job (test_foreign_host.py).
+    tb = Testbed(n=4)
     try:
         tb.up()
     except TestbedError as e:
@@ -72,3 +73,12 @@ def work(testbed: Testbed, request: pytest.FixtureRequest) -> Path:
     d = testbed.root / "work" / name
     d.mkdir(parents=True)
     return d
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """The weights every 2+2 job of the equivalence recipe must reproduce
+    (:func:`tests.cluster.test_jobs.reference_weights`)."""
+    from tests.cluster.test_jobs import reference_weights
+
+    return reference_weights(tmp_path_factory.mktemp("reference"))

@@ -23,6 +23,7 @@ class Proc:
     role: str
     host: str | None  # testbed host of its network namespace; None if in no testbed host
     listen: set[str] = field(default_factory=set)  # addresses of its listening TCP sockets
+    ports: set[tuple[str, int]] = field(default_factory=set)  # (address, port) of those
     malloc: str | None = None  # its MALLOC_MMAP_THRESHOLD_ (the launcher's tuning reached it)
 
 
@@ -31,9 +32,9 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
 
 
-def _listening(pid: int) -> set[str]:
-    """Addresses of the TCP sockets in LISTEN state that ``pid`` holds (its own namespace's
-    /proc/PID/net/tcp, matched by socket inode)."""
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of the TCP sockets in LISTEN state that ``pid`` holds (its own
+    namespace's /proc/PID/net/tcp, matched by socket inode)."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -48,8 +49,8 @@ def _listening(pid: int) -> set[str]:
         for row in f:
             cols = row.split()
             if cols[3] == "0A" and cols[9] in inodes:  # 0A: TCP_LISTEN
-                addr = bytes.fromhex(cols[1].split(":")[0])[::-1]
-                out.add(str(ipaddress.IPv4Address(addr)))
+                addr, port = cols[1].split(":")
+                out.add((str(ipaddress.IPv4Address(bytes.fromhex(addr)[::-1])), int(port, 16)))
     return out
 
 
@@ -99,7 +100,8 @@ class Observer:
                         host = self._hosts.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
                         p = self.procs[pid] = Proc(pid, env.get("DMLC_ROLE", "?"), host)
                         p.malloc = env.get("MALLOC_MMAP_THRESHOLD_")
-                    p.listen |= _listening(pid)
+                    p.ports |= _listening(pid)
+                    p.listen |= {addr for addr, _ in p.ports}
                 except OSError:
                     continue  # it exited meanwhile
             self._stop.wait(0.2)

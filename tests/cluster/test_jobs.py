@@ -42,10 +42,9 @@ def launch_argv(cfg: Path, launcher: str, *more: str) -> list[str]:
             f"train.save_params={cfg.parent}/w-{{rank}}.params"]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    """One process with the global batch, and the same 2+2 job on 127.0.0.1 (root namespace)."""
-    d = tmp_path_factory.mktemp("reference")
+def reference_weights(d: Path) -> dict[str, list[dict]]:
+    """One process with the global batch, and the same 2+2 job on 127.0.0.1 (root namespace),
+    run in ``d``: the ``reference`` fixture of conftest.py (once per session)."""
     cfg = write_config(d, tracking=False)
     one = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
                f"data.batch_size={8 * N_WORKERS}", f"train.save_params={d}/one.params"], d)

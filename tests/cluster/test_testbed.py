@@ -52,9 +52,10 @@ def test_ssh_mpirun_and_slurm_reach_every_host(testbed: Testbed) -> None:
     assert on(testbed, "h1", "ssh", testbed.addr("h0"), "hostname").strip() == "h0"
     hostfile = testbed.root / "work" / "mpi-hosts"
     hostfile.write_text("".join(f"{h} slots=1\n" for h in testbed.hosts))
-    out = on(testbed, "h0", "mpirun", "-n", "3", "--hostfile", str(hostfile), "hostname")
+    n = str(len(testbed.hosts))
+    out = on(testbed, "h0", "mpirun", "-n", n, "--hostfile", str(hostfile), "hostname")
     assert sorted(out.split()) == testbed.hosts
-    out = on(testbed, "h0", "srun", "-N", "3", "-n", "3", "hostname")
+    out = on(testbed, "h0", "srun", "-N", n, "-n", n, "hostname")
     assert sorted(out.split()) == testbed.hosts
 
 

@@ -1,0 +1,336 @@
+"""The packet filter of a cluster job: only the job's own hosts reach the job's ports (nftables).
+
+ps-lite has no authentication, and one malformed message ends the process that receives it
+(:mod:`mxlarge.launcher.pslog`). A local job listens on 127.0.0.1 only, so nothing outside the
+machine reaches it; a cluster job's scheduler, servers and workers listen on their hosts'
+cluster addresses. While such a job runs, every host of the job (the launching host, where the
+scheduler runs, and every host of the hostfile) gets one nftables table::
+
+    table ip mxlarge_<job id>_<guard pid> {
+        set job_hosts { type ipv4_addr; elements = { <every IPv4 address of every job host> } }
+        chain input {
+            type filter hook input priority filter - 10; policy accept;
+            iif "lo" accept
+            ct state established,related accept
+            ip saddr @job_hosts accept
+            tcp dport { 9091-9998, 10000-60999 } counter reject with tcp reset
+        }
+    }
+
+New TCP connections from anywhere else to those ports are refused; nothing else changes (the
+chain's policy is accept and other tables' rules still apply). The ports are every port a
+job's process can listen on, since the servers' and workers' own ports are only known once
+they listen: dmlc_tracker's scheduler ports (:data:`SCHEDULER_PORTS`), ps-lite's fallback ports
+(:data:`PS_LITE_PORTS`) and the host's ephemeral range (``ip_local_port_range``, where ps-lite's
+first choice, a port the kernel hands out, lies). A service of someone else on such a port of a
+job host is unreachable from outside the job's hosts for as long as the job runs.
+
+Lifetime. One guard process per host (:data:`GUARD`: a POSIX shell; on the other hosts the same
+shell behind ``ssh``) reports the host's addresses, installs the table the launcher sends it,
+then reads its standard input until end of file and deletes the table. End of file comes when
+the launcher closes the pipe at the end of the job, and also when the launcher dies, SIGKILL
+included (the pipe's only writer is gone; for a remote guard, its ssh client's input ends and
+ssh passes the end on). A table whose guard is gone anyway (the guard killed, a host cut off
+mid-job) is stale: every guard first deletes the stale ``mxlarge_*`` tables of its host, so the
+next job there removes them (and ``python -m mxlarge.launcher.firewall clean`` does it by hand).
+
+Rights. nft needs root (CAP_NET_ADMIN) on every host. ``mode="auto"`` (the default) installs
+the filter where the launcher runs as root and ``nft`` is there, and on every host that accepts
+it, and says in one line where it could not; ``"on"`` makes any host that cannot take it an
+error (:class:`FirewallError`, nothing started); ``"off"`` installs nothing. Not offered for
+``slurm`` (see :func:`refusal`) nor for local jobs (nothing to protect: loopback).
+
+Importing this module does not import MXNet.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+MODES = ("auto", "on", "off")
+#: dmlc_tracker's ``PSTracker(port=9091, port_end=9999)``: the scheduler takes the first free one.
+SCHEDULER_PORTS = (9091, 9998)
+#: ps-lite's ``ZMQVan::Bind`` retries ``10000 + rand() % 40000`` when its first port is taken.
+PS_LITE_PORTS = (10000, 49999)
+# How long a guard may take to report and to install (ssh login included).
+_TIMEOUT = 30.0
+_REMOVE_TIMEOUT = 10.0  # a host that does not answer is left to the next job (stale)
+
+# $0 and $1 are "mxlarge-guard" and the job id: they are in the guard's command line, which is
+# how a later guard on the same host tells a live table (its guard runs) from a stale one.
+GUARD = r"""PATH=$PATH:/usr/sbin:/sbin
+t=mxlarge_$1_$$
+ours='s/^table ip \(mxlarge_[0-9a-f]*_[0-9]*\)$/\1/p'
+for s in $(nft list tables ip 2>/dev/null | sed -n "$ours"); do
+  j=${s#mxlarge_}; j=${j%_*}
+  tr '\0' ' ' < /proc/${s##*_}/cmdline 2>/dev/null | grep -q " mxlarge-guard $j " ||
+    { nft delete table ip "$s" && echo "removed stale $s"; }
+done
+echo "table $t"
+echo "addresses $(ip -4 -o addr show 2>/dev/null | awk '{sub(/\/.*/, "", $4); print $4}' |
+  tr '\n' ' ')"
+echo "ephemeral $(cat /proc/sys/net/ipv4/ip_local_port_range)"
+rules=
+while IFS= read -r line && [ "$line" != . ]; do rules="$rules$line
+"; done
+[ -n "$rules" ] || exit 0
+printf '%s' "$rules" | nft -f - 2>&1 || exit 3
+echo "installed $t"
+cat > /dev/null
+n=$(nft list table ip "$t" | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
+nft delete table ip "$t" && echo "removed $t rejected ${n:-0}"
+"""
+
+
+class FirewallError(RuntimeError):
+    """The packet filter cannot be installed on a host (the message names it and why)."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where a guard runs: ``prefix`` is the argv that runs a command there (empty: here)."""
+
+    name: str
+    prefix: tuple[str, ...] = ()
+
+    @classmethod
+    def ssh(cls, host: str, port: str | None = None) -> Host:
+        """A host reached as dmlc's ssh backend reaches it (BatchMode: never a prompt)."""
+        return cls(host, ("ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
+                          "-p", port or "22", host))
+
+
+def local_refusal() -> str | None:
+    """Why the filter cannot be installed from this process, or ``None``."""
+    if os.geteuid() != 0:
+        return "the launcher does not run as root (nft needs CAP_NET_ADMIN)"
+    if shutil.which("nft") is None and not os.path.exists("/usr/sbin/nft"):
+        return "nft is not installed here (Debian: apt-get install nftables)"
+    return None
+
+
+def refusal(launcher: str) -> str | None:
+    """Why the filter is not offered for ``launcher``, or ``None``."""
+    if launcher == "local":
+        return ("a local job listens on 127.0.0.1 only: nothing outside this machine reaches "
+                "its ports, so there is nothing to filter")
+    if launcher == "slurm":
+        return ("not offered for --launcher slurm: slurmctld, which may run on a host outside "
+                "the job, calls srun back on ports in the same ranges; use the cluster's own "
+                "network policy")
+    return None
+
+
+def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted union of inclusive port ranges, overlapping or adjacent ones merged."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def ruleset(table: str, allowed: Sequence[str], ports: Sequence[tuple[int, int]]) -> str:
+    """The nft script of the module docstring for one host."""
+    spans = ", ".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in merge_ranges(ports))
+    return (f"table ip {table} {{\n"
+            f"  set job_hosts {{ type ipv4_addr; elements = {{ {', '.join(allowed)} }} }}\n"
+            "  chain input {\n"
+            "    type filter hook input priority filter - 10; policy accept;\n"
+            '    iif "lo" accept\n'
+            "    ct state established,related accept\n"
+            "    ip saddr @job_hosts accept\n"
+            f"    tcp dport {{ {spans} }} counter reject with tcp reset\n"
+            "  }\n"
+            "}\n")
+
+
+class _Guard:
+    """One host's guard process and the lines it prints."""
+
+    def __init__(self, host: Host, job_id: str) -> None:
+        self.host = host
+        cmd = ["sh", "-c", GUARD, "mxlarge-guard", job_id]
+        argv = [*host.prefix, shlex.join(cmd)] if host.prefix else cmd
+        # Its own session: a Ctrl-C or the job's teardown must not kill it before it cleans up.
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.said: list[str] = []
+        threading.Thread(target=self._read, daemon=True, name=f"guard {host.name}").start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def expect(self, word: str, emit: Callable[[str], None]) -> str:
+        """The rest of the next line starting with ``word``; raises on the guard's end."""
+        while True:
+            try:
+                line = self.lines.get(timeout=_TIMEOUT)
+            except queue.Empty:
+                raise FirewallError(f"{self.host.name}: no answer from the packet filter's "
+                                    f"guard within {_TIMEOUT:g} s") from None
+            if line is None:
+                rc = self.proc.wait()
+                said = "; ".join(self.said[-5:]) or f"exit status {rc}"
+                raise FirewallError(f"{self.host.name}: {said}")
+            if line.startswith(word + " "):
+                return line[len(word) + 1:]
+            if line.startswith("removed stale "):
+                emit(f"packet filter: {self.host.name}: {line} (its job's guard is gone)")
+            else:
+                self.said.append(line)
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def end_input(self) -> None:
+        """End of file for the guard: it removes its table and exits."""
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+
+    def finish(self, emit: Callable[[str], None]) -> None:
+        """Wait for the guard (after :meth:`end_input`); report what it removed."""
+        try:
+            self.proc.wait(timeout=_REMOVE_TIMEOUT)
+        except subprocess.TimeoutExpired:  # e.g. the host is cut off: a later job cleans up
+            self.proc.kill()
+            self.proc.wait()
+            emit(f"packet filter: {self.host.name} did not confirm the removal within "
+                 f"{_REMOVE_TIMEOUT:g} s; the next job there, or `python -m "
+                 "mxlarge.launcher.firewall clean`, removes the stale table")
+        while (line := self._next()) is not None:
+            if line.startswith("removed mxlarge_"):
+                table, _, n = line[len("removed "):].partition(" rejected ")
+                emit(f"packet filter removed from {self.host.name} ({table}; {n} connection "
+                     "attempt(s) from outside the job refused)")
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+    def _next(self) -> str | None:
+        try:
+            return self.lines.get(timeout=5)
+        except queue.Empty:
+            return None
+
+
+@contextlib.contextmanager
+def packet_filter(job_id: str, hosts: Sequence[Host], scheduler_ports: tuple[int, int],
+                  emit: Callable[[str], None]) -> Iterator[list[str]]:
+    """The job's filter on every host of ``hosts`` while the block runs; yields the allowed
+    addresses. Removed when the block ends, however it ends (see the module docstring).
+
+    Raises:
+        FirewallError: a host could not take it; then it is on none of them.
+    """
+    guards: list[_Guard] = []
+    try:
+        for host in hosts:
+            guards.append(_Guard(host, job_id))
+        heads = [(g.expect("table", emit), g.expect("addresses", emit).split(),
+                  g.expect("ephemeral", emit).split()) for g in guards]
+        allowed = sorted({a for _, addrs, _ in heads for a in addrs if not a.startswith("127.")},
+                         key=lambda a: tuple(map(int, a.split("."))))
+        if not allowed:
+            raise FirewallError("no host reported an IPv4 address (is `ip` installed?)")
+        spans = []
+        for g, (table, _, eph) in zip(guards, heads):
+            spans = merge_ranges([scheduler_ports, PS_LITE_PORTS, (int(eph[0]), int(eph[1]))])
+            g.send(ruleset(table, allowed, spans) + ".\n")
+        for g in guards:
+            g.expect("installed", emit)
+    except BaseException:
+        _close(guards, emit)
+        raise
+    ports = ", ".join(f"{lo}-{hi}" for lo, hi in spans)
+    emit(f"packet filter: on {', '.join(h.name for h in hosts)}, new TCP connections to ports "
+         f"{ports} only from the job's hosts ({', '.join(allowed)}) while the job runs "
+         f"(nftables tables ip mxlarge_{job_id}_*)")
+    try:
+        yield allowed
+    finally:
+        _close(guards, emit)
+
+
+def _close(guards: Sequence[_Guard], emit: Callable[[str], None]) -> None:
+    for g in guards:  # all at once: a slow host does not hold up the others
+        g.end_input()
+    for g in guards:
+        g.finish(emit)
+
+
+@contextlib.contextmanager
+def job_filter(mode: str, launcher: str, job_id: str, hosts: Sequence[Host],
+               scheduler_ports: tuple[int, int],
+               emit: Callable[[str], None]) -> Iterator[list[str] | None]:
+    """:func:`packet_filter` as ``mode`` asks (see the module docstring); yields the allowed
+    addresses, or ``None`` when the job runs without a filter (``auto`` says why in a line).
+
+    Raises:
+        ValueError: an unknown mode.
+        FirewallError: ``mode="on"`` where the filter cannot be had (the reason).
+    """
+    if mode not in MODES:
+        raise ValueError(f"firewall mode {mode!r}: expected one of {', '.join(MODES)}")
+    why = None if mode == "off" else (refusal(launcher) or local_refusal())
+    if why is not None and mode == "on":
+        raise FirewallError(f"--firewall on: {why}")
+    with contextlib.ExitStack() as stack:
+        allowed = None
+        if why is not None and launcher != "local":
+            emit(f"packet filter: off ({why}); the job's ports take connections from anywhere "
+                 f"(see 'Who can reach a job' in the README)")
+        elif why is None and mode != "off":
+            try:
+                allowed = stack.enter_context(packet_filter(job_id, hosts, scheduler_ports,
+                                                            emit))
+            except FirewallError as e:
+                if mode == "on":
+                    raise
+                emit(f"packet filter: off ({e}); the job's ports take connections from "
+                     "anywhere (see 'Who can reach a job' in the README)")
+        yield allowed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mxlarge.launcher.firewall clean [HOST[:SSH_PORT] ...]``: remove the stale
+    ``mxlarge_*`` tables (their guard is gone) here and on those hosts (over ssh, as root);
+    tables of running jobs stay."""
+    p = argparse.ArgumentParser(prog="python -m mxlarge.launcher.firewall",
+                                description=main.__doc__)
+    p.add_argument("verb", choices=["clean"])
+    p.add_argument("hosts", nargs="*", metavar="HOST[:SSH_PORT]")
+    a = p.parse_args(argv)
+    hosts = [Host("this host")] + [Host.ssh(*h.split(":", 1)) for h in a.hosts]
+    failed = 0
+    for host in hosts:  # a guard that gets end of file before any rules removes stale ones only
+        guard = _Guard(host, "0")
+        try:
+            guard.expect("ephemeral", print)
+        except FirewallError as e:
+            print(f"mxlarge.launcher.firewall: {e}", file=sys.stderr)
+            failed = 1
+        _close([guard], print)
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())

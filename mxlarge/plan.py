@@ -146,7 +146,8 @@ class Plan:
         return self.world.global_batch
 
     def summary(self) -> dict[str, Any]:
-        """The plan as plain data: ``mxlarge show --json`` prints it, MLflow tags record it."""
+        """The plan as plain data: ``mxlarge show --json`` prints it, MLflow params ``plan.*``
+        record it."""
         w = self.world
         return {"workers": w.processes, "devices_per_worker": w.devices,
                 "simulated_workers": w.simulated, "per_device_batch": w.batch,

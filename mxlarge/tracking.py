@@ -308,35 +308,34 @@ class RunHandle:
     def log_model(self, export_dir: str | Path, example: Any, step: int) -> str:
         """``net.export``'s files in ``export_dir`` as the run's logged model ``model``: the
         ``python_function`` flavour of :mod:`mxlarge.gluon_pyfunc`, with the signature inferred
-        from ``example`` (a float32 batch) and the net's output on it. Returns its model id."""
+        from ``example`` (a float32 batch) and the net's output on it. Returns its model id.
+
+        Saved locally, then logged through this store's client: MLflow's ``log_model`` would
+        read (and its URI switch rewrite) the process-wide tracking URI and experiment."""
         import mlflow.models
         import mlflow.pyfunc
         import mxnet as mx
         import numpy as np
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
         from mxlarge import gluon_pyfunc
 
         output = gluon_pyfunc.GluonModel(export_dir).predict(example)
-        requirements = [f"mxnet=={mx.__version__}", f"numpy=={np.__version__}"]
         c = client(self.uri)
-        # made here, in the run's experiment: Model.log would put it in the process's active
-        # experiment (the default one)
         run = c.get_run(self.run_id)
         model = c.create_logged_model(run.info.experiment_id, name="model",
                                       source_run_id=self.run_id, params=run.data.params)
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(self.uri)  # Model.log reads the process's tracking URI
-        try:
-            info = mlflow.models.Model.log(
-                artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=self.run_id,
-                model_id=model.model_id, step=step, loader_module="gluon_pyfunc",
-                data_path=str(export_dir),
-                code_paths=[gluon_pyfunc.__file__], pip_requirements=requirements,
-                signature=mlflow.models.infer_signature(example, output),
-                input_example=example)
-        finally:
-            mlflow.set_tracking_uri(previous)
-        return info.model_id
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "model"
+            mlflow.pyfunc.save_model(
+                str(local), loader_module="gluon_pyfunc", data_path=str(export_dir),
+                code_paths=[gluon_pyfunc.__file__],
+                pip_requirements=[f"mxnet=={mx.__version__}", f"numpy=={np.__version__}"],
+                signature=mlflow.models.infer_signature(example, output), input_example=example)
+            c.log_model_artifacts(model.model_id, str(local))
+        c.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        c.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
+        return model.model_id
 
     def model_id(self) -> str | None:
         """The id of the run's newest logged model (its URI is ``models:/ID``), None if it

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from mxlarge.testbed import Testbed
 from tests.cluster.observe import Job, Observer, start
 from tests.cluster.test_failures import anything_of, the_run
 from tests.cluster.test_jobs import PY, check_weights, launch_argv, write_config
-from mxlarge.testbed import Testbed
 
 FOREIGN = str(Path(__file__).resolve().parents[1] / "foreign.py")
 OUTSIDER = "h3"

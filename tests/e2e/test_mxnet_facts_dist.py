@@ -65,9 +65,20 @@ def test_update_on_kvstore_loses_wd_mult_and_learning_rate_changes(on_kvstore):
         np.testing.assert_allclose(f["w2"], w1 - lr * (3.0 + wd * w1), rtol=1e-6)  # not w1
 
 
+LAZY_INIT_TRIES = 5
+
+
 @pytest.fixture(scope="module")
-def lazy_init(tmp_path_factory) -> list[dict]:
-    return _facts(tmp_path_factory.mktemp("lazy_init"), "lazy_init", 2, 1)
+def lazy_init(tmp_path_factory) -> list[list[dict]]:
+    """Up to :data:`LAZY_INIT_TRIES` launches of the race, until one shows it: measured here, a
+    launch shows it in about 2 of 3 runs, whatever the load (a longer hold on the weight does
+    not change that), so one launch alone would make this a flaky test."""
+    runs = []
+    for n in range(LAZY_INIT_TRIES):
+        runs.append(_facts(tmp_path_factory.mktemp(f"lazy_init{n}"), "lazy_init", 2, 1))
+        if any(f["w1"][0] > 1 for f in runs[-1]):  # a gradient sum came back as the weight
+            break
+    return runs
 
 
 @pytest.mark.timeout(300)
@@ -81,7 +92,7 @@ def test_gluon_lazy_init_lets_the_first_gradient_push_overtake_the_weight_pull(l
     grad_sum, lr = N * (1 + 2), 0.1
     clean = 1.0 - lr * grad_sum / N
     corrupted = grad_sum - lr * grad_sum / N
-    w1 = [np.array(f["w1"]) for f in lazy_init]
+    w1 = [np.array(f["w1"]) for run in lazy_init for f in run]
     assert any(np.allclose(w, corrupted, rtol=1e-6) for w in w1), w1
     assert all(np.allclose(w, clean, rtol=1e-6) or np.allclose(w, corrupted, rtol=1e-6)
                for w in w1), w1
@@ -92,7 +103,7 @@ def test_a_pushed_cpu_array_becomes_the_receive_buffer_of_its_key(lazy_init):
     """On CPU, ``kv.push(key, a)`` keeps ``a`` itself as the key's buffer ("avoid memory
     copy", kvstore_dist.h): the next pull overwrites ``a`` with the sum of both workers'
     pushes (1 + 2 = 3). mxlarge pushes copies of anything that is not a gradient."""
-    for f in lazy_init:
+    for f in (f for run in lazy_init for f in run):
         assert f["pulled"] == [3.0] * D
         assert f["pushed_after_pull"] == [3.0] * D  # was rank + 1 before the pull
 

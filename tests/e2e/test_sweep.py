@@ -116,7 +116,8 @@ def test_launch_mode_tags_the_launched_run_and_skips_it_next_time(tmp_path, mlfl
     _, runs = sweep_runs(mlflow_uri, "l")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     tags = runs[0].data.tags
-    assert (tags["sweep_label"], tags["seed"], tags["world_size"]) == ("k2", "3", "2")
+    assert (tags["sweep_label"], tags["seed"]) == ("k2", "3")
+    assert runs[0].data.params["plan.world_size"] == "2"
     assert runs[0].data.params["train.seed"] == "3"
     assert main(["sweep", str(sweep), "--dry-run"]) == 0      # next time: nothing to run
     line = capsys.readouterr().out.splitlines()[1]

@@ -1,7 +1,12 @@
 """Shared test helpers: run the CLI, read parameter files, find a job's processes."""
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import mxnet as mx
@@ -60,3 +65,35 @@ def write_yaml(path: Path, tree: dict) -> Path:
 
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
     return path
+
+
+@contextlib.contextmanager
+def mlflow_server(uri: str, cwd: Path) -> Iterator[int]:
+    """``mlflow server`` over the store ``uri`` on 127.0.0.1 (its own session, one worker), up
+    and answering ``/health``; yields its port and ends it (the whole group) afterwards."""
+    from mxlarge.launcher import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except OSError:
+                assert server.poll() is None, "mlflow server exited"
+                assert time.monotonic() < deadline, "mlflow server did not come up"
+                time.sleep(2)
+        yield port
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)

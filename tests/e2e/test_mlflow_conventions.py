@@ -2,11 +2,6 @@
 one lr per step, only applicable params, a loadable model, and a sweep as one parent run with
 children, seen through the client and through a running `mlflow server`'s REST API."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -14,7 +9,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import cli
+from tests.helpers import cli, mlflow_server
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE = str(ROOT / "experiments/proxy/digits-baseline.yaml")
@@ -145,12 +140,6 @@ def test_mlflow_run_id_is_the_callers_run(tmp_path, mlflow_uri):
     assert run.info.status == "RUNNING"  # the caller opened it, so the caller ends it
 
 
-def _free_port() -> int:
-    from mxlarge.launcher import free_port
-
-    return free_port()
-
-
 def _rest(port: int, path: str, body: dict | None = None) -> dict:
     url = f"http://127.0.0.1:{port}{path}"
     data = json.dumps(body).encode() if body is not None else None
@@ -197,32 +186,10 @@ def test_sweep_is_one_parent_run_with_children_in_client_and_server(tmp_path, ml
            f"{parent.info.run_id}?workflowType=machine_learning")
     assert url in r.stdout  # printed by report (and by sweep)
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", mlflow_uri,
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, env={**os.environ, "MLFLOW_TRACKING_URI": ""})
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-                break
-            except OSError:
-                assert server.poll() is None, "mlflow server exited"
-                assert time.monotonic() < deadline, "mlflow server did not come up"
-                time.sleep(2)
+    with mlflow_server(mlflow_uri, tmp_path) as port:
         found = _rest(port, "/api/2.0/mlflow/runs/search", {
             "experiment_ids": [exp.experiment_id],
             "filter": f"tags.mlflow.parentRunId = '{parent.info.run_id}'"})
         assert len(found["runs"]) == 2
         top = _rest(port, f"/api/2.0/mlflow/runs/get?run_id={parent.info.run_id}")
         assert {t["key"]: t["value"] for t in top["run"]["data"]["tags"]}["sweep_parent"] == "nest"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)

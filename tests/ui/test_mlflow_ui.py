@@ -11,15 +11,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import cli, dmlc_processes
+from tests.helpers import cli, dmlc_processes, mlflow_server
 
 ROOT = Path(__file__).resolve().parents[2]
 LARGEBATCH = str(ROOT / "experiments/proxy/digits-largebatch.yaml")
@@ -77,8 +75,6 @@ def _kill_a_worker(cwd: Path, env: dict[str, str]) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(port, client, run ids) of a served store holding the four kinds of run."""
-    from mxlarge.launcher import free_port
-
     tmp = tmp_path_factory.mktemp("ui")
     uri = f"sqlite:///{tmp}/ui.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
@@ -109,30 +105,8 @@ def served(tmp_path_factory):
                             if x.startswith(f"[worker {victim}] ")],
            "cells": sorted((x.info.run_id for x in runs if x.data.tags.get("sweep") == "ui"),
                            key=lambda i: c.get_run(i).data.tags["seed"])}
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": ""})
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
-                break
-            except OSError:
-                assert server.poll() is None, "mlflow server exited"
-                assert time.monotonic() < deadline, "mlflow server did not come up"
-                time.sleep(2)
+    with mlflow_server(uri, tmp) as port:
         yield port, c, ids, tmp
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
 
 
 @pytest.mark.timeout(900)

@@ -153,7 +153,7 @@ def render(data: Mapping[str, Any]) -> str:
            "`benchmarks/peers.py` and benchmarks/README.md. Peers: "
            + "; ".join(f"`{p}` = {PEER_LINES[p]}" for p in PEER_ORDER) + ".", "",
            "## Same math: findings", "", FINDINGS]
-    for key, title in (("loopback", "Loopback, 2 workers"),
+    for key, title in (("loopback", "Loopback"),
                        ("testbed", "Testbed: 3 hosts, tc tbf per host"),
                        ("accuracy", "Accuracy twin")):
         part = data.get(key)
@@ -210,6 +210,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    default=list(NETS))
     p.add_argument("--peers", type=lambda t: _names(t, PEER_ORDER, "--peers"),
                    default=list(PEER_ORDER))
+    p.add_argument("--workers", type=int, default=2,
+                   help="loopback part: workers (3 or more: the summation order differs "
+                        "between peers, and the closed-form check decides)")
     p.add_argument("--rounds", type=int, default=None, help="launch rounds (default 3)")
     p.add_argument("--blocks", type=int, default=None, help="timed blocks per launch (3)")
     p.add_argument("--check-steps", type=int, default=3)
@@ -229,6 +232,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if "mxlarge" not in a.peers:
         p.error("--peers must include mxlarge: its weights are the same-math reference and "
                 "its step time the denominator")
+    if a.workers < 2:
+        p.error(f"--workers {a.workers}: expected an integer >= 2")
     for name in ("rounds", "blocks", "check_steps"):
         value = getattr(a, name)
         if value is not None and value < 1:
@@ -260,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     with open(a.out.with_suffix(".log"), "w") as log:
         try:
             if "loopback" in a.part:
-                print("peers: loopback, 2 workers", flush=True)
+                k = a.workers
+                print(f"peers: loopback, {k} workers", flush=True)
                 data["loopback"] = run_timing(
-                    a, loopback_launcher(2), 2, log,
-                    "2 workers on 127.0.0.1 (dist_sync peers: 2 servers and a scheduler "
-                    "too; horovod: 2 ranks), OMP_NUM_THREADS=1 per process; SGD η 0.1, "
+                    a, loopback_launcher(k), k, log,
+                    f"{k} workers on 127.0.0.1 (dist_sync peers: {k} servers and a scheduler "
+                    f"too; horovod: {k} ranks), OMP_NUM_THREADS=1 per process; SGD η 0.1, "
                     "m 0.9, λ 1e-4 on every tensor, constant η.", TARGETS["loopback"])
                 save(a.out, data)
             if "testbed" in a.part:

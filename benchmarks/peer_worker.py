@@ -237,6 +237,15 @@ def formula_check(step: int, k: int, opts: argparse.Namespace, rescale: float,
             "lr_detect": detect}
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of every core since boot, from /proc/stat (the network
+    namespaces of the testbed share it: the whole machine)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def work(opts: argparse.Namespace) -> None:
     import numpy as np
     from mxnet import autograd
@@ -334,17 +343,19 @@ def work(opts: argparse.Namespace) -> None:
     for s in range(2):
         step(s)
     mx.nd.waitall()
-    secs, cores = [], []
+    secs, cores, machine = [], [], []
     for blk in range(opts.blocks):
-        c0, t0 = time.process_time(), time.perf_counter()
+        (b0, j0), c0, t0 = machine_jiffies(), time.process_time(), time.perf_counter()
         for s in range(opts.steps):
             step(blk * opts.steps + s)
         mx.nd.waitall()
         wall = time.perf_counter() - t0
+        (b1, j1) = machine_jiffies()
         secs.append(wall / opts.steps)
         cores.append((time.process_time() - c0) / wall)
+        machine.append(os.cpu_count() * (b1 - b0) / max(j1 - j0, 1))
     split = [split_step(s) for s in range(opts.split_steps)]
-    emit_result({**result, "sec_per_step": secs, "cores_busy": cores,
+    emit_result({**result, "sec_per_step": secs, "cores_busy": cores, "machine_busy": machine,
                  "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
                  "comm_update": [c for _, c in split]})
 

@@ -114,6 +114,16 @@ def render_timing(part: Mapping[str, Any], target: float) -> str:
                       "every launch's split steps):", "",
                       md_table(["peer", "forward+backward ms", "communication+update ms"],
                                split), ""]
+        busy = [f"`{peer}` " + ", ".join(
+                    f"{h} {median([r[h] for r in row['host_cores']]):.2f}"
+                    for h in sorted(row["host_cores"][0]))
+                + f"; machine {median(row['machine_busy']):.2f}"
+                for peer, row in net["peers"].items() if row.get("machine_busy")]
+        if busy:
+            lines += ["Cores busy during the timed blocks (medians over rounds): each rank's "
+                      "worker process (its host), then the whole machine (every process of the "
+                      f"job, all hosts, of {part['versions']['cores_usable']} cores): "
+                      + "; ".join(busy) + ".", ""]
         for f in net["findings"]:
             lines.append(f"- `{f['peer']}` with Gluon's `step(n)`: the first update is "
                          f"{f['update_ratio']:.3f}× mxlarge's, max abs(Δw) after {f['steps']} "
@@ -153,9 +163,9 @@ def render(data: Mapping[str, Any]) -> str:
            "`benchmarks/peers.py` and benchmarks/README.md. Peers: "
            + "; ".join(f"`{p}` = {PEER_LINES[p]}" for p in PEER_ORDER) + ".", "",
            "## Same math: findings", "", FINDINGS]
-    for key, title in (("loopback", "Loopback"),
-                       ("testbed", "Testbed: 3 hosts, tc tbf per host"),
-                       ("accuracy", "Accuracy twin")):
+    testbeds = [(key, f"Testbed: 3 hosts, tc tbf {data[key].get('rate', '')} per host")
+                for key in sorted(data, key=_rate_order) if key.startswith("testbed")]
+    for key, title in (("loopback", "Loopback"), *testbeds, ("accuracy", "Accuracy twin")):
         part = data.get(key)
         if not part:
             continue
@@ -169,9 +179,14 @@ def render(data: Mapping[str, Any]) -> str:
                 + ".", "",
                 part["setup"], ""]
         out.append(render_accuracy(part) if key == "accuracy" else
-                   render_timing(part, TARGETS[key]))
+                   render_timing(part, TARGETS[key.split("-")[0]]))
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _rate_order(key: str) -> tuple[int, str]:
+    """Testbed parts fastest link first (1gbit before 200mbit)."""
+    return (0 if key.endswith("gbit") else 1, key)
 
 
 def render_accuracy(part: Mapping[str, Any]) -> str:
@@ -213,6 +228,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2,
                    help="loopback part: workers (3 or more: the summation order differs "
                         "between peers, and the closed-form check decides)")
+    p.add_argument("--rate", action="append", default=None,
+                   help="testbed part: tc tbf rate per host link (repeatable; default "
+                        "1gbit and 200mbit)")
     p.add_argument("--rounds", type=int, default=None, help="launch rounds (default 3)")
     p.add_argument("--blocks", type=int, default=None, help="timed blocks per launch (3)")
     p.add_argument("--check-steps", type=int, default=3)
@@ -239,6 +257,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} {value}: expected an integer >= 1")
     a.part = a.part or ["loopback", "accuracy"]
+    from benchmarks.peers_testbed import RATES
+
+    a.rate = a.rate or list(RATES)
     return a
 
 
@@ -276,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
             if "testbed" in a.part:
                 from benchmarks.peers_testbed import run_testbed
 
-                data["testbed"] = run_testbed(a, log)
-                save(a.out, data)
+                data.pop("testbed", None)  # one part per rate since the 200 Mbit/s rows
+                for rate, part in run_testbed(a, log).items():
+                    data[f"testbed-{rate}"] = part
+                    save(a.out, data)
             if "accuracy" in a.part:
                 from benchmarks.peers_accuracy import run_accuracy
 

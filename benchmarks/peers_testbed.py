@@ -1,9 +1,12 @@
-"""The peers benchmark on the namespace testbed: 3 hosts, each link shaped to 1 Gbit/s.
+"""The peers benchmark on the namespace testbed: 3 hosts, each link shaped to a rate.
 
 ``python -m benchmarks.peers --part testbed`` (``make bench-peers-cluster``; root only). Hosts
 h0, h1, h2 of :mod:`mxlarge.testbed` (network namespaces 198.18.0.10-12 on one bridge);
 every host's link is limited to :data:`RATE` in both directions with ``tc tbf`` (egress of the
-host's ``eth0`` and of its bridge port). Jobs are started on h0 through the testbed's ``on``
+host's ``eth0`` and of its bridge port), each of :data:`RATES` in turn (``--rate``): at 1
+Gbit/s the two shared cores are the limit, at 200 Mbit/s the link is (every row records how
+busy the machine's cores and each host's worker were). Jobs are started on h0 through the
+testbed's ``on``
 wrapper:
 
 * dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts`` with the
@@ -30,7 +33,7 @@ from typing import IO, Any
 
 from benchmarks.common import BenchmarkError
 
-RATE = "1gbit"
+RATES = ("1gbit", "200mbit")
 TBF = ("burst", "256kb", "latency", "10ms")
 WORKERS = 3
 
@@ -106,12 +109,13 @@ def testbed_launcher(tb: Any, work: Path) -> Any:
     return run
 
 
-def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
-    """Brings the testbed up (under the lock), shapes it, runs the timing rounds, tears down."""
+def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, dict[str, Any]]:
+    """Brings the testbed up (under the lock), and per rate of ``a.rate`` shapes it and runs
+    the timing rounds; tears down. rate → part of peers.json."""
     from benchmarks.peers_jobs import TARGETS, run_timing
     from mxlarge.testbed import Testbed, TestbedError, exclusive, our_namespaces
 
-    print(f"peers: testbed, {WORKERS} hosts at {RATE} per link", flush=True)
+    parts: dict[str, dict[str, Any]] = {}
     with exclusive():
         if our_namespaces():
             raise BenchmarkError(f"testbed namespaces {', '.join(our_namespaces())} exist "
@@ -125,20 +129,23 @@ def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, Any]:
         work = tb.root / "work" / f"peers-{uuid.uuid4().hex[:8]}"
         try:
             work.mkdir(parents=True)
-            shape(tb, RATE)
-            gbit = link_rate(tb)
-            print(f"  link h0 → h1 with tbf {RATE}: {gbit:.2f} Gbit/s", flush=True)
-            part = run_timing(
-                a, testbed_launcher(tb, work), WORKERS, log,
-                f"{WORKERS} hosts (network namespaces on one 2-core machine), one worker per "
-                f"host; dist_sync peers: one server per host, scheduler on h0; horovod: 3 "
-                f"ranks over gloo on eth0. Every host link shaped with tc tbf {RATE} each "
-                f"way (measured h0 → h1: {gbit:.2f} Gbit/s, one 100 MB TCP transfer). "
-                f"OMP_NUM_THREADS=1; SGD η 0.1, m 0.9, λ 1e-4 on every tensor, constant η.",
-                TARGETS["testbed"], tmpdir=work)
-            part["link_gbit_s"] = gbit
-            part["rate"] = RATE
-            return part
+            for rate in a.rate:
+                print(f"peers: testbed, {WORKERS} hosts at {rate} per link", flush=True)
+                shape(tb, rate)
+                gbit = link_rate(tb, mbytes=100 if rate.endswith("gbit") else 25)
+                print(f"  link h0 → h1 with tbf {rate}: {gbit:.3f} Gbit/s", flush=True)
+                part = run_timing(
+                    a, testbed_launcher(tb, work), WORKERS, log,
+                    f"{WORKERS} hosts (network namespaces on one 2-core machine), one worker "
+                    f"per host; dist_sync peers: one server per host, scheduler on h0; "
+                    f"horovod: 3 ranks over gloo on eth0. Every host link shaped with tc tbf "
+                    f"{rate} each way (measured h0 → h1: {gbit:.3f} Gbit/s, one TCP transfer). "
+                    f"OMP_NUM_THREADS=1; SGD η 0.1, m 0.9, λ 1e-4 on every tensor, constant η.",
+                    TARGETS["testbed"], tmpdir=work)
+                part["link_gbit_s"] = gbit
+                part["rate"] = rate
+                parts[rate] = part
+            return parts
         finally:
             unshape(tb)
             shutil.rmtree(work, ignore_errors=True)

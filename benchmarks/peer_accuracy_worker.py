@@ -1,10 +1,11 @@
-"""Worker script of the peers' accuracy twin: the digits recipe at 16× through one peer's trainer.
+"""Worker script of the peers' accuracy twin: the MNIST-1D recipe at 16× through one peer's trainer.
 
 Started like :mod:`benchmarks.peer_worker` (every role of a dist_sync job, or every rank of a
-``horovodrun`` job). The experiment is ``experiments/proxy/digits-largebatch.yaml`` (2 workers ×
-128 = global batch 256 = 16 × the reference 16; 30 epochs of 5 steps; LR 0.05 × 16 = 0.8 after a
-5-epoch linear warmup from 0.05, ÷10 at epochs 15 and 22.5; momentum 0.9, λ 5e-4): same data
-shards, net, initialisation (seed) and loop for every peer; only the trainer line differs.
+``horovodrun`` job). The experiment is ``experiments/proxy/mnist1d-recipe.yaml`` with
+:data:`OVERRIDES`: 2 workers × 256 signals = global batch 512 = 16 × the reference 32; 16 epochs
+of 39 steps over 20,000 signals; LR 0.05 × 16 = 0.8 after a 2-epoch linear warmup from 0.05,
+÷10 at epochs 8 and 12; momentum 0.9, λ 5e-4; the 1-D ResNet with zero-γ: same data shards,
+net, initialisation (seed) and loop for every peer; only the trainer line differs.
 
 * ``mxlarge``: ``mxlarge.Trainer(params, plan.schedule, momentum, weight_decay, kvstore=kv,
   bn_stats=...)``, what ``mxlarge train`` runs: the schedule of :func:`mxlarge.plan.plan`,
@@ -32,7 +33,9 @@ import mxnet as mx
 
 from benchmarks.common import ROOT, emit_result, worker_main
 
-CONFIG = Path(ROOT) / "experiments" / "proxy" / "digits-largebatch.yaml"
+CONFIG = Path(ROOT) / "experiments" / "proxy" / "mnist1d-recipe.yaml"
+#: 16× the reference batch of 32 with 2 real workers: n = 256 per worker.
+OVERRIDES = ["data.batch_size=256", "dist.workers=2", "dist.kvstore=dist_sync"]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -87,20 +90,22 @@ def work(opts: argparse.Namespace) -> None:
 
     from mxlarge.config import load_config
     from mxlarge.data import build_data
-    from mxlarge.data.digits import INPUT_SHAPE
     from mxlarge.nets import build_net, initialize
     from mxlarge.plan import plan_for
     from mxlarge.stats import final_error
 
-    overrides = [f"train.seed={opts.seed}"]
+    overrides = [*OVERRIDES, f"train.seed={opts.seed}"]
     if opts.epochs is not None:
-        o = load_config(CONFIG).optim
-        f = opts.epochs / load_config(CONFIG).train.epochs
+        o = load_config(CONFIG, OVERRIDES).optim
+        f = opts.epochs / load_config(CONFIG, OVERRIDES).train.epochs
         overrides += [f"train.epochs={opts.epochs}", f"optim.warmup_epochs={o.warmup_epochs * f}",
                       f"optim.decay_epochs={[e * f for e in o.decay_epochs]}"]
     cfg = load_config(CONFIG, overrides)
     plan = plan_for(cfg)
     net = build_net(cfg.model, 10)
+    # the net first (its initialisation needs no data), then the trainer: its rank shards data
+    from mxlarge.data.mnist1d import INPUT_SHAPE
+
     initialize(net, cfg.model, seed=opts.seed, ctx=[mx.cpu()], input_shape=INPUT_SHAPE)
     trainer, rank, k = peer_trainer(opts.peer, net.collect_params(), plan, cfg)
     data = build_data(cfg.data, rank=rank, num_workers=k, seed=opts.seed)

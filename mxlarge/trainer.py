@@ -378,13 +378,13 @@ class Trainer:
         self.store.init_params([i])
         self._pending.discard(i)
         if not self._pending:
-            self._ready()
+            self._ready(in_forward=True)
 
-    def _ready(self) -> None:
+    def _ready(self, in_forward: bool = False) -> None:
         """Everything that needs the shapes: roles, store keys, optimizer states, BN stats."""
         self.roles: list[ParamRole] = param_roles(self._param_map,
                                                   decay_bn_bias=self._decay_bn_bias)
-        self.store.ready(self.roles)
+        self.store.ready(self.roles, in_forward=in_forward)
         self.pushed = self.store.pushed
         self.updater.no_decay = tuple(sorted(
             i for i in self.pushed if not self.roles[i].decay or self.params[i].wd_mult == 0.0))
@@ -393,18 +393,24 @@ class Trainer:
                        for i in range(len(self.params))]
         self.bn = BNStats(self.params, self.store.stats, self.store, self._bn_mode,
                           self.simulated_workers)
-        # The update's arguments per device, gathered once: Gluon keeps these arrays for the
-        # life of the parameters (loading weights copies into them), and grad_req is final here.
-        self._update_args = [
-            ([self.params[i].list_data()[d] for i in self.pushed],
-             [self.params[i].list_grad()[d] for i in self.pushed],
-             [self.states[i][d] for i in self.pushed])
-            for d in range(len(self.params[0].list_ctx()) if self.params else 0)]
+        self._gather_update_args()
         if self._loaded is not None:
             loaded, self._loaded = self._loaded, None
             self._set_states(loaded, "load_states")
         if self._batch_size is not None and self._batch is None:
             self._fix_schedule(self._batch_size)
+
+    def _gather_update_args(self) -> None:
+        """The update's arguments per device, gathered once per version of the gradient
+        arrays: Gluon keeps its arrays for the life of the parameters (loading weights copies
+        into them), and the store replaces a fused bucket's gradients by views of its buffer
+        (``SyncStore.grads_version`` counts it)."""
+        self._grads_version = self.store.grads_version
+        self._update_args = [
+            ([self.params[i].list_data()[d] for i in self.pushed],
+             [self.params[i].list_grad()[d] for i in self.pushed],
+             [self.states[i][d] for i in self.pushed])
+            for d in range(len(self.params[0].list_ctx()) if self.params else 0)]
 
     @property
     def is_ready(self) -> bool:
@@ -578,6 +584,8 @@ class Trainer:
                 self._last_update.wait_to_read()
             beat.step(t, t)
         rescale = self.scale / (batch_size * self.num_workers)
+        if self._grads_version != self.store.grads_version:
+            self._gather_update_args()
         for weights, grads, states in self._update_args:
             self.updater.apply(t, self.pushed, weights, grads, states, rescale)
         if beat is not None and self._update_args:

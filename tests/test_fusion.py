@@ -80,3 +80,73 @@ def test_negative_fusion_size_is_refused():
     params = net.collect_params()
     with pytest.raises(ValueError, match="fusion_bytes -1"):
         SyncStore("local", list(params.values()), param_roles(params), fusion_bytes=-1)
+
+
+def _grads_over_steps(fusion_bytes: int, mode: str, reinit_at: int | None = None,
+                      backward_first: bool = False
+                      ) -> tuple[SyncStore, list[list[np.ndarray]], list[bool]]:
+    """Three backward + allreduce steps on 2 devices (``mode``: imperative, hybrid or static,
+    i.e. hybridized with static_alloc); per step every summed gradient, and whether each fused
+    bucket's members' gradient arrays were its views during the step's backward."""
+    mx.random.seed(1)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
+            mx.gluon.nn.Dense(10))
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    if mode != "imperative":
+        net.hybridize(static_alloc=mode == "static", static_shape=mode == "static")
+    params = net.collect_params()
+    for c in ctx:
+        with mx.autograd.record(train_mode=False):
+            y = net(mx.nd.zeros((4, 3, 8, 8), ctx=c))
+        if backward_first:  # the CachedOp sees Gluon's own gradient arrays first
+            y.backward()
+    store = SyncStore("device", list(params.values()), param_roles(params),
+                      fusion_bytes=fusion_bytes)
+    out, adopted = [], []
+    for step in range(3):
+        if step == reinit_at:  # Gluon re-creates every gradient array
+            for p in params.values():
+                p._init_grad()
+        x = [mx.nd.random.uniform(shape=(4, 3, 8, 8), ctx=c) for c in ctx]
+        adopted.append(all(store._adopted(b) for b in store.buckets if b.fused))
+        with mx.autograd.record():
+            losses = [net(xi).sum() for xi in x]
+        mx.autograd.backward(losses)
+        store.allreduce_grads()
+        out.append([g.asnumpy() for p in params.values() if p.grad_req != "null"
+                    for g in p.list_grad()])
+    return store, out, adopted
+
+
+def _assert_bitwise(want: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> None:
+    for step_want, step_got in zip(want, got, strict=True):
+        assert any(np.abs(g).sum() > 0 for g in step_want)
+        for a, b in zip(step_want, step_got, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("mode,reinit_at", [("static", None), ("hybrid", None),
+                                            ("imperative", None), ("hybrid", 2),
+                                            ("imperative", 1)])
+def test_fused_members_write_into_the_bucket_and_sum_bitwise_as_per_key(mode, reinit_at):
+    """A fused bucket's gradients are views of its buffer from the first backward on (backward
+    writes there, nothing is copied); every step's sums stay bitwise the per-key sums, also
+    after Gluon re-creates the gradient arrays (copied that step, views again after)."""
+    _, want, _ = _grads_over_steps(0, mode, reinit_at)
+    fused, got, adopted = _grads_over_steps(64, mode, reinit_at)
+    assert sum(b.fused for b in fused.buckets) >= 1
+    assert adopted == [step != reinit_at for step in range(3)]
+    assert all(fused._adopted(b) for b in fused.buckets if b.fused) and not fused._copied
+    _assert_bitwise(want, got)
+
+
+def test_a_static_net_that_ran_backward_before_the_store_keeps_copying_bitwise():
+    """A static-alloc CachedOp writes the gradient arrays of its first backward whatever the
+    marks say: the NaN probe sees it at the first step and the bucket is copied from then on."""
+    _, want, _ = _grads_over_steps(0, "static", backward_first=True)
+    fused, got, _ = _grads_over_steps(64, "static", backward_first=True)
+    assert fused._copied == {b.key for b in fused.buckets if b.fused}
+    assert not any(fused._adopted(b) for b in fused.buckets if b.fused)
+    _assert_bitwise(want, got)

@@ -213,6 +213,7 @@ def _load(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from mxlarge.protocol.heartbeat import launched_dir
     from mxlarge.run import train
 
     cfg = _load(args)
@@ -223,7 +224,8 @@ def _train(args: argparse.Namespace) -> int:
         from mxlarge.tracking import RunHandle, caller_run_id, tracking_uri
         run_id = caller_run_id(args.run_id, cfg)  # --run-id, else $MLFLOW_RUN_ID
         run = RunHandle(tracking_uri(cfg), run_id) if run_id is not None else None
-    result = train(cfg, args.config, resume=args.resume, run=run)
+    # this process's root: what a launcher gave it is read here and passed down
+    result = train(cfg, args.config, resume=args.resume, run=run, heartbeat_dir=launched_dir())
     if result.rank == 0:
         acc = result.final.get("val/accuracy")
         print(f"done: {result.steps} steps on {result.plan.world.describe()} in "
@@ -247,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     # A dist worker that fails must leave at once: a normal interpreter exit waits in ps-lite's
     # exit barrier for workers that are themselves waiting for this one (a deadlock).
-    from mxlarge.launcher.worker import exit_now, fail_fast
+    from mxlarge.protocol.failfast import exit_now, fail_fast
     with fail_fast():
         code = _main(argv)
     if code:

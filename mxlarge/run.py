@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mxlarge.config import Config
@@ -67,9 +68,11 @@ class Built:
     rank: int
 
 
-def build(cfg: Config, source: str = "<config>", kv: Any = None) -> Built:
+def build(cfg: Config, source: str = "<config>", kv: Any = None,
+          heartbeat_dir: Path | None = None) -> Built:
     """Everything a run needs, in dependency order: world, store (rank; its number of workers
-    checked against the world), plan, data shard, net with Goyal init, trainer."""
+    checked against the world), plan, data shard, net with Goyal init, trainer (reporting to
+    ``heartbeat_dir``, if given, for a launcher's stall watchdog)."""
     import mxnet as mx
     import numpy as np
 
@@ -109,13 +112,14 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None) -> Built:
                       decay_bn_bias=o.decay_bn_bias, lars=o.lars, lars_eta=o.lars_eta,
                       kvstore=kv if kv is not None else cfg.dist.kvstore,
                       compression=compression, fusion_bytes=cfg.dist.fusion_bytes,
-                      bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated)
+                      bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated,
+                      heartbeat=heartbeat_dir)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,
                  rank=rank)
 
 
 def train(cfg: Config, source: str = "<config>", resume: str | None = None,
-          run: Any = None) -> RunResult:
+          run: Any = None, heartbeat_dir: Path | None = None) -> RunResult:
     """Trains per ``cfg``; tracks in MLflow unless ``tracking.enabled`` is false.
 
     Args:
@@ -124,6 +128,8 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         run: a :class:`~mxlarge.tracking.RunHandle` the caller opened and will end (a launched
             job's run, a sweep cell's). Without it, rank 0 opens the run (or reopens the
             checkpoint's) and ends it FINISHED or FAILED.
+        heartbeat_dir: where a launched worker reports its progress (what the launcher gave the
+            process: :func:`mxlarge.protocol.heartbeat.launched_dir`); None: no reports.
     """
     import mxnet as mx
 
@@ -139,7 +145,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         meta = checkpoint.read_meta(ckpt)
         checkpoint.check_world(ckpt, meta, world_of(cfg, source))
     # Building first validates the model and the data before any file is written.
-    b = build(cfg, source)
+    b = build(cfg, source, heartbeat_dir=heartbeat_dir)
     trainer, data, p, rank = b.trainer, b.data, b.plan, b.rank
     start_epoch = 0
     if ckpt is not None:

@@ -216,7 +216,7 @@ def test_worker_exception_under_fail_fast_fails_the_job(marker: str) -> None:
 def test_pinned_worker_exception_without_fail_fast_never_exits(marker: str) -> None:
     """MXNet 1.9.1: the raising worker waits in ps-lite's exit barrier for the other worker,
     which waits in pull for the raising one: nothing exits. If this starts failing, the
-    fail_fast requirement in mxlarge.launcher.worker can be revisited. Also covers SIGTERM to
+    fail_fast requirement in mxlarge.protocol.failfast can be revisited. Also covers SIGTERM to
     a launcher running in-process."""
     out = Collector()
     seen: dict[str, object] = {}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mxlarge.launcher import heartbeat
 from mxlarge.launcher.restart import Failure, RestartPolicy
+from mxlarge.protocol import heartbeat
 from tests.e2e.test_resume import _same
 from tests.e2e.test_watchdog import stop_rank_while_stepping
 from tests.helpers import cli, dmlc_processes

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mxlarge.launcher import heartbeat, watchdog
-from mxlarge.launcher.heartbeat import Record
+from mxlarge.launcher import watchdog
 from mxlarge.launcher.watchdog import Watchdog
+from mxlarge.protocol import heartbeat
+from mxlarge.protocol.heartbeat import Record
 from tests.e2e.test_launcher import Collector, fakes  # noqa: F401  (fakes: fake ssh on PATH)
 from tests.helpers import dmlc_processes
 

@@ -24,7 +24,6 @@ from mxlarge.launcher.restart import (
     Failure,
     RestartPolicy,
     cluster_outcome,
-    latest_checkpoint,
     run_with_restarts,
 )
 
@@ -119,8 +118,9 @@ def launch(args: argparse.Namespace) -> int:
     def attempt(number: int) -> Outcome:
         resume = path
         if number:
+            from mxlarge import checkpoint
             from mxlarge.config import checkpoint_root
-            resume = latest_checkpoint(checkpoint_root(cfg), started) or path
+            resume = checkpoint.find_latest(checkpoint_root(cfg), since=started) or path
             print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
                   "from the start (no checkpoint yet)"), flush=True)
         cmd = command if resume is None else [*command, "--resume", str(resume)]

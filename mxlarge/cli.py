@@ -23,18 +23,6 @@ verbs:
 exit status: 0 done, 1 training failed, 2 bad input (config, arguments, files)"""
 
 
-def _launcher_choice(name: str) -> str:
-    """``--launcher``: the backends that work; sge/yarn are refused with the reason."""
-    from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED
-
-    if name in UNSUPPORTED:
-        raise argparse.ArgumentTypeError(f"{name!r} is not supported: {UNSUPPORTED[name]}")
-    if name not in ("local", *SUPPORTED):
-        raise argparse.ArgumentTypeError(f"{name!r}: expected one of local, "
-                                         f"{', '.join(SUPPORTED)}")
-    return name
-
-
 def _run_ps_role_if_any() -> None:
     """A ps-lite scheduler or server runs its role inside ``import mxnet`` and exits there.
 
@@ -83,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("-s", "--servers", type=int, default=None,
                     help="server processes: the override dist.servers=S (default: the "
                          "config's dist.servers)")
-    la.add_argument("--launcher", default="local", type=_launcher_choice,
+    from mxlarge.launcher.job import launcher_choice
+    la.add_argument("--launcher", default="local", type=launcher_choice,
                     metavar="{local,ssh,mpi,slurm}",
                     help="how processes are started (sge and yarn are refused: dmlc_tracker's "
                          "backends cannot run a parameter-server job on MXNet 1.9.1)")

@@ -23,7 +23,6 @@ from mxlarge.launcher.local import Outcome
 from mxlarge.launcher.restart import (
     Failure,
     RestartPolicy,
-    cluster_outcome,
     run_with_restarts,
 )
 
@@ -64,16 +63,15 @@ def launch(args: argparse.Namespace) -> int:
     from mxlarge.nets import build_net
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
-    if args.launcher in launcher.UNSUPPORTED:
-        raise ConfigError(f"--launcher {args.launcher}: {launcher.UNSUPPORTED[args.launcher]}")
     if args.launcher in ("ssh", "mpi"):
         try:
             launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-    from mxlarge.launcher.firewall import FirewallError, local_refusal, refusal
-    why = refusal(args.launcher) or local_refusal()
-    if args.firewall == "on" and why:  # before any run is created or process started
+    from mxlarge.launcher.firewall import FirewallError
+    from mxlarge.launcher.job import firewall_refusal, run_attempt
+    why = firewall_refusal(args.launcher, args.firewall)
+    if why:  # before any run is created or process started
         raise InputError(f"--firewall on: {why}")
     if args.launcher == "local" and args.port is not None:
         try:  # before any run is created or process started
@@ -124,21 +122,19 @@ def launch(args: argparse.Namespace) -> int:
             print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
                   "from the start (no checkpoint yet)"), flush=True)
         cmd = command if resume is None else [*command, "--resume", str(resume)]
-        if args.launcher == "local":
-            return launcher.run_local(cmd, workers=workers, servers=servers, port=args.port,
-                                      env=env, stall_timeout=args.stall_timeout,
-                                      tuning=not args.no_tuning)
-        result = launcher.cluster_run(args.launcher, cmd, workers=workers, servers=servers,
-                                      hostfile=args.hostfile, env=env,
-                                      stall_timeout=args.stall_timeout,
-                                      tuning=not args.no_tuning, firewall=args.firewall)
+        done = run_attempt(args.launcher, cmd, workers=workers, servers=servers, env=env,
+                           stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
+                           firewall=args.firewall, port=args.port, hostfile=args.hostfile)
+        result = done.cluster
+        if result is None:
+            return done.outcome
         hosts[:] = result.hosts
         for key in ("failed_role", "failed_rank", "failed_host"):  # this attempt's only
             end_tags.pop(key, None)
         if result.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM came first
             end_tags.update(failed_role=result.failed_role, failed_rank=str(result.failed_rank),
                             failed_host=str(result.failed_host))
-        return cluster_outcome(result)
+        return done.outcome
 
     def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
         if run is None:

@@ -206,15 +206,10 @@ def _train(args: argparse.Namespace) -> int:
     from mxlarge.run import train
 
     cfg = _load(args)
-    run = None
-    if args.run_id is not None and not cfg.tracking.enabled:
-        raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
-    if cfg.tracking.enabled:
-        from mxlarge.tracking import RunHandle, caller_run_id, tracking_uri
-        run_id = caller_run_id(args.run_id, cfg)  # --run-id, else $MLFLOW_RUN_ID
-        run = RunHandle(tracking_uri(cfg), run_id) if run_id is not None else None
-    # this process's root: what a launcher gave it is read here and passed down
-    result = train(cfg, args.config, resume=args.resume, run=run, heartbeat_dir=launched_dir())
+    # this process's root: what the caller gave it (--run-id, the launcher's heartbeat
+    # directory) is read here and passed down
+    result = train(cfg, args.config, resume=args.resume, run_id=args.run_id,
+                   heartbeat_dir=launched_dir())
     if result.rank == 0:
         acc = result.final.get("val/accuracy")
         print(f"done: {result.steps} steps on {result.plan.world.describe()} in "

@@ -4,10 +4,12 @@ Every process runs the same ``mxlarge train CONFIG ...`` command: the scheduler 
 their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`), the workers
 train. ``-n``/``-s`` are the overrides ``dist.workers``/``dist.servers`` (the command line wins
 over the file), so ``mxlarge show CONFIG dist.workers=N`` prints the plan this job runs. The
-job's run is opened here before anything starts (or given with ``--run-id`` by a caller that
-ends it), passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and
-ended FINISHED or FAILED by the job's exit status, with the failure as tags (``failed_role``,
-``failed_rank`` (launch index), ``failed_kvstore_rank``, ``failed_host``, ``failed_step``) and the
+job's run is decided here before anything starts (:func:`mxlarge.tracking.open_run`: given
+with ``--run-id`` by a caller that ends it, else the resumed checkpoint's, else a new one),
+passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and ended
+FINISHED or FAILED by the job's exit status (:meth:`~mxlarge.tracking.OpenRun.close`), with
+the failure as tags (``failed_role``, ``failed_rank`` (launch index), ``failed_kvstore_rank``,
+``failed_host``, ``failed_step``) and the
 failed process's last lines of output as the artifact ``failure/<role>-<index>.log``.
 """
 from __future__ import annotations
@@ -88,24 +90,17 @@ def launch(args: argparse.Namespace) -> int:
         meta = checkpoint.read_meta(path)
         checkpoint.check_world(path, meta, plan.world)
     env: dict[str, str] = {}
-    run = owned = None
-    if cfg.tracking.enabled:
-        from mxlarge import tracking
-        uri = tracking.tracking_uri(cfg)
-        tracking.check_reachable(uri)
-        caller = tracking.caller_run_id(args.run_id, cfg)  # --run-id, else $MLFLOW_RUN_ID
-        if caller is not None:  # the caller's run: it ends it
-            run = tracking.RunHandle(uri, caller)
-        elif meta is not None and meta.get("run_id"):
-            owned = run = tracking.RunHandle.reopen(uri, meta["run_id"])
-        else:
-            owned = run = tracking.RunHandle.create(cfg, uri, plan=plan, source=args.config)
+    from mxlarge import tracking
+    # the job's run, decided here once; the workers get its id as a value on their command
+    # line (remote processes cannot be handed a Python object)
+    opened = tracking.open_run(cfg, given=args.run_id, resumed=(meta or {}).get("run_id"),
+                               plan=plan, source=args.config)
+    run = opened.run if opened is not None else None
+    if run is not None:
         run.tag({"launcher": args.launcher, "servers": servers})
         command += ["--run-id", run.run_id]
-        env["MLFLOW_TRACKING_URI"] = uri
-        print(f"mxlarge: MLflow run {run.run_id} in {uri}", flush=True)
-    elif args.run_id is not None:
-        raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
+        env["MLFLOW_TRACKING_URI"] = run.uri
+        print(f"mxlarge: MLflow run {run.run_id} in {run.uri}", flush=True)
     print(f"mxlarge: job: {plan.world.describe()}, peak LR {plan.peak_lr:.6g}, "
           f"{plan.total_steps} steps", flush=True)
     ok = False
@@ -180,9 +175,8 @@ def launch(args: argparse.Namespace) -> int:
             print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
         return outcome.exit_code
     finally:
-        if owned is not None:
-            owned.end(ok, end_tags)
-            print(f"mxlarge: MLflow run {owned.run_id} {'FINISHED' if ok else 'FAILED'}: "
-                  f"{tracking.ui_hint(owned.uri, owned.run_id)}", flush=True)
-        elif run is not None:
-            run.tag(end_tags)
+        if opened is not None:
+            opened.close(ok, end_tags)
+            if opened.owned:
+                print(f"mxlarge: MLflow run {run.run_id} {'FINISHED' if ok else 'FAILED'}: "
+                      f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)

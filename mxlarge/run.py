@@ -119,15 +119,16 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
 
 
 def train(cfg: Config, source: str = "<config>", resume: str | None = None,
-          run: Any = None, heartbeat_dir: Path | None = None) -> RunResult:
+          run_id: str | None = None, heartbeat_dir: Path | None = None) -> RunResult:
     """Trains per ``cfg``; tracks in MLflow unless ``tracking.enabled`` is false.
 
     Args:
         resume: ``latest`` or a checkpoint directory: continue exactly where it left off, in
             the checkpoint's MLflow run.
-        run: a :class:`~mxlarge.tracking.RunHandle` the caller opened and will end (a launched
-            job's run, a sweep cell's). Without it, rank 0 opens the run (or reopens the
-            checkpoint's) and ends it FINISHED or FAILED.
+        run_id: the MLflow run a caller opened and will end (a launched job's, a sweep
+            cell's): every rank logs into it. Without it (and without ``$MLFLOW_RUN_ID``),
+            rank 0 opens the run (or reopens the checkpoint's) and ends it FINISHED or FAILED:
+            :func:`mxlarge.tracking.open_run` decides.
         heartbeat_dir: where a launched worker reports its progress (what the launcher gave the
             process: :func:`mxlarge.protocol.heartbeat.launched_dir`); None: no reports.
     """
@@ -152,14 +153,12 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         checkpoint.restore(ckpt, meta, net=b.net, trainer=trainer, world=p.world)
         start_epoch = meta["epoch"]
         _warn_config_changes(meta["config"], dump_yaml(cfg), rank)
-    owned = None  # the run this function opened, and so ends
-    if cfg.tracking.enabled and run is None and rank == 0:
+    opened = None
+    if cfg.tracking.enabled or run_id is not None:
         from mxlarge import tracking
-        uri = tracking.tracking_uri(cfg)
-        tracking.check_reachable(uri)
-        saved = (meta or {}).get("run_id")
-        owned = run = (tracking.RunHandle.reopen(uri, saved) if saved
-                       else tracking.RunHandle.create(cfg, uri, plan=p, source=source))
+        opened = tracking.open_run(cfg, given=run_id, resumed=(meta or {}).get("run_id"),
+                                   plan=p, source=source, may_open=rank == 0)
+    run = opened.run if opened is not None else None
     hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor),
                            L.TimerHook(),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
@@ -206,7 +205,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         raise
     finally:
         tmpdir.cleanup()
-        if owned is not None:
-            owned.end(ok)
+        if opened is not None:
+            opened.close(ok)
     return RunResult(run_id=run.run_id if run else None, rank=rank, plan=p, steps=loop.step,
                      history=loop.history, seconds=time.perf_counter() - t0)

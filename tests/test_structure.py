@@ -171,3 +171,16 @@ def test_nothing_outside_tests_imports_tests():
                 if any(n == "tests" or n.startswith("tests.") for n in names):
                     users.append(str(p.relative_to(root)))
     assert users == []
+
+
+def test_a_training_run_is_decided_in_open_run_only():
+    """Which MLflow run a training process logs into is decided in ``tracking.open_run`` (called
+    at the process roots: ``mxlarge launch``, ``run.train``) and ended in ``OpenRun.close``; a
+    sweep's cell and parent runs and a report's run are their own (made by ``sweep`` and
+    ``report``)."""
+    deciders = sorted(_module(p) for p in PKG.rglob("*.py")
+                      if re.search(r"RunHandle\.(create|reopen)\(|caller_run_id\(",
+                                   p.read_text()) and _module(p) != "mxlarge.tracking")
+    assert deciders == ["mxlarge.sweep"]
+    callers = sorted(_module(p) for p in PKG.rglob("*.py") if "open_run(" in p.read_text())
+    assert callers == ["mxlarge.launch_cli", "mxlarge.run", "mxlarge.tracking"]

@@ -2,9 +2,9 @@
 
 The launcher gives every process of a job the directory :data:`ENV` (``MXLARGE_HEARTBEAT_DIR``);
 :func:`launched_dir` is the only place that reads it, at a process's root: ``mxlarge train``
-(:func:`mxlarge.cli.main`) reads it once and passes the directory down to the
+(``mxlarge.cli._train``) reads it once and passes the directory down to the
 :class:`mxlarge.Trainer` it builds; a script of the user's that builds its own Trainer gets it
-through the Trainer's default ``heartbeat="launcher"``. A worker with a directory writes
+through the Trainer's default ``heartbeat=LAUNCHED``. A worker with a directory writes
 ``worker-<rank>.json`` there, a :class:`Record` padded to :data:`SIZE` bytes and rewritten
 in place (one ``pwrite``, so a reader sees an old or a new record, never a mix of both lengths).
 

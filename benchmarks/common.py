@@ -141,7 +141,7 @@ def worker_main(parse: Callable[[list[str] | None], Any], work: Callable[[Any], 
     if os.environ.get("DMLC_ROLE", "worker") != "worker":
         return 0  # not reached for ps-lite roles: they exit inside `import mxnet`
     opts = parse(argv)
-    from mxlarge.launcher.worker import fail_fast
+    from mxlarge.protocol.failfast import fail_fast
     with fail_fast():
         work(opts)
     return 0

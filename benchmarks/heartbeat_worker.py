@@ -7,7 +7,7 @@ serves its role inside ``import mxnet`` and exits there. The worker steps one
 rounds of two modes:
 
 * ``heartbeat``: as launched: per update, the wait for update t−1 and one ``pwrite`` of the
-  record (:mod:`mxlarge.launcher.heartbeat`);
+  record (:mod:`mxlarge.protocol.heartbeat`);
 * ``off``: the same trainer with its heartbeat detached (``trainer.heartbeat = None``).
 
 What is in both modes and so not in the ratio: the heartbeat's writer thread (one ``pwrite`` a

@@ -65,12 +65,23 @@ def epoch_dir(root: str | Path, epoch: int) -> Path:
     return Path(root) / f"epoch-{epoch:04d}"
 
 
-def find_latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint (one with ``meta.json``) under ``root``."""
+def complete(root: str | Path, since: float | None = None) -> list[Path]:
+    """The complete checkpoints (those with ``meta.json``, written last) under ``root``, oldest
+    epoch first; with ``since`` (epoch seconds) only those whose ``meta.json`` was written at
+    or after it. The one search for checkpoints: ``latest``, retention and a restarted job's
+    resume all use it."""
     root = Path(root)
     if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("epoch-*") if (p / "meta.json").is_file())
+        return []
+    metas = [(p, p / "meta.json") for p in sorted(root.glob("epoch-*"))]
+    return [p for p, m in metas if m.is_file()
+            and (since is None or os.stat(m).st_mtime >= since)]
+
+
+def find_latest(root: str | Path, since: float | None = None) -> Path | None:
+    """The newest complete checkpoint under ``root`` (written at or after ``since``, if given:
+    one of this job, not a stale one of an earlier job in the same directory)."""
+    done = complete(root, since)
     return done[-1] if done else None
 
 
@@ -150,8 +161,7 @@ def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, traine
 def _retain(root: Path, keep_last: int) -> None:
     if keep_last <= 0:
         return
-    done = sorted(p for p in root.glob("epoch-*") if (p / "meta.json").is_file())
-    for old in done[:-keep_last]:
+    for old in complete(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -23,18 +23,6 @@ verbs:
 exit status: 0 done, 1 training failed, 2 bad input (config, arguments, files)"""
 
 
-def _launcher_choice(name: str) -> str:
-    """``--launcher``: the backends that work; sge/yarn are refused with the reason."""
-    from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED
-
-    if name in UNSUPPORTED:
-        raise argparse.ArgumentTypeError(f"{name!r} is not supported: {UNSUPPORTED[name]}")
-    if name not in ("local", *SUPPORTED):
-        raise argparse.ArgumentTypeError(f"{name!r}: expected one of local, "
-                                         f"{', '.join(SUPPORTED)}")
-    return name
-
-
 def _run_ps_role_if_any() -> None:
     """A ps-lite scheduler or server runs its role inside ``import mxnet`` and exits there.
 
@@ -83,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("-s", "--servers", type=int, default=None,
                     help="server processes: the override dist.servers=S (default: the "
                          "config's dist.servers)")
-    la.add_argument("--launcher", default="local", type=_launcher_choice,
+    from mxlarge.launcher.job import launcher_choice
+    la.add_argument("--launcher", default="local", type=launcher_choice,
                     metavar="{local,ssh,mpi,slurm}",
                     help="how processes are started (sge and yarn are refused: dmlc_tracker's "
                          "backends cannot run a parameter-server job on MXNet 1.9.1)")
@@ -213,17 +202,14 @@ def _load(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from mxlarge.protocol.heartbeat import launched_dir
     from mxlarge.run import train
 
     cfg = _load(args)
-    run = None
-    if args.run_id is not None and not cfg.tracking.enabled:
-        raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
-    if cfg.tracking.enabled:
-        from mxlarge.tracking import RunHandle, caller_run_id, tracking_uri
-        run_id = caller_run_id(args.run_id, cfg)  # --run-id, else $MLFLOW_RUN_ID
-        run = RunHandle(tracking_uri(cfg), run_id) if run_id is not None else None
-    result = train(cfg, args.config, resume=args.resume, run=run)
+    # this process's root: what the caller gave it (--run-id, the launcher's heartbeat
+    # directory) is read here and passed down
+    result = train(cfg, args.config, resume=args.resume, run_id=args.run_id,
+                   heartbeat_dir=launched_dir())
     if result.rank == 0:
         acc = result.final.get("val/accuracy")
         print(f"done: {result.steps} steps on {result.plan.world.describe()} in "
@@ -247,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     # A dist worker that fails must leave at once: a normal interpreter exit waits in ps-lite's
     # exit barrier for workers that are themselves waiting for this one (a deadlock).
-    from mxlarge.launcher.worker import exit_now, fail_fast
+    from mxlarge.protocol.failfast import exit_now, fail_fast
     with fail_fast():
         code = _main(argv)
     if code:

@@ -4,10 +4,12 @@ Every process runs the same ``mxlarge train CONFIG ...`` command: the scheduler 
 their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`), the workers
 train. ``-n``/``-s`` are the overrides ``dist.workers``/``dist.servers`` (the command line wins
 over the file), so ``mxlarge show CONFIG dist.workers=N`` prints the plan this job runs. The
-job's run is opened here before anything starts (or given with ``--run-id`` by a caller that
-ends it), passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and
-ended FINISHED or FAILED by the job's exit status, with the failure as tags (``failed_role``,
-``failed_rank`` (launch index), ``failed_kvstore_rank``, ``failed_host``, ``failed_step``) and the
+job's run is decided here before anything starts (:func:`mxlarge.tracking.open_run`: given
+with ``--run-id`` by a caller that ends it, else the resumed checkpoint's, else a new one),
+passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and ended
+FINISHED or FAILED by the job's exit status (:meth:`~mxlarge.tracking.OpenRun.close`), with
+the failure as tags (``failed_role``, ``failed_rank`` (launch index), ``failed_kvstore_rank``,
+``failed_host``, ``failed_step``) and the
 failed process's last lines of output as the artifact ``failure/<role>-<index>.log``.
 """
 from __future__ import annotations
@@ -23,8 +25,6 @@ from mxlarge.launcher.local import Outcome
 from mxlarge.launcher.restart import (
     Failure,
     RestartPolicy,
-    cluster_outcome,
-    latest_checkpoint,
     run_with_restarts,
 )
 
@@ -65,16 +65,15 @@ def launch(args: argparse.Namespace) -> int:
     from mxlarge.nets import build_net
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
-    if args.launcher in launcher.UNSUPPORTED:
-        raise ConfigError(f"--launcher {args.launcher}: {launcher.UNSUPPORTED[args.launcher]}")
     if args.launcher in ("ssh", "mpi"):
         try:
             launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
         except ValueError as exc:
             raise InputError(str(exc)) from None
-    from mxlarge.launcher.firewall import FirewallError, local_refusal, refusal
-    why = refusal(args.launcher) or local_refusal()
-    if args.firewall == "on" and why:  # before any run is created or process started
+    from mxlarge.launcher.firewall import FirewallError
+    from mxlarge.launcher.job import firewall_refusal, run_attempt
+    why = firewall_refusal(args.launcher, args.firewall)
+    if why:  # before any run is created or process started
         raise InputError(f"--firewall on: {why}")
     if args.launcher == "local" and args.port is not None:
         try:  # before any run is created or process started
@@ -91,24 +90,17 @@ def launch(args: argparse.Namespace) -> int:
         meta = checkpoint.read_meta(path)
         checkpoint.check_world(path, meta, plan.world)
     env: dict[str, str] = {}
-    run = owned = None
-    if cfg.tracking.enabled:
-        from mxlarge import tracking
-        uri = tracking.tracking_uri(cfg)
-        tracking.check_reachable(uri)
-        caller = tracking.caller_run_id(args.run_id, cfg)  # --run-id, else $MLFLOW_RUN_ID
-        if caller is not None:  # the caller's run: it ends it
-            run = tracking.RunHandle(uri, caller)
-        elif meta is not None and meta.get("run_id"):
-            owned = run = tracking.RunHandle.reopen(uri, meta["run_id"])
-        else:
-            owned = run = tracking.RunHandle.create(cfg, uri, plan=plan, source=args.config)
+    from mxlarge import tracking
+    # the job's run, decided here once; the workers get its id as a value on their command
+    # line (remote processes cannot be handed a Python object)
+    opened = tracking.open_run(cfg, given=args.run_id, resumed=(meta or {}).get("run_id"),
+                               plan=plan, source=args.config)
+    run = opened.run if opened is not None else None
+    if run is not None:
         run.tag({"launcher": args.launcher, "servers": servers})
         command += ["--run-id", run.run_id]
-        env["MLFLOW_TRACKING_URI"] = uri
-        print(f"mxlarge: MLflow run {run.run_id} in {uri}", flush=True)
-    elif args.run_id is not None:
-        raise InputError(f"--run-id {args.run_id}: tracking.enabled is false")
+        env["MLFLOW_TRACKING_URI"] = run.uri
+        print(f"mxlarge: MLflow run {run.run_id} in {run.uri}", flush=True)
     print(f"mxlarge: job: {plan.world.describe()}, peak LR {plan.peak_lr:.6g}, "
           f"{plan.total_steps} steps", flush=True)
     ok = False
@@ -119,26 +111,25 @@ def launch(args: argparse.Namespace) -> int:
     def attempt(number: int) -> Outcome:
         resume = path
         if number:
+            from mxlarge import checkpoint
             from mxlarge.config import checkpoint_root
-            resume = latest_checkpoint(checkpoint_root(cfg), started) or path
+            resume = checkpoint.find_latest(checkpoint_root(cfg), since=started) or path
             print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
                   "from the start (no checkpoint yet)"), flush=True)
         cmd = command if resume is None else [*command, "--resume", str(resume)]
-        if args.launcher == "local":
-            return launcher.run_local(cmd, workers=workers, servers=servers, port=args.port,
-                                      env=env, stall_timeout=args.stall_timeout,
-                                      tuning=not args.no_tuning)
-        result = launcher.cluster_run(args.launcher, cmd, workers=workers, servers=servers,
-                                      hostfile=args.hostfile, env=env,
-                                      stall_timeout=args.stall_timeout,
-                                      tuning=not args.no_tuning, firewall=args.firewall)
+        done = run_attempt(args.launcher, cmd, workers=workers, servers=servers, env=env,
+                           stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
+                           firewall=args.firewall, port=args.port, hostfile=args.hostfile)
+        result = done.cluster
+        if result is None:
+            return done.outcome
         hosts[:] = result.hosts
         for key in ("failed_role", "failed_rank", "failed_host"):  # this attempt's only
             end_tags.pop(key, None)
         if result.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM came first
             end_tags.update(failed_role=result.failed_role, failed_rank=str(result.failed_rank),
                             failed_host=str(result.failed_host))
-        return cluster_outcome(result)
+        return done.outcome
 
     def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
         if run is None:
@@ -184,9 +175,8 @@ def launch(args: argparse.Namespace) -> int:
             print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
         return outcome.exit_code
     finally:
-        if owned is not None:
-            owned.end(ok, end_tags)
-            print(f"mxlarge: MLflow run {owned.run_id} {'FINISHED' if ok else 'FAILED'}: "
-                  f"{tracking.ui_hint(owned.uri, owned.run_id)}", flush=True)
-        elif run is not None:
-            run.tag(end_tags)
+        if opened is not None:
+            opened.close(ok, end_tags)
+            if opened.owned:
+                print(f"mxlarge: MLflow run {run.run_id} {'FINISHED' if ok else 'FAILED'}: "
+                      f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mxlarge.config import Config
@@ -67,9 +68,11 @@ class Built:
     rank: int
 
 
-def build(cfg: Config, source: str = "<config>", kv: Any = None) -> Built:
+def build(cfg: Config, source: str = "<config>", kv: Any = None,
+          heartbeat_dir: Path | None = None) -> Built:
     """Everything a run needs, in dependency order: world, store (rank; its number of workers
-    checked against the world), plan, data shard, net with Goyal init, trainer."""
+    checked against the world), plan, data shard, net with Goyal init, trainer (reporting to
+    ``heartbeat_dir``, if given, for a launcher's stall watchdog)."""
     import mxnet as mx
     import numpy as np
 
@@ -109,21 +112,25 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None) -> Built:
                       decay_bn_bias=o.decay_bn_bias, lars=o.lars, lars_eta=o.lars_eta,
                       kvstore=kv if kv is not None else cfg.dist.kvstore,
                       compression=compression, fusion_bytes=cfg.dist.fusion_bytes,
-                      bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated)
+                      bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated,
+                      heartbeat=heartbeat_dir)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,
                  rank=rank)
 
 
 def train(cfg: Config, source: str = "<config>", resume: str | None = None,
-          run: Any = None) -> RunResult:
+          run_id: str | None = None, heartbeat_dir: Path | None = None) -> RunResult:
     """Trains per ``cfg``; tracks in MLflow unless ``tracking.enabled`` is false.
 
     Args:
         resume: ``latest`` or a checkpoint directory: continue exactly where it left off, in
             the checkpoint's MLflow run.
-        run: a :class:`~mxlarge.tracking.RunHandle` the caller opened and will end (a launched
-            job's run, a sweep cell's). Without it, rank 0 opens the run (or reopens the
-            checkpoint's) and ends it FINISHED or FAILED.
+        run_id: the MLflow run a caller opened and will end (a launched job's, a sweep
+            cell's): every rank logs into it. Without it (and without ``$MLFLOW_RUN_ID``),
+            rank 0 opens the run (or reopens the checkpoint's) and ends it FINISHED or FAILED:
+            :func:`mxlarge.tracking.open_run` decides.
+        heartbeat_dir: where a launched worker reports its progress (what the launcher gave the
+            process: :func:`mxlarge.protocol.heartbeat.launched_dir`); None: no reports.
     """
     import mxnet as mx
 
@@ -139,21 +146,19 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         meta = checkpoint.read_meta(ckpt)
         checkpoint.check_world(ckpt, meta, world_of(cfg, source))
     # Building first validates the model and the data before any file is written.
-    b = build(cfg, source)
+    b = build(cfg, source, heartbeat_dir=heartbeat_dir)
     trainer, data, p, rank = b.trainer, b.data, b.plan, b.rank
     start_epoch = 0
     if ckpt is not None:
         checkpoint.restore(ckpt, meta, net=b.net, trainer=trainer, world=p.world)
         start_epoch = meta["epoch"]
         _warn_config_changes(meta["config"], dump_yaml(cfg), rank)
-    owned = None  # the run this function opened, and so ends
-    if cfg.tracking.enabled and run is None and rank == 0:
+    opened = None
+    if cfg.tracking.enabled or run_id is not None:
         from mxlarge import tracking
-        uri = tracking.tracking_uri(cfg)
-        tracking.check_reachable(uri)
-        saved = (meta or {}).get("run_id")
-        owned = run = (tracking.RunHandle.reopen(uri, saved) if saved
-                       else tracking.RunHandle.create(cfg, uri, plan=p, source=source))
+        opened = tracking.open_run(cfg, given=run_id, resumed=(meta or {}).get("run_id"),
+                                   plan=p, source=source, may_open=rank == 0)
+    run = opened.run if opened is not None else None
     hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor),
                            L.TimerHook(),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
@@ -200,7 +205,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         raise
     finally:
         tmpdir.cleanup()
-        if owned is not None:
-            owned.end(ok)
+        if opened is not None:
+            opened.close(ok)
     return RunResult(run_id=run.run_id if run else None, rank=rank, plan=p, steps=loop.step,
                      history=loop.history, seconds=time.perf_counter() - t0)

@@ -307,7 +307,8 @@ def _run_in_process(sweep: Sweep, cell: Cell, run: Any) -> tuple[bool, str]:
     from mxlarge.run import train
 
     try:
-        train(cell.cfg, f"{cell.config_path} ({sweep.name} / {cell.label})", run=run)
+        train(cell.cfg, f"{cell.config_path} ({sweep.name} / {cell.label})",
+              run_id=run.run_id)
     except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
         return False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return True, ""

@@ -30,11 +30,14 @@ What a run holds, as the MLflow UI shows it (:func:`run_url` is its page in the 
   back as a ``gluon.SymbolBlock``.
 
 A job's run is a :class:`RunHandle` (store URI + run id), passed down as a value: whoever opens
-a run ends it. ``mxlarge train`` opens one (or reopens the run of the checkpoint it resumes) and
-ends it FINISHED or FAILED; ``mxlarge launch`` opens the job's run before any process starts,
-hands its id to every worker as ``mxlarge train --run-id ID`` (the workers log into it and do not
-end it) and ends it by the job's exit status; ``mxlarge sweep`` opens each cell's run and passes
-it to ``train`` in-process or to ``mxlarge launch --run-id ID``.
+a run ends it. Which run a process logs into is decided in one function, :func:`open_run` (the
+caller's, else the resumed checkpoint's, else a new one), called once per process root, and a
+run is ended in one, :meth:`OpenRun.close`. ``mxlarge train`` opens one (or reopens the run of
+the checkpoint it resumes) and ends it FINISHED or FAILED; ``mxlarge launch`` opens the job's
+run before any process starts, hands its id to every worker as ``mxlarge train --run-id ID``
+(the workers log into it and do not end it) and ends it by the job's exit status;
+``mxlarge sweep`` opens each cell's run and passes its id to ``train`` in-process or to
+``mxlarge launch --run-id ID``.
 """
 from __future__ import annotations
 
@@ -351,6 +354,55 @@ class RunHandle:
 
     def status(self) -> str:
         return client(self.uri).get_run(self.run_id).info.status
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """The run a process logs into, as :func:`open_run` decided it, and whether this process
+    ends it (``owned``: it opened or reopened the run; otherwise a caller did and ends it)."""
+
+    run: RunHandle
+    owned: bool
+
+    def close(self, ok: bool, tags: dict[str, Any] | None = None) -> None:
+        """The one place a process's run is ended: FINISHED or FAILED after ``tags`` when this
+        process owns it, else only the tags (the caller ends it)."""
+        if self.owned:
+            self.run.end(ok, tags)
+        elif tags:
+            self.run.tag(tags)
+
+
+def open_run(cfg: Config, *, given: str | None, resumed: str | None, plan: Any,
+             source: str | None, may_open: bool = True) -> OpenRun | None:
+    """Which MLflow run this process logs into, decided once at its root; the training code
+    receives the result.
+
+    In order: the caller's run (``given``, i.e. ``--run-id``, else ``$MLFLOW_RUN_ID``: logged
+    into, not ended here); else the run of the checkpoint being resumed (``resumed``, its
+    ``run_id``: RUNNING again, so metrics continue at their steps); else a new run (named and
+    described from ``plan`` and ``source``, :meth:`RunHandle.create`). ``None`` when tracking
+    is off, or when no run is given and this process may not open one (``may_open`` false: a
+    worker of rank > 0, whose rank 0 opens the job's run).
+
+    Raises:
+        InputError: ``given`` with tracking off; an unreachable store; a ``given`` or
+            ``resumed`` run the store does not have (on reopening).
+    """
+    if not cfg.tracking.enabled:
+        if given is not None:
+            raise InputError(f"--run-id {given}: tracking.enabled is false")
+        return None
+    caller = caller_run_id(given, cfg)
+    if caller is None and not may_open:
+        return None
+    uri = tracking_uri(cfg)
+    check_reachable(uri)
+    if caller is not None:
+        return OpenRun(RunHandle(uri, caller), owned=False)
+    if resumed:
+        return OpenRun(RunHandle.reopen(uri, resumed), owned=True)
+    return OpenRun(RunHandle.create(cfg, uri, plan=plan, source=source), owned=True)
 
 
 def best_and_final(val_errors: Sequence[float]) -> dict[str, float]:

@@ -55,7 +55,7 @@ decay_bn_bias=True`` give gluon.Trainer's update bitwise (sgd; nag without weigh
 in-place NAG kernel reads the updated weight in its decay term). The first step of a dist job
 warns (rank 0) when every worker's gradients are bitwise equal: unsharded data.
 
-A dist Trainer installs :func:`mxlarge.launcher.worker.install_fail_fast`: an uncaught exception
+A dist Trainer installs :func:`mxlarge.protocol.failfast.install_fail_fast`: an uncaught exception
 prints its traceback and ends the process at once (status 1), instead of deadlocking in ps-lite's
 exit barrier; a normal exit still goes through the barrier, where rank 0 stops the servers.
 """
@@ -66,6 +66,7 @@ import pickle
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import mxnet as mx
@@ -76,9 +77,9 @@ from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
-from mxlarge.launcher.heartbeat import Beat
-from mxlarge.launcher.worker import install_fail_fast
 from mxlarge.plan import World
+from mxlarge.protocol.failfast import install_fail_fast
+from mxlarge.protocol.heartbeat import LAUNCHED, Beat, Launched, launched_dir
 from mxlarge.schedulers import Schedule
 
 # Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name.
@@ -241,6 +242,13 @@ class Trainer:
             K micro-batches of n, each under its own copy of the BN running statistics
             (``trainer.bn.worker(j)``), gradients accumulate (``grad_req='add'``), and one
             update with rescale 1/(K·n) follows. Needs a local store and one device.
+        heartbeat: the directory a dist worker reports its progress to for the launcher's stall
+            watchdog (:mod:`mxlarge.protocol.heartbeat`; the file is named by the kvstore rank),
+            or None for no reports. The default, :data:`~mxlarge.protocol.heartbeat.LAUNCHED`,
+            is for a script of your own run by ``mxlarge launch`` or ``python -m
+            mxlarge.launcher``: the directory that launcher gave the process
+            (:func:`~mxlarge.protocol.heartbeat.launched_dir`), none outside a launched job.
+            ``mxlarge train`` passes the directory its process root read.
     """
 
     def __init__(self, params: Mapping[str, mx.gluon.Parameter] | Sequence[mx.gluon.Parameter],
@@ -256,7 +264,8 @@ class Trainer:
                  lars_eta: float | None = None, momentum_correction: bool = True,
                  decay_bn_bias: bool = False, compression: dict | None = None,
                  fusion_bytes: int = FUSION_BYTES,
-                 bn_stats: str = "reduce", simulate_workers: int = 1):
+                 bn_stats: str = "reduce", simulate_workers: int = 1,
+                 heartbeat: str | Path | Launched | None = LAUNCHED):
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: on MXNet 1.9.1 the "
                              "servers would run a pickled optimizer that loses wd_mult and LR "
@@ -322,7 +331,9 @@ class Trainer:
         self.store = SyncStore(kind, self.params, compression=compression,
                                fusion_bytes=fusion_bytes)
         # Progress for the launcher's stall watchdog (None outside a launched job).
-        self.heartbeat = Beat.from_env(self.store.rank) if self.store.distributed else None
+        beats = launched_dir() if heartbeat is LAUNCHED else heartbeat
+        self.heartbeat = (Beat(beats, self.store.rank)
+                          if beats is not None and self.store.distributed else None)
         self._last_update: mx.nd.NDArray | None = None
         self.scale = opt["rescale"]
         self._base: Schedule = opt["base"]

@@ -33,7 +33,7 @@ if os.environ.get("DMLC_ROLE") in ("scheduler", "server"):
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
-from mxlarge.launcher.worker import fail_fast  # noqa: E402
+from mxlarge.protocol.failfast import fail_fast  # noqa: E402
 
 N, D = 4, 3
 KEY_LIMIT = (2**31 - 1) // 9973  # 215,329: the largest key whose key * 9973 fits in an int32

@@ -13,7 +13,7 @@ def main() -> int:
     out_dir, hybridize = sys.argv[1], sys.argv[2] == "1"
     import mxnet as mx  # a scheduler/server serves its role inside this import, then exits
 
-    from mxlarge.launcher.worker import fail_fast
+    from mxlarge.protocol.failfast import fail_fast
 
     with fail_fast():
         from mxnet import autograd, gluon

@@ -15,7 +15,7 @@ Options (argv) let a test provoke failures:
 ``--raise-rank R``
     the worker of rank ``R`` raises before its push; under ``fail_fast`` it exits with 1.
 ``--no-fail-fast``
-    run without ``mxlarge.launcher.worker.fail_fast`` (to pin that such a worker hangs).
+    run without ``mxlarge.protocol.failfast.fail_fast`` (to pin that such a worker hangs).
 ``--report-env K1,K2``
     print the values of these environment variables (to see what reached a remote worker).
 """
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import mxnet as mx  # a scheduler/server serves its role inside this import, then exits
 
-    from mxlarge.launcher.worker import fail_fast
+    from mxlarge.protocol.failfast import fail_fast
 
     if opts.no_fail_fast:
         return _work(mx, opts)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _work(mx: Any, opts: argparse.Namespace) -> int:
-    from mxlarge.launcher.worker import exit_now
+    from mxlarge.protocol.failfast import exit_now
 
     kv = mx.kv.create("dist_sync")
     rank, n = kv.rank, kv.num_workers

@@ -69,6 +69,62 @@ def test_no_import_cycle_in_benchmarks():
     assert find_cycle(import_graph(PKG.parent / "benchmarks")) is None
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
+def _is_launcher(module: str) -> bool:
+    return module == "mxlarge.launcher" or module.startswith("mxlarge.launcher.")
+
+
+# The training code: what runs inside a worker. None of it may reach the launcher.
+TRAINING = ("mxlarge.trainer", "mxlarge.run", "mxlarge.loop", "mxlarge.plan", "mxlarge.hooks",
+            "mxlarge.checkpoint", "mxlarge.bnstats", "mxlarge.gns", "mxlarge.config",
+            "mxlarge.resume", "mxlarge.tracking")
+TRAINING_PACKAGES = ("mxlarge.kvstore", "mxlarge.schedulers", "mxlarge.nets", "mxlarge.data",
+                     "mxlarge.protocol")
+# What may import the launcher: the front ends that turn argv into a job (and the sweep, which
+# runs cells through `mxlarge launch`).
+FRONT_ENDS = {"mxlarge.cli", "mxlarge.launch_cli", "mxlarge.sweep"}
+
+
+def test_reachable_follows_imports_through_others():
+    assert reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
+
+
+def test_training_code_imports_nothing_of_the_launcher():
+    """The launcher is on top of the training code, not under it: the worker side of the job
+    protocol (heartbeats, fail-fast) lives in ``mxlarge.protocol``, which both import."""
+    g = import_graph()
+    training = [m for m in g if m in TRAINING
+                or any(m == p or m.startswith(p + ".") for p in TRAINING_PACKAGES)]
+    assert {"mxlarge.trainer", "mxlarge.kvstore.sync", "mxlarge.nets.init",
+            "mxlarge.data.sharding", "mxlarge.schedulers", "mxlarge.protocol.heartbeat"} \
+        <= set(training)
+    for m in training:
+        up = sorted(d for d in reachable(g, m) if _is_launcher(d) or d in FRONT_ENDS)
+        assert up == [], f"{m} reaches {up}"
+
+
+def test_the_launcher_is_on_top():
+    """Only the launcher itself and the front ends import it; the protocol is a leaf."""
+    g = import_graph()
+    importers = sorted(m for m, deps in g.items()
+                       if not _is_launcher(m) and any(_is_launcher(d) for d in deps))
+    assert set(importers) <= FRONT_ENDS, importers
+    assert {d for m in ("mxlarge.protocol.heartbeat", "mxlarge.protocol.failfast")
+            for d in g[m]} == set()
+    assert {"mxlarge.protocol.heartbeat", "mxlarge.protocol.failfast"} <= g["mxlarge.trainer"]
+    assert "mxlarge.protocol.heartbeat" in g["mxlarge.launcher.watchdog"]
+
+
 def test_schedulers_and_plan_leaves():
     g = import_graph()
     assert g["mxlarge.schedulers"] == set()
@@ -115,3 +171,16 @@ def test_nothing_outside_tests_imports_tests():
                 if any(n == "tests" or n.startswith("tests.") for n in names):
                     users.append(str(p.relative_to(root)))
     assert users == []
+
+
+def test_a_training_run_is_decided_in_open_run_only():
+    """Which MLflow run a training process logs into is decided in ``tracking.open_run`` (called
+    at the process roots: ``mxlarge launch``, ``run.train``) and ended in ``OpenRun.close``; a
+    sweep's cell and parent runs and a report's run are their own (made by ``sweep`` and
+    ``report``)."""
+    deciders = sorted(_module(p) for p in PKG.rglob("*.py")
+                      if re.search(r"RunHandle\.(create|reopen)\(|caller_run_id\(",
+                                   p.read_text()) and _module(p) != "mxlarge.tracking")
+    assert deciders == ["mxlarge.sweep"]
+    callers = sorted(_module(p) for p in PKG.rglob("*.py") if "open_run(" in p.read_text())
+    assert callers == ["mxlarge.launch_cli", "mxlarge.run", "mxlarge.tracking"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_run
-from mxlarge.launcher.firewall import MODES, FirewallError, local_refusal, refusal
-from mxlarge.launcher.local import Outcome, PortInUseError, run_local
-from mxlarge.launcher.restart import RestartPolicy, cluster_outcome, run_with_restarts
+from mxlarge.launcher.firewall import MODES, FirewallError
+from mxlarge.launcher.job import BACKENDS, firewall_refusal, launcher_choice, run_attempt
+from mxlarge.launcher.local import Outcome, PortInUseError
+from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
 from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 
 
@@ -20,14 +20,6 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _launcher_choice(name: str) -> str:
-    if name in UNSUPPORTED:
-        raise argparse.ArgumentTypeError(f"{name!r} is not supported: {UNSUPPORTED[name]}")
-    if name not in ("local", *SUPPORTED):
-        raise argparse.ArgumentTypeError(f"{name!r}: expected one of local, {', '.join(SUPPORTED)}")
-    return name
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the job, return its exit code."""
     p = argparse.ArgumentParser(prog="python -m mxlarge.launcher",
@@ -35,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", "--workers", type=int, required=True)
     p.add_argument("-s", "--servers", type=int, default=None,
                    help="number of servers (default: as many as workers)")
-    p.add_argument("--launcher", default="local", type=_launcher_choice,
-                   metavar="{local," + ",".join(SUPPORTED) + "}")
+    p.add_argument("--launcher", default="local", type=launcher_choice,
+                   metavar="{" + ",".join(BACKENDS) + "}")
     p.add_argument("-H", "--hostfile", default=None, help="hosts for ssh/mpi")
     p.add_argument("--port", type=int, default=None, help="scheduler port (local only)")
     p.add_argument("--host-ip", default=None,
@@ -71,21 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--hostfile/--host-ip are for cluster launchers")
     if a.launcher != "local" and a.port is not None:
         p.error("--port is for the local launcher (dmlc_tracker picks the scheduler port)")
-    why = refusal(a.launcher) or local_refusal()
-    if a.firewall == "on" and why:
+    why = firewall_refusal(a.launcher, a.firewall)
+    if why:
         p.error(f"--firewall on: {why}")
 
     def attempt(number: int) -> Outcome:
-        if a.launcher == "local":
-            # run_local prints the outcome's line itself
-            return run_local(command, workers=a.workers, servers=servers, port=a.port,
-                             env=env, grace=a.grace, stall_timeout=a.stall_timeout,
-                             tuning=not a.no_tuning)
-        extra = {"host_ip": a.host_ip} if a.host_ip else {}
-        return cluster_outcome(cluster_run(
-            a.launcher, command, workers=a.workers, servers=servers, hostfile=a.hostfile,
-            env=env, extra=extra, grace=a.grace, stall_timeout=a.stall_timeout,
-            tuning=not a.no_tuning, firewall=a.firewall))
+        return run_attempt(a.launcher, command, workers=a.workers, servers=servers, env=env,
+                           stall_timeout=a.stall_timeout, tuning=not a.no_tuning,
+                           firewall=a.firewall, port=a.port, hostfile=a.hostfile,
+                           host_ip=a.host_ip, grace=a.grace).outcome
 
     try:
         return run_with_restarts(attempt, RestartPolicy(a.max_restarts),

@@ -86,10 +86,10 @@ from mxlarge.launcher._supervise import (
     termination_signals,
 )
 from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
-from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import cluster_env
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
+from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 SUPPORTED = ("ssh", "mpi", "slurm")
 

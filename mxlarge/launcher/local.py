@@ -40,10 +40,10 @@ from mxlarge.launcher._supervise import (
     failure_message,
     termination_signals,
 )
-from mxlarge.launcher.heartbeat import ENV as HEARTBEAT_ENV
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import local_role_env
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
+from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 LOOPBACK = "127.0.0.1"
 
@@ -183,7 +183,7 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
     SIGINT/SIGTERM/SIGHUP to the launcher (main thread only) tear the job down as well. No child
     outlives this call, including when it raises.
 
-    Workers report their progress through heartbeat files (:mod:`mxlarge.launcher.heartbeat`,
+    Workers report their progress through heartbeat files (:mod:`mxlarge.protocol.heartbeat`,
     in a temporary directory named by ``MXLARGE_HEARTBEAT_DIR``); a job in which no worker
     advances for the stall timeout is torn down the same way, with exit code 124 and the ranks
     behind named (:mod:`mxlarge.launcher.watchdog`).

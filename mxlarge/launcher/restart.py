@@ -15,11 +15,9 @@ Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from mxlarge.launcher.cluster import ClusterOutcome
 from mxlarge.launcher.local import Outcome
@@ -101,17 +99,6 @@ def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
         number += 1
         where = "" if failure.step is None else f" at step {failure.step}"
         emit(f"restart {policy.restarts}/{policy.max_restarts} after: {failure.message}{where}")
-
-
-def latest_checkpoint(root: str | Path, since: float) -> Path | None:
-    """The newest complete checkpoint under ``root`` written at or after ``since`` (epoch
-    seconds): one of this job, not a stale one of an earlier job in the same directory."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    done = [p for p in sorted(root.glob("epoch-*")) if (p / "meta.json").is_file()
-            and os.stat(p / "meta.json").st_mtime >= since]
-    return done[-1] if done else None
 
 
 def cluster_outcome(result: ClusterOutcome) -> Outcome:

@@ -4,7 +4,7 @@ ps-lite has no timeout on a silent peer: one stopped worker (a hung GPU, a stuck
 partitioned node, ``SIGSTOP``) leaves every other process waiting in push/pull forever. The
 supervision loops (:mod:`mxlarge.launcher.local`, :mod:`mxlarge.launcher.cluster`) call
 :meth:`Watchdog.check` on every poll; it reads the workers' heartbeat files
-(:mod:`mxlarge.launcher.heartbeat`) at most every :data:`READ_EVERY` seconds.
+(:mod:`mxlarge.protocol.heartbeat`) at most every :data:`READ_EVERY` seconds.
 
 The rules:
 
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxlarge.launcher.heartbeat import Record, read_all
+from mxlarge.protocol.heartbeat import Record, read_all
 
 MIN_TIMEOUT = 120.0
 STEP_FACTOR = 20.0

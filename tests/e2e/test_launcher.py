@@ -32,12 +32,10 @@ from mxlarge.launcher import (
     Outcome,
     PortInUseError,
     cluster_submit,
-    forwarded_env,
     free_port,
     run_local,
     tracker_compat,
 )
-from mxlarge.launcher.cluster import render_command, shell_word
 
 PY = sys.executable
 WORKER = str(Path(__file__).resolve().parents[1] / "kv_worker.py")
@@ -216,7 +214,7 @@ def test_worker_exception_under_fail_fast_fails_the_job(marker: str) -> None:
 def test_pinned_worker_exception_without_fail_fast_never_exits(marker: str) -> None:
     """MXNet 1.9.1: the raising worker waits in ps-lite's exit barrier for the other worker,
     which waits in pull for the raising one: nothing exits. If this starts failing, the
-    fail_fast requirement in mxlarge.launcher.worker can be revisited. Also covers SIGTERM to
+    fail_fast requirement in mxlarge.protocol.failfast can be revisited. Also covers SIGTERM to
     a launcher running in-process."""
     out = Collector()
     seen: dict[str, object] = {}
@@ -763,22 +761,6 @@ def test_pinned_ps_lite_binds_node_host_without_dns() -> None:
                           capture_output=True, text=True, timeout=50)
     assert proc.returncode != 0
     assert "bind failed" in proc.stderr
-
-
-def test_forwarded_env_and_quoting() -> None:
-    environ = {"PYTHONPATH": "/a:/b", "MLFLOW_RUN_ID": "r1", "MLFLOW_TRACKING_TOKEN": "s3cr3t",
-               "MXNET_ENGINE_TYPE": "NaiveEngine", "OMP_NUM_THREADS": "4", "HOME": "/h",
-               "DMLC_INTERFACE": "ib0"}
-    env = forwarded_env({"EXTRA": "x y"}, environ=environ)
-    assert env == {"PYTHONPATH": "/a:/b", "MLFLOW_RUN_ID": "r1", "OMP_NUM_THREADS": "4",
-                   "MXNET_ENGINE_TYPE": "NaiveEngine", "DMLC_INTERFACE": "ib0", "EXTRA": "x y"}
-    assert shell_word("a b$c\"d`e\\f") == '"a b\\$c\\"d\\`e\\\\f"'
-    words = render_command(["python", "-c", "print('hi there')"], {"K": "v w"})
-    # One shell layer must give back exactly the argv (the ssh layer is tested end to end).
-    script = f"{PY} -c 'import sys; print(sys.argv[1:])' " + " ".join(words)
-    argv = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
-                          check=True).stdout
-    assert argv.strip() == repr(["env", "K=v w", "python", "-c", "print('hi there')"])
 
 
 @pytest.mark.slow

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mxlarge.launcher import heartbeat
-from mxlarge.launcher.restart import Failure, RestartPolicy
+from mxlarge.protocol import heartbeat
 from tests.e2e.test_resume import _same
 from tests.e2e.test_watchdog import stop_rank_while_stepping
 from tests.helpers import cli, dmlc_processes
@@ -146,16 +145,3 @@ def test_the_same_failure_at_the_same_step_twice_gives_up_before_n(tmp_path):
     assert tags["failed_role"] == "worker"
 
 
-def test_policy_counts_restarts_and_spots_repeats():
-    policy = RestartPolicy(2)
-    crash = Failure("crashed", "server", -9, 40, "server 0 exited with signal 9 (SIGKILL)")
-    stall = Failure("stalled", "worker", None, 90, "stalled: ...")
-    assert policy.give_up(crash) is None and policy.restarts == 1
-    assert policy.give_up(stall) is None and policy.restarts == 2
-    assert policy.give_up(Failure("crashed", "worker", 1, 95, "x")) == "2 restart(s) used up"
-    again = RestartPolicy(9)
-    assert again.give_up(Failure("crashed", "worker", 1, None, "x")) is None
-    assert again.give_up(Failure("crashed", "worker", 1, None, "x")) is None  # step unknown
-    assert again.give_up(Failure("crashed", "worker", 1, 7, "x")) is None
-    assert "twice" in again.give_up(Failure("crashed", "worker", 1, 7, "y"))
-    assert again.restarts == 3

@@ -1,8 +1,11 @@
 """Progress reports from workers to their launcher: one small file per rank, no KVStore traffic.
 
 The launcher gives every process of a job the directory :data:`ENV` (``MXLARGE_HEARTBEAT_DIR``);
-this module's :meth:`Beat.from_env` is the only place that reads it. A worker that finds it
-writes ``worker-<rank>.json`` there, a :class:`Record` padded to :data:`SIZE` bytes and rewritten
+:func:`launched_dir` is the only place that reads it, at a process's root: ``mxlarge train``
+(``mxlarge.cli._train``) reads it once and passes the directory down to the
+:class:`mxlarge.Trainer` it builds; a script of the user's that builds its own Trainer gets it
+through the Trainer's default ``heartbeat=LAUNCHED``. A worker with a directory writes
+``worker-<rank>.json`` there, a :class:`Record` padded to :data:`SIZE` bytes and rewritten
 in place (one ``pwrite``, so a reader sees an old or a new record, never a mix of both lengths).
 
 What is cheap, and why it is correct:
@@ -27,6 +30,7 @@ tens of seconds): choose a stall timeout well above that.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import socket
@@ -85,6 +89,27 @@ def path_for(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"worker-{rank}.json"
 
 
+class Launched(enum.Enum):
+    """The type of :data:`LAUNCHED`."""
+
+    DIR = "the heartbeat directory of the launcher that started this process, if any"
+
+
+# mxlarge.Trainer's default ``heartbeat``: resolved by :func:`launched_dir` at construction.
+LAUNCHED = Launched.DIR
+
+
+def launched_dir() -> Path | None:
+    """The heartbeat directory the launcher gave this process (:data:`ENV`), or ``None`` when
+    no launcher asked for heartbeats (a process not started by ``mxlarge launch`` or
+    ``python -m mxlarge.launcher``).
+
+    The one reader of :data:`ENV`; call it at a process's root and pass the result down.
+    """
+    directory = os.environ.get(ENV)
+    return Path(directory) if directory else None
+
+
 def read_all(directory: str | Path) -> dict[int, Record]:
     """Every readable worker record in ``directory``, by rank."""
     out: dict[int, Record] = {}
@@ -105,7 +130,10 @@ def read_all(directory: str | Path) -> dict[int, Record]:
 class Beat:
     """A worker's side: :meth:`step` on the hot path, a thread that writes the record.
 
-    Use :meth:`from_env` (``None`` outside a launched job).
+    Args:
+        directory: the job's heartbeat directory (:func:`launched_dir` in a launched process).
+        rank: the worker's kvstore rank (the record's file name and key).
+        interval: seconds between the writer thread's writes.
     """
 
     def __init__(self, directory: str | Path, rank: int, interval: float = INTERVAL) -> None:
@@ -124,12 +152,6 @@ class Beat:
         self._thread = threading.Thread(target=self._run, name=f"mxlarge heartbeat {rank}",
                                         daemon=True)
         self._thread.start()
-
-    @classmethod
-    def from_env(cls, rank: int) -> Beat | None:
-        """A running Beat if the launcher asked for heartbeats (:data:`ENV` set), else None."""
-        directory = os.environ.get(ENV)
-        return cls(directory, rank) if directory else None
 
     def step(self, done: int, issued: int) -> None:
         """Record progress: updates before ``done`` are complete, ``issued`` is on its way.

@@ -1,10 +1,10 @@
 """LineSink: which output failures are absorbed (the pumps must keep draining) and which are
-bugs that must surface."""
+bugs that must surface; how an exit status is named."""
 import io
 
 import pytest
 
-from mxlarge.launcher._supervise import LineSink
+from mxlarge.launcher._supervise import LineSink, describe_status
 
 
 class _Broken(io.StringIO):
@@ -36,3 +36,10 @@ def test_closed_output_drops_the_line():
 def test_other_errors_propagate():
     with pytest.raises(TypeError):
         LineSink(_Broken(TypeError("not a stream"))).emit("worker 0", "x")
+
+
+@pytest.mark.parametrize("status,text", [(0, "status 0"), (3, "status 3"), (255, "status 255"),
+                                         (-9, "signal 9 (SIGKILL)"), (-15, "signal 15 (SIGTERM)"),
+                                         (-200, "signal 200 (unknown)")])
+def test_describe_status_names_the_signal(status, text):
+    assert describe_status(status) == text

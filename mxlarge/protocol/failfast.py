@@ -13,7 +13,7 @@ worker stops the servers.
 
 Usage in a worker's entry point (after ``import mxnet``)::
 
-    from mxlarge.launcher.worker import fail_fast
+    from mxlarge.protocol.failfast import fail_fast
     with fail_fast():
         train()
 

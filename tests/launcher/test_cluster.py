@@ -1,0 +1,83 @@
+"""The cluster launcher's pure parts: what reaches remote processes (environment, quoting)
+and the hostfile checks (no processes but one shell; the backends themselves run in
+tests/e2e/test_launcher.py and tests/cluster)."""
+import subprocess
+import sys
+
+import pytest
+
+from mxlarge.launcher.cluster import (
+    OWNED_ENV,
+    check_hosts,
+    forwarded_env,
+    read_hostfile,
+    render_command,
+    shell_word,
+)
+
+PY = sys.executable
+
+
+def test_forwarded_env_and_quoting() -> None:
+    environ = {"PYTHONPATH": "/a:/b", "MLFLOW_RUN_ID": "r1", "MLFLOW_TRACKING_TOKEN": "s3cr3t",
+               "MXNET_ENGINE_TYPE": "NaiveEngine", "OMP_NUM_THREADS": "4", "HOME": "/h",
+               "DMLC_INTERFACE": "ib0"}
+    env = forwarded_env({"EXTRA": "x y"}, environ=environ)
+    assert env == {"PYTHONPATH": "/a:/b", "MLFLOW_RUN_ID": "r1", "OMP_NUM_THREADS": "4",
+                   "MXNET_ENGINE_TYPE": "NaiveEngine", "DMLC_INTERFACE": "ib0", "EXTRA": "x y"}
+    assert shell_word("a b$c\"d`e\\f") == '"a b\\$c\\"d\\`e\\\\f"'
+    words = render_command(["python", "-c", "print('hi there')"], {"K": "v w"})
+    # One shell layer must give back exactly the argv (the ssh layer is tested end to end).
+    script = f"{PY} -c 'import sys; print(sys.argv[1:])' " + " ".join(words)
+    argv = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                          check=True).stdout
+    assert argv.strip() == repr(["env", "K=v w", "python", "-c", "print('hi there')"])
+
+
+def test_forwarded_env_refuses_what_the_launcher_owns_and_bad_names():
+    for key in sorted(OWNED_ENV):
+        with pytest.raises(ValueError, match=f"env may not set {key}"):
+            forwarded_env({key: "x"}, environ={})
+    with pytest.raises(ValueError, match="invalid environment variable name '1X'"):
+        forwarded_env({"1X": "x"}, environ={})
+
+
+def test_hostfile_lines_ports_slots_and_comments(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# cluster\n10.0.0.1:2222\n10.0.0.2 slots=4  # big one\n\n10.0.0.3\n")
+    got = [(e.host, e.port, e.slots) for e in read_hostfile(str(f), "ssh")]
+    assert got == [("10.0.0.1", "2222", None), ("10.0.0.2", None, 4), ("10.0.0.3", None, None)]
+    f.write_text("h1:3\n")  # MPICH's host:slots
+    assert [(e.host, e.port, e.slots) for e in read_hostfile(str(f), "mpi")] == [("h1", None, 3)]
+    f.write_text("10.0.0.1\n10.0.0.2:http\n")
+    with pytest.raises(ValueError, match=rf"hostfile {f}, line 2: cannot parse '10.0.0.2:http'"):
+        read_hostfile(str(f), "ssh")
+    f.write_text(":22\n")
+    with pytest.raises(ValueError, match=rf"hostfile {f}, line 1: no host"):
+        read_hostfile(str(f), "ssh")
+
+
+def test_check_hosts_names_the_file_and_what_is_missing(tmp_path):
+    with pytest.raises(ValueError, match="the ssh launcher needs a hostfile"):
+        check_hosts(None, "ssh", 2, 1)
+    missing = tmp_path / "nope"
+    with pytest.raises(ValueError, match=f"hostfile {missing} does not exist"):
+        check_hosts(str(missing), "mpi", 2, 1)
+    empty = tmp_path / "empty"
+    empty.write_text("# only a comment\n\n")
+    with pytest.raises(ValueError, match=f"hostfile {empty} lists no hosts"):
+        check_hosts(str(empty), "ssh", 2, 1)
+    named = tmp_path / "named"
+    named.write_text("node1\nnode2\n")
+    with pytest.raises(ValueError, match=r"needs IP addresses, not names \(node1, node2\)"):
+        check_hosts(str(named), "ssh", 2, 1)
+    assert len(check_hosts(str(named), "mpi", 2, 1)) == 2  # mpirun resolves names itself
+    one = tmp_path / "one"
+    one.write_text("10.0.0.1\n")
+    with pytest.raises(ValueError, match=rf"hostfile {one} lists 1 host\(s\) but 2 workers"):
+        check_hosts(str(one), "ssh", 2, 1)
+    with pytest.raises(ValueError, match=rf"hostfile {one} provides 1 slot\(s\).*need 3"):
+        check_hosts(str(one), "mpi", 3, 1)
+    slots = tmp_path / "slots"
+    slots.write_text("10.0.0.1 slots=3\n")
+    assert len(check_hosts(str(slots), "mpi", 3, 2)) == 1

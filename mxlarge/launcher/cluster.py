@@ -910,7 +910,7 @@ def _address(host: str) -> str | None:
 # A Slurm cancellation (scancel, a SIGTERM to salloc) ends the job steps and signals the
 # launcher at about the same time; a failed step waits this long for that signal, so the
 # termination, not the step it ended, is named.
-_TERMINATION_WAIT = 2.0
+_TERMINATION_WAIT = 1.0
 
 
 def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],
@@ -924,8 +924,13 @@ def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException
         sup.poll()
         child = sup.first_failure()
         if child is not None:
-            if explain.launcher == "slurm" and stop.wait(_TERMINATION_WAIT):
-                return _terminated(received, explain.host_ip)
+            if explain.launcher == "slurm":
+                if stop.wait(_TERMINATION_WAIT):
+                    return _terminated(received, explain.host_ip)
+                ending = _allocation_ending()
+                if ending is not None:
+                    return (128 + signal.SIGTERM, f"{ending}; job torn down",
+                            _Failed("launcher", 0, None, explain.host_ip, -signal.SIGTERM))
             return explain(child)
         # As in run_local: judged while training runs, until a worker (or its ssh/mpirun/srun)
         # has ended.
@@ -949,6 +954,25 @@ def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException
                 return 1, (f"{hung} still running {shutdown_timeout:g} s after the scheduler "
                            f"exited"), None
         time.sleep(POLL_INTERVAL)
+
+
+def _allocation_ending() -> str | None:
+    """Why this Slurm allocation is ending (``scancel``, a SIGTERM to ``salloc`` revoking it),
+    or ``None`` while it runs: then a failed step failed on its own (``--kill-on-bad-exit``
+    ends only the step)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    state = r.stdout.strip()
+    if r.returncode == 0 and state == "RUNNING":
+        return None
+    return (f"Slurm ended the allocation (job {job} {state or 'gone'}): the job was cancelled "
+            "or its allocation revoked")
 
 
 def _terminated(received: list[int], host_ip: str) -> tuple[int, str, _Failed]:

@@ -68,12 +68,6 @@ def training(obs: Observer) -> list[Proc]:
     return list(obs.procs.values())
 
 
-def kill_and_measure(work: Path, job: Job | None, pid: int) -> float:
-    """SIGKILL ``pid``; seconds until nothing of the job is left anywhere (<= 60 waited)."""
-    os.kill(pid, signal.SIGKILL)
-    return wait_gone(work, job, time.monotonic())
-
-
 def wait_gone(work: Path, job: Job | None, since: float) -> float:
     wait_until(lambda: not anything_of(str(work)) and (job is None or job.proc.poll() is not None),
                60, f"the job to be gone (left: {anything_of(str(work))})")
@@ -293,10 +287,3 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
 def _environ_of(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
-
-
-def host_of(tb: Testbed, pid: int) -> str | None:
-    """The testbed host whose network namespace ``pid`` is in."""
-    ino = os.stat(f"/proc/{pid}/ns/net").st_ino
-    return next((h for h in tb.hosts if os.stat(f"/run/netns/{tb.netns(h)}").st_ino == ino),
-                None)

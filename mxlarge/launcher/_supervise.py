@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
+from mxlarge.launcher.probe import GuardReport, Lease
 from mxlarge.launcher.pslog import PsLog
 
 # How often the supervision loops look at their children. Small enough that a failure is
@@ -111,7 +112,8 @@ class Child:
     :data:`TAIL_LINES` lines of output."""
 
     def __init__(self, role: str, index: int | None, label: str, popen: subprocess.Popen[bytes],
-                 sink: LineSink, hide_ps_verbose: bool = False) -> None:
+                 sink: LineSink, hide_ps_verbose: bool = False, lease: Lease | None = None
+                 ) -> None:
         self.role = role
         self.index = index
         self.label = label
@@ -119,6 +121,8 @@ class Child:
         self.status: int | None = None
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.pslog = PsLog(hide_ps_verbose)  # what ps-lite said: its address, an abort
+        self.guard = GuardReport()  # what its remote guard said (ssh: mxlarge.launcher.probe)
+        self._lease = lease
         self._pump = threading.Thread(target=self._pump_lines, args=(sink,),
                                       name=f"pump {label}", daemon=True)
         self._pump.start()
@@ -135,6 +139,12 @@ class Child:
         try:
             for raw in iter(stream.readline, b""):
                 text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if self.guard.see(text):
+                    if self.guard.pid is not None and self._lease is not None:
+                        self._lease.add(self.popen.stdin)  # the guard runs: lease it
+                        self._lease = None
+                    if "started pid" in text:  # bookkeeping, not news
+                        continue
                 if self.pslog.see(text):  # ps-lite's hidden verbose lines are no evidence
                     self.tail.append(text)
                     sink.emit(self.label, text)
@@ -242,11 +252,16 @@ class Supervisor:
         self._closing = False
         self._closed = False
         self._preexec = _parent_death_signal()
+        self._lease: Lease | None = None
 
     def spawn(self, role: str, index: int | None, args: str | Sequence[str], *,
               env: Mapping[str, str] | None = None, shell: bool = False,
-              executable: str | None = None, label: str | None = None) -> Child:
+              executable: str | None = None, label: str | None = None,
+              lease: bool = False) -> Child:
         """Start a child in a new session with stdout and stderr merged into one pipe.
+
+        With ``lease``, the child's stdin is a pipe that gets the guard's lease bytes once its
+        guard has started (:class:`mxlarge.launcher.probe.Lease`); else it is ``/dev/null``.
 
         Raises:
             RuntimeError: if teardown has already begun (a late start would escape it).
@@ -256,11 +271,14 @@ class Supervisor:
         with self._lock:
             if self._closing:
                 raise RuntimeError(f"not starting {label}: the job is being torn down")
+            if lease and self._lease is None:
+                self._lease = Lease()
             popen = subprocess.Popen(  # noqa: S603 - the command is the caller's, by design
                 args, env=None if env is None else dict(env), shell=shell, executable=executable,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=self._preexec)
-            child = Child(role, index, label, popen, self.sink, self._hide_ps_verbose)
+                stdin=subprocess.PIPE if lease else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._preexec)
+            child = Child(role, index, label, popen, self.sink, self._hide_ps_verbose,
+                          self._lease if lease else None)
             self.children.append(child)
         return child
 
@@ -314,6 +332,8 @@ class Supervisor:
         if self._closed:
             return
         self.teardown(grace)
+        if self._lease is not None:
+            self._lease.close()
         for child in self.children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.popen.wait(timeout=_KILL_WAIT)

@@ -86,6 +86,7 @@ from mxlarge.launcher._supervise import (
     termination_signals,
 )
 from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
+from mxlarge.launcher.probe import guard_command, unreachable, unreachable_hosts
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import cluster_env
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
@@ -133,13 +134,20 @@ _SHELL_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")
 _SSH_TARGET = re.compile(r"^ssh .*?StrictHostKeyChecking=no (\S+) -p (\S+)")
 _SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
+# ssh: the client gives up on a silent server after 3 x 3 s (a partitioned host; the probe then
+# names it), instead of waiting for TCP's own timeout (minutes to hours).
+_SSH_FLAGS = "ssh -tt -o ServerAliveInterval=3 -o ServerAliveCountMax=3 "
 # What mpirun (Open MPI 4) and srun print about the rank that failed (a signal; an exit code).
+# srun says what happened in strsignal(3)'s words ("Killed") or "Exited with exit code N".
 _TOOL_REPORTS = {
     "mpi": (re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) "
-                       r"exited on signal"),
+                       r"exited on signal (?P<signal>\d+)"),
             re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]")),
-    "slurm": (re.compile(r"srun: error: (?P<host>[^:\s]+): tasks? (?P<rank>\d+)[-,\d]*: "),),
+    "slurm": (re.compile(r"srun: error: (?P<host>[^:\s]+): tasks? (?P<rank>\d+)[-,\d]*: "
+                         r"(?P<what>.+?)\s*$"),),
 }
+_STRSIGNAL = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
+_SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
 
 
 # --------------------------------------------------------------------------- compatibility
@@ -396,8 +404,11 @@ class _SubprocessShim:
         if isinstance(args, str):
             args = self._fix_command(args)
         try:
+            # ssh: every process runs under the guard (mxlarge.launcher.probe), the scheduler
+            # here too (same command), and every guard needs its lease
             child = self._sup.spawn(role, index, args, env=env, shell=shell,
-                                    executable=executable, label=label)
+                                    executable=executable, label=label,
+                                    lease=self._launcher == "ssh")
         except RuntimeError:
             return 0  # teardown has begun; starting more would only be killed again
         target = _SSH_TARGET.match(args) if isinstance(args, str) else None
@@ -409,11 +420,13 @@ class _SubprocessShim:
         return 0
 
     def _fix_command(self, command: str) -> str:
-        """The ``-tt`` and ``--overlap`` fixes of the module docstring."""
+        """The ``-tt``, keepalive, ``--overlap`` and ``--kill-on-bad-exit`` fixes of the module
+        docstring."""
         if self._launcher == "ssh" and command.startswith("ssh "):
-            return "ssh -tt " + command[len("ssh "):]
-        if self._launcher == "slurm" and self._srun_overlap:
-            return command.replace(_SRUN_DMLC_FLAGS, "srun --overlap ")
+            return _SSH_FLAGS + command[len("ssh "):]
+        if self._launcher == "slurm":
+            flags = "srun --overlap " if self._srun_overlap else _SRUN_DMLC_FLAGS
+            return command.replace(_SRUN_DMLC_FLAGS, flags + "--kill-on-bad-exit=1 ")
         return command
 
     def _describe(self, args: Any, env: Mapping[str, str] | None) -> tuple[str, int | None, str]:
@@ -429,7 +442,8 @@ class _SubprocessShim:
                 self._counts[role] = index + 1
             target = _SSH_TARGET.match(text)
             where = f" via ssh {target.group(1)}:{target.group(2)}" if target else " via ssh"
-            return role, index, f"{role} {index}{where}"
+            # the launch index: the kvstore rank is not known before ps-lite assigns it
+            return role, index, f"{role} (launch {index}){where}"
         return role, None, f"{role}s via {tool}"
 
 
@@ -457,19 +471,22 @@ class ClusterOutcome:
 
     Attributes:
         exit_code: 0 on success; the exit code of the first local process (scheduler, ``ssh``,
-            ``mpirun``, ``srun``) seen to fail, 128 + n for a signal n (also when the launcher
-            itself was interrupted by signal n).
+            ``mpirun``, ``srun``) seen to fail, 128 + n when the failed process died of signal
+            n (also when the launcher itself was interrupted by signal n).
         failed_role: ``"scheduler"``, ``"server"`` or ``"worker"``; ``"launcher"`` when the
-            launcher itself got SIGINT/SIGTERM/SIGHUP first (``scancel`` of a batch job);
-            ``None`` on success.
-        failed_rank: launch index of the failed process within its role (ssh), or its rank in
-            the ``mpirun``/``srun`` of its role as the tool reported it; ``None`` if unknown.
+            launcher itself got SIGINT/SIGTERM/SIGHUP first (``scancel`` of a batch job, a
+            SIGTERM to ``salloc``); ``None`` on success.
+        failed_rank: the failed process's kvstore rank (from the scheduler's assignments or
+            the heartbeats; 0 for the scheduler and the launcher); ``None`` if not known yet.
         failed_host: where it ran: the ssh target, the node mpirun/srun named, the scheduler
             address (also for the launcher); ``None`` if unknown.
-        message: one line, e.g. ``"worker 1 via ssh 10.0.0.2:22 exited with status 137"``.
+        message: one line, e.g. ``"worker rank 1 on 198.18.0.12 killed by SIGKILL"``.
         hosts: the scheduler address, then the hosts the backend was given (ssh targets used,
             the mpi hostfile's hosts, the Slurm allocation's nodes), without repeats.
         failed_output: the failed local process's last lines of output (``Child.tail``).
+        failed_status: the failed process's Popen-style status as far as known: ``-n`` for
+            signal n (what the guard, mpirun or srun reported), else the local process's.
+        failed_launch: its launch index (ssh) or task rank (mpirun, srun) within its role.
     """
 
     exit_code: int
@@ -479,6 +496,17 @@ class ClusterOutcome:
     message: str
     hosts: tuple[str, ...]
     failed_output: tuple[str, ...] = ()
+    failed_status: int | None = None
+    failed_launch: int | None = None
+
+
+@dataclass(frozen=True)
+class _Report:
+    """What mpirun or srun said about the first rank that failed in its step."""
+
+    rank: int
+    host: str | None
+    status: int | None  # Popen-style: -n for signal n
 
 
 class _ReportSink(LineSink):
@@ -487,7 +515,7 @@ class _ReportSink(LineSink):
     def __init__(self, output: IO[str] | Any, launcher: str) -> None:
         super().__init__(output)
         self._patterns = _TOOL_REPORTS.get(launcher, ())
-        self.reports: dict[str, tuple[int, str | None]] = {}  # label -> (rank, host)
+        self.reports: dict[str, _Report] = {}  # label -> the first report in its output
 
     def emit(self, label: str, text: str) -> None:
         super().emit(label, text)
@@ -496,8 +524,37 @@ class _ReportSink(LineSink):
         for pattern in self._patterns:
             m = pattern.search(text)
             if m:
-                self.reports[label] = (int(m.group("rank")), m.groupdict().get("host"))
+                self.reports[label] = _Report(int(m.group("rank")), m.groupdict().get("host"),
+                                              _reported_status(m.groupdict()))
                 return
+
+
+def _reported_status(fields: Mapping[str, str | None]) -> int | None:
+    """mpirun's ``exited on signal 9``, srun's ``Killed`` / ``Exited with exit code 3``."""
+    if fields.get("signal"):
+        return -int(str(fields["signal"]))
+    what = fields.get("what") or ""
+    if what in _STRSIGNAL:
+        return -_STRSIGNAL[what]
+    m = _SRUN_EXIT.search(what)
+    return int(m.group(1)) if m else None
+
+
+def who(role: str, rank: int | None, launch: int | None, host: str | None) -> str:
+    """``worker rank 1 on h2``; ``worker (launch 1) on h2`` while the kvstore rank is not known
+    (the one number the launcher's lines, the tags and the watchdog use is the kvstore rank)."""
+    name = (f"{role} rank {rank}" if rank is not None else
+            f"{role} (launch {launch})" if launch is not None else role)
+    return f"{name} on {host}" if host else name
+
+
+def _status_words(status: int) -> str:
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exited with status {status}"
 
 
 def srun_has_overlap() -> bool:
@@ -605,7 +662,8 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
         raise FileNotFoundError(f"the {launcher} launcher needs {tool!r} on PATH")
 
     # Unbuffered by default so that lines arrive through ssh/mpirun/srun as they are printed.
-    job_env = {"PYTHONUNBUFFERED": "1", **forwarded_env(env)}
+    # No __pycache__ written into the (shared) checkout by the job's processes.
+    job_env = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **forwarded_env(env)}
     # ps-lite names its port (pslog); those lines are not shown unless the user asked for them
     ps_verbose = verbose_env({**os.environ, **job_env})
     job_env.update(ps_verbose)
@@ -619,7 +677,7 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
         beats = os.path.abspath(heartbeat_dir or os.path.join(
             ".mxlarge-heartbeat", job_env["MXLARGE_JOB_ID"]))
         job_env[HEARTBEAT_ENV] = beats
-    words = render_command(command, job_env)
+    words = render_command(guard_command(command) if launcher == "ssh" else command, job_env)
     if launcher == "ssh":
         bad = next((w for w in words if "'" in w), None)
         if bad is not None:
@@ -679,9 +737,10 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
             stack.enter_context(job_filter(
                 firewall, "local" if loopback else launcher, job_env["MXLARGE_JOB_ID"],
                 guarded, SCHEDULER_PORTS, lambda line: LineSink(output).emit("launcher", line)))
+            ports = {e.host: int(e.port) for e in entries or () if e.port}
             return _submit(backend, tracker, args, launcher, job_env["MXLARGE_JOB_ID"], grace,
                            output, shutdown_timeout, hosts, beats, stall_timeout,
-                           bool(ps_verbose))
+                           bool(ps_verbose), ports)
     finally:
         _submit_lock.release()
 
@@ -694,11 +753,14 @@ def _remove_if_empty(directory: str) -> None:
 def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, job_id: str,
             grace: float, output: IO[str] | Any, shutdown_timeout: float,
             hosts: list[str], beats: str | None, stall_timeout: float | None,
-            hide_ps_verbose: bool) -> ClusterOutcome:
+            hide_ps_verbose: bool, ports: Mapping[str, int]) -> ClusterOutcome:
     sink = _ReportSink(output, launcher)
     sup = Supervisor(output, sink=sink, hide_ps_verbose=hide_ps_verbose)
+    # the hosts a stalled job probes (not this one: the launcher runs here)
+    remote = {h: ports.get(h, 22) for h in hosts if h != args.host_ip}
     watchdog = None if beats is None else Watchdog(
-        beats, args.num_workers, stall_timeout, emit=lambda line: sup.sink.emit("launcher", line))
+        beats, args.num_workers, stall_timeout, emit=lambda line: sup.sink.emit("launcher", line),
+        probe=lambda: unreachable_hosts(remote))
     shim = _SubprocessShim(sup, launcher, srun_overlap=launcher == "slurm" and srun_has_overlap())
     stop = threading.Event()
     received: list[int] = []
@@ -710,6 +772,7 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             errors.append(e)
 
+    explain = _Explainer(launcher, args.host_ip, sup, sink, shim, watchdog, ports)
     thread = threading.Thread(target=run_backend, name=f"dmlc-{launcher}-submit", daemon=True)
     sup.sink.emit("launcher", f"job {job_id}: scheduler here at {args.host_ip}, "
                               f"{args.num_servers} server(s), {args.num_workers} worker(s) via "
@@ -719,7 +782,7 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
                 scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
             thread.start()
             rc, message, failed = _watch(sup, thread, errors, stop, received, shutdown_timeout,
-                                         watchdog)
+                                         watchdog, explain)
             if message:
                 bad = rc not in (0, None) and not stop.is_set()
                 sup.sink.emit("launcher", f"{message}; stopping the job" if bad else message)
@@ -734,38 +797,141 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
     if launcher == "ssh":  # in hostfile order (dmlc's threads start the clients in any order)
         contacted = set(shim.hosts.values())
         hosts = [h for h in hosts if h in contacted]
-    used = [args.host_ip, *hosts]
-    role = rank = host = None
-    if failed is not None:
-        role = failed.role
-        if role == "scheduler":
-            rank, host = 0, args.host_ip
-        elif launcher == "ssh":
-            rank, host = failed.index, shim.hosts.get(failed.pid)
-        else:
-            rank, host = sink.reports.get(failed.label, (None, None))
-    elif stop.is_set():  # e.g. scancel: Slurm's SIGTERM reached the launcher first
-        role, rank, host = "launcher", 0, args.host_ip
-    return ClusterOutcome(rc, role, rank, host, message, tuple(dict.fromkeys(used)),
-                          tuple(failed.tail) if failed is not None else ())
+    used = tuple(dict.fromkeys([args.host_ip, *hosts]))
+    tail = tuple(failed.child.tail) if failed is not None and failed.child is not None else ()
+    if failed is None:
+        return ClusterOutcome(rc, None, None, None, message, used)
+    return ClusterOutcome(rc, failed.role, failed.rank, failed.host, message, used, tail,
+                          failed.status, failed.launch)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """The process a failure is blamed on (``child``: the local process that carried it)."""
+
+    role: str
+    rank: int | None
+    launch: int | None
+    host: str | None
+    status: int | None
+    child: Child | None = None
+
+
+class _Explainer:
+    """Names the process behind a failed local child (ssh client, mpirun, srun, scheduler):
+    role, kvstore rank, host and what happened to it, in one line."""
+
+    def __init__(self, launcher: str, host_ip: str, sup: Supervisor, sink: _ReportSink,
+                 shim: _SubprocessShim, watchdog: Watchdog | None, ports: Mapping[str, int]
+                 ) -> None:
+        self.launcher, self.host_ip, self.sup, self.sink = launcher, host_ip, sup, sink
+        self.shim, self.watchdog, self.ports = shim, watchdog, ports
+
+    def _assigned(self) -> dict[str, tuple[str, int]]:
+        """The scheduler's assignments, ``"ip:port" -> (role, kvstore rank)``."""
+        return next((c.pslog.assigned for c in self.sup.children if c.role == "scheduler"), {})
+
+    def _rank(self, child: Child, host: str | None, remote_pid: int | None) -> int | None:
+        assigned = self._assigned()
+        # ssh: one process per client, its own Bind line names its address
+        for address in child.pslog.bound if child.guard.pid is not None else ():
+            if address in assigned and assigned[address][0] == child.role:
+                return assigned[address][1]
+        if host is not None:  # mpirun/srun: the host they named, if one rank of the role is there
+            with contextlib.suppress(OSError):
+                ip = socket.gethostbyname(host)
+                ranks = {r for a, (role, r) in assigned.items()
+                         if role == child.role and a.rsplit(":", 1)[0] == ip}
+                if len(ranks) == 1:
+                    return ranks.pop()
+        if self.watchdog is not None and child.role == "worker":
+            self.watchdog.read(force=True)
+            records = [s.record for s in self.watchdog.seen.values()
+                       if (remote_pid is None or s.record.pid == remote_pid)
+                       and host in (s.record.host, _address(s.record.host))]
+            if len(records) == 1:
+                return records[0].rank
+        return None
+
+    def __call__(self, child: Child) -> tuple[int, str, _Failed]:
+        assert child.status is not None
+        if child.role == "scheduler" or child.role not in ("server", "worker"):
+            failed = _Failed(child.role, 0 if child.role == "scheduler" else None, child.index,
+                             self.host_ip if child.role == "scheduler" else None, child.status,
+                             child)
+            return exit_code_for(child.status), failure_message(child), failed
+        child.join_pump(timeout=1.0)  # the guard's/tool's last lines name what happened
+        if self.launcher == "ssh":
+            return self._ssh(child)
+        report = self.sink.reports.get(child.label)
+        if report is None:
+            failed = _Failed(child.role, None, None, None, child.status, child)
+            return exit_code_for(child.status), failure_message(child), failed
+        rank = self._rank(child, report.host, None)
+        status = report.status if report.status is not None else child.status
+        what = who(child.role, rank, report.rank, report.host)
+        task = "task" if self.launcher == "slurm" else "mpi rank"
+        line = f"{what} ({child.label}, {task} {report.rank}) {_status_words(status)}"
+        code = 128 - status if status < 0 else exit_code_for(child.status)
+        return code, line, _Failed(child.role, rank, report.rank, report.host, status, child)
+
+    def _ssh(self, child: Child) -> tuple[int, str, _Failed]:
+        assert child.status is not None
+        host = self.shim.hosts.get(child.pid)
+        rank = self._rank(child, host, child.guard.pid)
+        what = who(child.role, rank, child.index, host)
+        if child.guard.signal is not None:
+            status = -child.guard.signal
+            line = f"{what} {_status_words(status)}"
+            cause = child.pslog.cause()
+            line = line if cause is None else f"{line}: {cause}"
+            return 128 + child.guard.signal, line, _Failed(child.role, rank, child.index, host,
+                                                           status, child)
+        failed = _Failed(child.role, rank, child.index, host, child.status, child)
+        if child.status != 255:  # the guard passed the command's own status on
+            return exit_code_for(child.status), f"{what} {_status_words(child.status)}", failed
+        why = None if host is None else unreachable(host, self.ports.get(host, 22))
+        if why is not None:
+            return 255, (f"{what}: host {host} unreachable ({why}); ssh lost it "
+                         f"(status 255)"), failed
+        if child.guard.pid is None:
+            return 255, (f"{what}: ssh exited with status 255 before the command started "
+                         f"(ssh could not connect?)"), failed
+        return 255, (f"{what}: ssh exited with status 255 while the command ran and the "
+                     f"host answers (the connection broke)"), failed
+
+
+def _address(host: str) -> str | None:
+    with contextlib.suppress(OSError):
+        return socket.gethostbyname(host)
+    return None
+
+
+# A Slurm cancellation (scancel, a SIGTERM to salloc) ends the job steps and signals the
+# launcher at about the same time; a failed step waits this long for that signal, so the
+# termination, not the step it ended, is named.
+_TERMINATION_WAIT = 1.0
 
 
 def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],
            stop: threading.Event, received: list[int], shutdown_timeout: float,
-           watchdog: Watchdog | None) -> tuple[int | None, str, Child | None]:
+           watchdog: Watchdog | None, explain: _Explainer
+           ) -> tuple[int | None, str, _Failed | None]:
     done_at: float | None = None
     while True:
         if stop.is_set():
-            sig = received[0] if received else signal.SIGTERM
-            return 128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down", None
+            return _terminated(received, explain.host_ip)
         sup.poll()
-        failed = sup.first_failure()
-        if failed is not None:
-            assert failed.status is not None
-            hint = " (ssh could not connect?)" if failed.status == 255 and "ssh" in \
-                failed.label else ""
-            return (exit_code_for(failed.status),
-                    f"{failure_message(failed)}{hint}", failed)
+        child = sup.first_failure()
+        if child is not None:
+            if explain.launcher == "slurm":
+                if stop.wait(_TERMINATION_WAIT):
+                    return _terminated(received, explain.host_ip)
+                ending = _allocation_ending()
+                if ending is not None:
+                    return (128 + signal.SIGTERM, f"{ending}; job torn down",
+                            _Failed("launcher", 0, None, explain.host_ip, -signal.SIGTERM))
+            return explain(child)
         # As in run_local: judged while training runs, until a worker (or its ssh/mpirun/srun)
         # has ended.
         if watchdog is not None and not any(c.status is not None for c in sup.children
@@ -788,3 +954,28 @@ def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException
                 return 1, (f"{hung} still running {shutdown_timeout:g} s after the scheduler "
                            f"exited"), None
         time.sleep(POLL_INTERVAL)
+
+
+def _allocation_ending() -> str | None:
+    """Why this Slurm allocation is ending (``scancel``, a SIGTERM to ``salloc`` revoking it),
+    or ``None`` while it runs: then a failed step failed on its own (``--kill-on-bad-exit``
+    ends only the step)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    state = r.stdout.strip()
+    if r.returncode == 0 and state == "RUNNING":
+        return None
+    return (f"Slurm ended the allocation (job {job} {state or 'gone'}): the job was cancelled "
+            "or its allocation revoked")
+
+
+def _terminated(received: list[int], host_ip: str) -> tuple[int, str, _Failed]:
+    sig = received[0] if received else signal.SIGTERM
+    return (128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down",
+            _Failed("launcher", 0, None, host_ip, -sig))

@@ -143,6 +143,7 @@ def _job_env(env: Mapping[str, str] | None) -> dict[str, str]:
     # Children write to a pipe; without this, Python block-buffers and lines arrive late (or
     # never, if the process is killed).
     base.setdefault("PYTHONUNBUFFERED", "1")
+    base.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # no __pycache__ written into the checkout
     if env:
         base.update(env)
     return base

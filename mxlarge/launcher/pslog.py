@@ -35,6 +35,10 @@ _BIND = re.compile(r"van\.cc:\d+: Bind to role=\w+, (?:id=\d+, )?ip=(?P<ip>[^,\s
 _VERBOSE = re.compile(r"(?:van\.cc|zmq_van\.h):\d+: (?:Bind to |assign rank=|the scheduler is "
                       r"connected to |\S+ is connected to others|Barrier count for "
                       r"|\S+ is stopp(?:ing|ed)$)")
+# The scheduler's "assign rank=ID to node role=R, ip=I, port=P": ps-lite node ids are 8 + 2r for
+# server r and 9 + 2r for worker r (kvstore rank r), so this names every process's kvstore rank.
+_ASSIGN = re.compile(r"van\.cc:\d+: assign rank=(?P<id>\d+) to node role=(?P<role>server|worker), "
+                     r"ip=(?P<ip>[^,\s]+), port=(?P<port>\d+)")
 _ABORT = re.compile(r"van\.cc:\d+: Check failed: pb\.ParseFromArray\(meta_buf, buf_size\): "
                     r"failed to parse string into protobuf")
 
@@ -57,14 +61,21 @@ class PsLog:
         self.hide_verbose = hide_verbose
         self.bound: list[str] = []   # "ip:port" of each Bind line, in order
         self.aborted = False         # the malformed-message check fired
+        # the scheduler's assignments: "ip:port" -> (role, kvstore rank)
+        self.assigned: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
 
     def see(self, line: str) -> bool:
         """Record what ``line`` tells; return whether to show it."""
         m = _BIND.search(line)
+        a = _ASSIGN.search(line)
         with self._lock:
             if m:
                 self.bound.append(f"{m.group('ip')}:{m.group('port')}")
+            if a:
+                node = int(a.group("id"))
+                self.assigned[f"{a.group('ip')}:{a.group('port')}"] = (
+                    a.group("role"), (node - 8 - (a.group("role") == "worker")) // 2)
             if _ABORT.search(line):
                 self.aborted = True
         return not (self.hide_verbose and _VERBOSE.search(line))

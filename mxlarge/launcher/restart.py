@@ -114,5 +114,8 @@ def cluster_outcome(result: ClusterOutcome) -> Outcome:
     reason = (None if code == 0 or interrupted else
               "stalled" if code == STALL_EXIT else "crashed")
     role = None if result.failed_role == "launcher" else result.failed_role
-    return Outcome(code, role, result.failed_rank, None, result.message, reason,
+    # one number per process: the kvstore rank (None while not known), also as failed_rank
+    rank = None if role is None else result.failed_rank
+    return Outcome(code, role, rank, result.failed_status, result.message, reason,
+                   failed_kvstore_rank=rank if role in ("server", "worker") else None,
                    failed_host=result.failed_host, failed_output=result.failed_output)

@@ -20,17 +20,25 @@ The rules:
 * **Stall.** Once armed, the job is stalled when no worker's record (steps, phase) has changed
   for ``timeout`` seconds, measured on the launcher's clock (no clock skew between hosts).
   A warning naming the ranks behind comes at half of it.
-* **Busy phases.** While any worker reports a phase other than ``train`` (the training loop
-  marks its end-of-epoch hooks, evaluation and checkpoints, as ``evaluating/checkpointing``,
-  and its final hooks as ``finishing``; a script marks its own with ``trainer.busy("...")``),
-  the allowance is :data:`BUSY_FACTOR` times the timeout.
+* **Busy phases.** While a live worker (its heartbeat thread ticks) reports a phase other than
+  ``train`` (the training loop marks its end-of-epoch hooks, evaluation and checkpoints, as
+  ``evaluating/checkpointing``, and its final hooks as ``finishing``; a script marks its own
+  with ``trainer.busy("...")``), the allowance is :data:`BUSY_FACTOR` times the timeout: that
+  is what the allowance is for, a long evaluation of a worker that is alive. A worker that
+  stopped ticking (the watchdog calls it "not responding") gets none, whatever its last
+  record said, and neither does a job with a host that does not answer the probe.
+* **Probe.** Once no worker advanced for half the timeout, the launcher probes the job's hosts
+  (:func:`mxlarge.launcher.probe.unreachable_hosts`, at most every :data:`PROBE_EVERY` s): a
+  host that does not answer is named as unreachable (a partition, a dead machine) in the
+  warning and in the stall, and it ends the busy allowance.
 * **Done once a worker has exited**: the end of a job is the shutdown timeout's business.
 * **Default timeout** (``timeout=None``): max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` × the
   median step time measured so far).
 * **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`
   seconds (stopped, frozen or dead machine); else those with the lowest issued step (they have
-  not pushed what the others wait for); else none: every worker waits at the same step, so a
-  server, the scheduler or the network is the suspect.
+  not pushed what the others wait for); else none: every worker waits at the same step, so an
+  unreachable host (when the probe found one), else a server, the scheduler or the network is
+  the suspect. Ranks are kvstore ranks, as in the launcher's other lines.
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ import argparse
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +58,7 @@ BUSY_FACTOR = 10.0
 START_FACTOR = 10.0
 FROZEN_AFTER = 5.0
 READ_EVERY = 0.5
+PROBE_EVERY = 5.0
 # Exit code of a job the watchdog stopped (as coreutils' `timeout` does).
 STALL_EXIT = 124
 
@@ -111,10 +120,13 @@ class Watchdog:
             watchdog.
         emit: receives the warning lines.
         clock: monotonic seconds (tests pass their own).
+        probe: returns ``{host: why}`` of the job's hosts that do not answer (see the module
+            docstring); ``None``: no hosts to probe (a local job).
     """
 
     def __init__(self, directory: str | Path, workers: int, timeout: float | None,
-                 emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+                 emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 probe: Callable[[], Mapping[str, str]] | None = None):
         if timeout is not None and timeout <= 0:
             raise ValueError(f"stall timeout must be > 0 seconds, got {timeout}")
         self.directory = Path(directory)
@@ -127,6 +139,9 @@ class Watchdog:
         self._read_at = -float("inf")
         self._warned_for: float | None = None
         self.started = clock()
+        self.probe = probe
+        self._probed_at = -float("inf")
+        self.unreachable: dict[str, str] = {}  # the last probe's answer
 
     # -- facts ------------------------------------------------------------------------------------
     @property
@@ -183,9 +198,13 @@ class Watchdog:
             return self._check_start()
         now = self.clock()
         last = max(s.changed for s in self.seen.values())
-        busy = sorted({s.record.phase for s in self.seen.values() if s.record.phase != "train"})
-        allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)
         idle = now - last
+        if idle >= self.timeout / 2:
+            self._probe(now)
+        frozen = any(now - s.ticked >= FROZEN_AFTER for s in self.seen.values())
+        busy = [] if frozen or self.unreachable else sorted(
+            {s.record.phase for s in self.seen.values() if s.record.phase != "train"})
+        allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)
         if idle >= allowed:
             behind, names = self._behind(now)
             return Stall(f"stalled: no worker advanced for {idle:.0f} s (stall timeout "
@@ -228,6 +247,11 @@ class Watchdog:
                       f"(the job is stopped after {allowed:g} s); {names}")
         return None
 
+    def _probe(self, now: float) -> None:
+        if self.probe is not None and now - self._probed_at >= PROBE_EVERY:
+            self._probed_at = now
+            self.unreachable = dict(self.probe())
+
     def _behind(self, now: float) -> tuple[tuple[int, ...], str]:
         frozen = [r for r, s in self.seen.items() if now - s.ticked >= FROZEN_AFTER]
         if frozen:
@@ -239,11 +263,13 @@ class Watchdog:
             behind = sorted(r for r, s in self.seen.items() if s.record.issued == low) \
                 if low < high else []
             why = "has not pushed the step the others wait for"
-        parts = [f"rank {r} at step {self.seen[r].record.done} on "
+        parts = [f"worker rank {r} at step {self.seen[r].record.done} on "
                  f"{self.seen[r].record.host} (pid {self.seen[r].record.pid}), {why}"
                  for r in behind]
+        cut = "; ".join(f"host {h} unreachable ({why})" for h, why in
+                        sorted(self.unreachable.items()))
         if not parts:
             step = self.progress()
-            return (), (f"every worker waits at step {step}: suspect a server, the scheduler "
-                        "or the network")
-        return tuple(behind), "behind: " + "; ".join(parts)
+            return (), (f"every worker waits at step {step}: " + (
+                cut if cut else "suspect a server, the scheduler or the network"))
+        return tuple(behind), "behind: " + "; ".join(parts) + (f"; {cut}" if cut else "")

@@ -57,7 +57,8 @@ def _listening(pid: int) -> set[tuple[str, int]]:
 def job_processes(marker: str, exe: str | None = None) -> list[int]:
     """Live (not zombie) processes with a ``DMLC_ROLE`` whose argv or environment contains
     ``marker``; with ``exe``, only those running that executable (ps-lite processes, not the
-    ``srun``/``mpirun``/``ssh`` that carry the same variables)."""
+    ``srun``/``mpirun``/``ssh`` that carry the same variables, nor the ssh backend's guard,
+    ``python -m mxlarge.launcher.probe guard``, which runs the same Python)."""
     real = os.path.realpath(exe) if exe else None
     found = []
     for d in Path("/proc").iterdir():
@@ -69,7 +70,8 @@ def job_processes(marker: str, exe: str | None = None) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"DMLC_ROLE=" in env and marker.encode() in env + argv and state != "Z":
+        if b"DMLC_ROLE=" in env and marker.encode() in env + argv and state != "Z" \
+                and b"mxlarge.launcher.probe" not in argv:
             try:
                 if real is None or os.readlink(d / "exe") == real:
                     found.append(int(d.name))

@@ -546,14 +546,19 @@ def test_ssh_backend_runs_a_real_job_over_loopback(fakes: Path, tmp_path: Path,
     text = out.text()
     assert rc == 0, text
     for rank in (0, 1):
-        assert re.search(rf"^\[worker \d via ssh [^\]]+\] kv_worker sum OK rank={rank}$",
+        assert re.search(rf"^\[worker \(launch \d\) via ssh [^\]]+\] kv_worker sum OK "
+                         rf"rank={rank}$",
                          text, re.M), text
     assert_workers_saw(text, PYTHONPATH=os.environ["PYTHONPATH"], MLFLOW_RUN_ID="run-ssh",
                        DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1")
     ssh = calls(fakes, "ssh")
     assert len(ssh) == 3
-    # ssh -tt -o StrictHostKeyChecking=no HOST -p PORT 'REMOTE COMMAND' (-tt: see cluster.py)
-    assert all(c["argv"][:2] == ["-tt", "-o"] for c in ssh), ssh
+    # ssh -tt -o ServerAliveInterval=3 -o ServerAliveCountMax=3 -o StrictHostKeyChecking=no
+    # HOST -p PORT 'REMOTE COMMAND' (-tt, keepalives: see cluster.py)
+    assert all(c["argv"][:5] == ["-tt", "-o", "ServerAliveInterval=3", "-o",
+                                 "ServerAliveCountMax=3"] for c in ssh), ssh
+    for c in ssh:
+        del c["argv"][1:5]
     assert all(c["argv"][3] == "127.0.0.1" and c["argv"][4] == "-p" for c in ssh), ssh
     remote = [c["argv"][-1] for c in ssh]
     # dmlc: process i goes to host line i % len(hosts), the server first, so it gets line 0.
@@ -584,7 +589,8 @@ def test_ssh_backend_worker_failure_tears_down(fakes: Path, tmp_path: Path,
                         extra={"host_ip": "127.0.0.1"}, output=out, grace=5.0)
     returned = time.monotonic()
     assert rc == 3, out.text()
-    assert re.search(r"^\[launcher\] worker \d via ssh 127\.0\.0\.1:22 exited with status 3",
+    # the kvstore rank from the scheduler's assignment, the host from the ssh target
+    assert re.search(r"^\[launcher\] worker rank \d on 127\.0\.0\.1 exited with status 3",
                      out.text(), re.M), out.text()
     assert returned - out.first_time("kv_worker exiting with 3") < 30
     assert returned - started < 90
@@ -803,7 +809,7 @@ def test_mxnet_launch_py_local_job_listens_on_loopback_only(marker: str) -> None
 def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     """The lines are what Open MPI 4.1.4 and Slurm 22.05 printed on the namespace testbed
     (tests/cluster) for a rank killed with SIGKILL or exiting 3; the first report counts."""
-    from mxlarge.launcher.cluster import _ReportSink
+    from mxlarge.launcher.cluster import _Report, _ReportSink
 
     mpi = _ReportSink(Collector(), "mpi")
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 1 with PID 0 on node h2 "
@@ -811,12 +817,14 @@ def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 0 with PID 0 on node h1 "
                                    "exited on signal 15 (Terminated).")
     mpi.emit("workers via mpirun", "  Process name: [[37071,1],1]")
-    assert mpi.reports == {"servers via mpirun": (1, "h2"), "workers via mpirun": (1, None)}
+    assert mpi.reports == {"servers via mpirun": _Report(1, "h2", -9),
+                           "workers via mpirun": _Report(1, None, None)}
     slurm = _ReportSink(Collector(), "slurm")
     slurm.emit("workers via srun", "srun: error: h2: task 1: Killed")
     slurm.emit("servers via srun", "srun: error: h1: tasks 0-1: Exited with exit code 3")
     slurm.emit("other via srun", "srun: error: Unable to create step for job 4: busy")
-    assert slurm.reports == {"workers via srun": (1, "h2"), "servers via srun": (0, "h1")}
+    assert slurm.reports == {"workers via srun": _Report(1, "h2", -9),
+                             "servers via srun": _Report(0, "h1", 3)}
 
 
 @pytest.mark.timeout(60)

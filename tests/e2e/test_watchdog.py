@@ -183,7 +183,7 @@ def test_cluster_ssh_job_stall_is_caught_through_shared_heartbeat_files(tmp_path
     text = out.text()
     assert stopped, text[-3000:]
     assert rc == 124, text[-3000:]
-    assert re.search(rf"stalled: .*behind: rank 0 at step \d+ on \S+ \(pid {stopped[0]}\)",
+    assert re.search(rf"stalled: .*behind: worker rank 0 at step \d+ on \S+ \(pid {stopped[0]}\)",
                      text), text[-3000:]
     assert not beats.exists()
     time.sleep(0.5)

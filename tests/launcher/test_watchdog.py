@@ -112,18 +112,65 @@ def test_lowest_issued_step_is_behind_when_all_tick(tmp_path):
 
 
 def test_busy_phase_gets_ten_timeouts(tmp_path):
+    """A live busy worker (its heartbeat thread ticks): what the allowance is for."""
     clock = Clock()
     dog = Watchdog(tmp_path, 2, 10, lambda line: None, clock)
     put(tmp_path, 0, 5, here=1)
     put(tmp_path, 1, 5, here=1)
     dog.check()
-    put(tmp_path, 0, 5, here=1, phase="evaluating/checkpointing", tick=2)
-    put(tmp_path, 1, 5, here=1, phase="evaluating/checkpointing", tick=2)
-    assert advance(clock, dog, 1) is None
-    for _ in range(9):
-        assert advance(clock, dog, 10) is None  # 91 s busy: fine
-    stall = advance(clock, dog, 10)
+    for tick in range(2, 93):  # 91 s busy: fine
+        for r in (0, 1):
+            put(tmp_path, r, 5, here=1, phase="evaluating/checkpointing", tick=tick)
+        assert advance(clock, dog, 1) is None
+    for tick in range(93, 103):
+        for r in (0, 1):
+            put(tmp_path, r, 5, here=1, phase="evaluating/checkpointing", tick=tick)
+        stall = advance(clock, dog, 1)
     assert stall is not None and "busy: evaluating/checkpointing" in stall.message
+
+
+def test_a_not_responding_worker_gets_no_busy_allowance(tmp_path):
+    """Its last record says evaluating, but its heartbeat thread stopped: the plain timeout."""
+    clock = Clock()
+    dog = Watchdog(tmp_path, 2, 10, lambda line: None, clock)
+    put(tmp_path, 0, 5, here=1)
+    put(tmp_path, 1, 5, here=1)
+    dog.check()
+    put(tmp_path, 1, 5, here=1, phase="evaluating/checkpointing", tick=2)
+    for tick in range(2, 13):  # rank 0 alive and busy too; rank 1 never ticks again
+        put(tmp_path, 0, 5, here=1, phase="evaluating/checkpointing", tick=tick)
+        stall = advance(clock, dog, 1)
+    assert stall is not None and stall.behind == (1,), stall
+    assert stall.message.startswith("stalled: no worker advanced for 10 s (stall timeout 10 s)")
+    assert "worker rank 1 at step 5 on hostA (pid 101), not responding" in stall.message
+
+
+def test_an_unreachable_host_is_named_and_ends_the_busy_allowance(tmp_path):
+    """Every worker ticks and waits (the shared file system still carries a cut-off host's
+    heartbeats): the probe names the host, in the warning at half and in the stall at the
+    plain timeout although the workers say they are busy."""
+    clock, lines, probes = Clock(), [], []
+
+    def probe():
+        probes.append(clock.t)
+        return {"198.18.0.12": "no answer on port 22 within 2 s"}
+
+    dog = Watchdog(tmp_path, 2, 10, lines.append, clock, probe=probe)
+    put(tmp_path, 0, 5, here=1)
+    put(tmp_path, 1, 5, here=1)
+    dog.check()
+    for tick in range(2, 13):  # the phase changed at 1001: nobody advanced since
+        for r in (0, 1):
+            put(tmp_path, r, 5, here=1, phase="evaluating/checkpointing", tick=tick)
+        stall = advance(clock, dog, 1)
+        if tick < 12:
+            assert stall is None
+    assert probes and probes[0] == 1006.0  # first probe at half the timeout
+    assert "every worker waits at step 5: host 198.18.0.12 unreachable (no answer on port 22 " \
+        "within 2 s)" in lines[0], lines
+    assert stall is not None and "(stall timeout 10 s)" in stall.message
+    assert "host 198.18.0.12 unreachable" in stall.message
+    assert "suspect a server" not in stall.message
 
 
 def test_default_timeout_is_20_median_steps_at_least_120_s(tmp_path):

@@ -1,0 +1,261 @@
+"""What the launcher learns about remote processes and hosts that ssh alone does not tell.
+
+Two tools, both checked on the namespace testbed (``tests/cluster/test_failures.py``).
+
+The guard (``python -m mxlarge.launcher.probe guard -- COMMAND...``)
+    The ssh backend runs every remote process under it. ``ssh`` exits with status 255 both when
+    it cannot connect and when the remote process dies of a signal (sshd reports
+    ``exit-signal``, and OpenSSH's client turns that into 255), so the launcher cannot tell a
+    ``kill -9`` from a refused connection. The guard runs COMMAND as its child, in a process
+    group of its own, and prints three kinds of lines, each starting with :data:`TAG`:
+
+    * ``mxlarge-guard: started pid P on HOST`` once the command runs (the launcher then knows
+      the connection works, and which remote pid is the process: the heartbeat records name
+      it, which gives a worker's kvstore rank);
+    * ``mxlarge-guard: pid P on HOST killed by SIGKILL`` when the command dies of a signal
+      (the guard then exits with 128 + n);
+    * ``mxlarge-guard: launcher connection lost ...`` when the lease (below) runs out.
+
+    The command's exit status is the guard's. The guard also ends the command's whole group
+    (SIGTERM, SIGKILL after :data:`GRACE` s) when it gets SIGHUP/SIGTERM/SIGINT (sshd hangs up
+    the ``-tt`` terminal when the connection closes) and when the **lease** runs out: after
+    the ``started`` line the launcher writes one byte (:data:`LEASE_BYTE`) every
+    :data:`LEASE_EVERY` s to the ssh client's stdin, which ssh carries to the guard's stdin. No
+    byte for :data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone
+    (a partitioned host: its sshd notices nothing until the link is back and it has something
+    to send), and the guard ends the command. Echo and line mode of the remote terminal are
+    switched off first, so the bytes never show in the output.
+
+The probe (:func:`unreachable`)
+    A TCP connect to a host's ssh port with a short timeout. An answer, even a refusal (no
+    sshd there), means the host is up and reachable from here; silence or "no route" means it
+    is not: that is how a stalled job names a partitioned host instead of suspecting "a
+    server, the scheduler or the network".
+
+Importing this module does not import MXNet.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import termios
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+TAG = "mxlarge-guard:"
+LEASE_BYTE = b"."
+LEASE_EVERY = 1.0
+LEASE_TIMEOUT = 10.0
+GRACE = 5.0
+PROBE_TIMEOUT = 2.0
+
+_STARTED = re.compile(rf"^{TAG} started pid (?P<pid>\d+) on (?P<host>\S+)$")
+_KILLED = re.compile(rf"^{TAG} pid \d+ on \S+ killed by (?P<sig>SIG\w+)$")
+
+
+@dataclass
+class GuardReport:
+    """What a guard said about its command: ``pid``/``host`` once started, ``signal`` (a
+    number) if the command died of one, ``lost`` if the guard ended it for a lost lease."""
+
+    pid: int | None = None
+    host: str | None = None
+    signal: int | None = None
+    lost: bool = False
+
+    def see(self, line: str) -> bool:
+        """Take in one output line; return whether it was a guard line."""
+        if not line.startswith(TAG):
+            return False
+        if m := _STARTED.match(line):
+            self.pid, self.host = int(m.group("pid")), m.group("host")
+        elif m := _KILLED.match(line):
+            with contextlib.suppress(KeyError):
+                self.signal = int(signal.Signals[m.group("sig")])
+        elif "connection lost" in line:
+            self.lost = True
+        return True
+
+
+def guard_command(command: Sequence[str]) -> list[str]:
+    """``command`` run under the guard by this Python (which must exist at the same path on
+    every host, as the command itself must)."""
+    return [sys.executable, "-m", "mxlarge.launcher.probe", "guard", "--", *command]
+
+
+def _quiet_terminal(fd: int) -> None:
+    """No echo, no line editing: the lease bytes are read one by one and never shown."""
+    if not os.isatty(fd):
+        return
+    attrs = termios.tcgetattr(fd)
+    attrs[3] &= ~(termios.ECHO | termios.ICANON | termios.ECHONL)
+    attrs[6][termios.VMIN], attrs[6][termios.VTIME] = 1, 0
+    termios.tcsetattr(fd, termios.TCSANOW, attrs)
+
+
+def _end_group(pgid: int) -> None:
+    """SIGTERM the group, SIGKILL it if anything is left after :data:`GRACE` s."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+    deadline = time.monotonic() + GRACE
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
+    """Run ``command`` as the module docstring says; returns the exit status to exit with."""
+    host = socket.gethostname()
+    stdin = sys.stdin.fileno()
+    with contextlib.suppress(termios.error):
+        _quiet_terminal(stdin)
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    child = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True)
+    print(f"{TAG} started pid {child.pid} on {host}", flush=True)
+    leased = time.monotonic()
+    reading = True
+    try:
+        while True:
+            status = child.poll()
+            if status is not None:
+                break
+            if received:
+                _end_group(child.pid)
+                return 128 + received[0]
+            if reading:
+                with contextlib.suppress(InterruptedError):
+                    ready, _, _ = select.select([stdin], [], [], 0.2)
+                    if ready:
+                        try:
+                            data = os.read(stdin, 4096)
+                        except OSError as e:  # EIO: the terminal was hung up
+                            data = b"" if e.errno == errno.EIO else b"x"
+                        if data:
+                            leased = time.monotonic()
+                        else:  # end of file: nobody will write again
+                            reading = False
+                            leased = -float("inf")
+            else:
+                time.sleep(0.2)
+            if time.monotonic() - leased > lease_timeout:
+                print(f"{TAG} launcher connection lost (no word from it for "
+                      f"{lease_timeout:g} s); ending pid {child.pid} on {host}", flush=True)
+                _end_group(child.pid)
+                return 1
+    finally:
+        # whatever the command left behind in its group goes with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+    if status < 0:
+        print(f"{TAG} pid {child.pid} on {host} killed by {signal.Signals(-status).name}",
+              flush=True)
+        return 128 - status
+    return status
+
+
+class Lease:
+    """Writes :data:`LEASE_BYTE` every :data:`LEASE_EVERY` s to the stdin of each guarded
+    process it was given, until :meth:`close` (which closes those pipes: end of file)."""
+
+    def __init__(self) -> None:
+        self._pipes: list[object] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
+        self._thread.start()
+
+    def add(self, pipe: object) -> None:
+        with self._lock:
+            self._pipes.append(pipe)
+
+    def _run(self) -> None:
+        while not self._stop.wait(LEASE_EVERY):
+            with self._lock:
+                pipes = list(self._pipes)
+            for pipe in pipes:
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.write(LEASE_BYTE)  # type: ignore[attr-defined]
+                    pipe.flush()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(LEASE_EVERY + 1)
+        with self._lock:
+            for pipe in self._pipes:
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.close()  # type: ignore[attr-defined]
+
+
+def unreachable(host: str, port: int = 22, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """``None`` if ``host`` answers a TCP connect to ``port`` (accepted or refused) within
+    ``timeout`` s, else why not, e.g. ``"no answer on port 22 within 2 s"``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except ConnectionRefusedError:
+        return None  # refused: the host is up and answered
+    except TimeoutError:
+        return f"no answer on port {port} within {timeout:g} s"
+    except OSError as e:
+        return f"port {port}: {e.strerror or e}"
+
+
+def unreachable_hosts(hosts: Mapping[str, int], timeout: float = PROBE_TIMEOUT
+                      ) -> dict[str, str]:
+    """:func:`unreachable` for every host at once (threads): ``{host: why}`` of those that did
+    not answer; takes at most ``timeout`` s (+ thread start)."""
+    found: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def one(host: str, port: int) -> None:
+        why = unreachable(host, port, timeout)
+        if why is not None:
+            with lock:
+                found[host] = why
+
+    threads = [threading.Thread(target=one, args=item, daemon=True) for item in hosts.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1)
+    with lock:
+        return dict(found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mxlarge.launcher.probe",
+                                description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    g = sub.add_parser("guard", help="run COMMAND under the guard (the ssh backend does)")
+    g.add_argument("command", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        p.error("guard: no command")
+    return guard(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -193,3 +193,48 @@ def test_three_workers_lose_one_and_finish_as_one_simulating_three(tmp_path):
     spread = _max_diff(tmp_path / "a/epoch-0002/bn-0.nd", tmp_path / "a/epoch-0002/bn-2.nd")
     print("bn-0 vs bn-2", spread)
     assert spread > 100 * K3_ELASTIC_TOL, spread
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_host_that_answers_again_brings_its_worker_back(tmp_path):
+    """2 → 1 × 2 (worker-1 lost in epoch 2) → 2 again (worker-1 answers at the next restart,
+    after worker 0 is killed in epoch 3): bitwise the uninterrupted job."""
+    cfg = tmp_path / "e.yaml"
+    cfg.write_text(CONFIG.replace("epochs: 3", "epochs: 4"))
+    ref = cli(["launch", str(cfg), f"train.checkpoint_dir={tmp_path}/a"], tmp_path, timeout=300)
+    assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
+    lost = tmp_path / "lost"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen([sys.executable, "-m", "mxlarge.cli", "launch", str(cfg),
+                             "--max-restarts", "2", "--elastic", "--local-lost", str(lost),
+                             f"train.checkpoint_dir={tmp_path}/b"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 400
+        _wait_for(tmp_path / "b/epoch-0001/meta.json", deadline)
+        _wait_for_step(str(tmp_path), SPE + 5, deadline)
+        lost.write_text("worker-1\n")
+        os.kill(_worker(str(tmp_path), 1), signal.SIGKILL)
+        _wait_for(tmp_path / "b/epoch-0002/meta.json", deadline)
+        _wait_for_step(str(tmp_path), 2 * SPE + 5, deadline)
+        lost.write_text("")  # the host is back
+        os.kill(_worker(str(tmp_path), 0), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-4000:]
+    assert "(lost: worker-1)" in out and f"restart 2: resuming from {tmp_path}/b/epoch-0002" in out
+    assert "done: 172 steps on 2 worker(s) x 16 images" in out, out[-3000:]
+    for name in ("model.params", "momentum.nd", "bn-0.nd", "bn-1.nd"):
+        _same(tmp_path / "a/epoch-0004" / name, tmp_path / "b/epoch-0004" / name)
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns.db")
+    run = next(r for r in c.search_runs([c.get_experiment_by_name("mxlarge").experiment_id])
+               if "restarts" in r.data.tags)
+    assert run.data.tags["world_2"] == "2 worker(s) x 16 images = global batch 32"
+    history = c.get_metric_history(run.info.run_id, "world/workers")
+    assert sorted((m.step, m.value) for m in history) == [(0, 2.0), (SPE, 1.0), (2 * SPE, 2.0)]
+    time.sleep(0.5)
+    assert dmlc_processes(str(tmp_path)) == []

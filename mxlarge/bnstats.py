@@ -4,7 +4,8 @@ Goyal et al. compute BN statistics per worker over its own n images and never ex
 In mxlarge every *unit* (a gradient contributor: a device of a worker, or a simulated worker)
 keeps its own running mean/var (``grad_req == 'null'``; never pushed after init). Units are
 numbered as their one-device real counterparts would be ranked: device d of rank r is unit
-r·devices + d; simulated worker j is unit j.
+r·devices + d; simulated worker j of rank r is unit r·simulated + j (the same numbers in every
+world of the same units: a checkpoint's ``bn-<u>.nd`` resumes in any of them).
 
 Evaluation, final parameters and the checkpoint's ``model.params`` need *one* set of statistics,
 chosen by ``dist.bn_stats``:
@@ -73,15 +74,15 @@ class BNStats:
     def unit_ids(self) -> list[int]:
         """The units this process holds (module docstring), without swapping statistics."""
         if self.banks:
-            return list(range(self.simulated))
+            return [self.store.rank * self.simulated + j for j in range(self.simulated)]
         return [self.store.rank * self.devices + d for d in range(self.devices)]
 
     def each_unit(self) -> Iterator[tuple[int, int]]:
         """Yields ``(unit, device)`` with that unit's own statistics in place on ``device``."""
         if self.banks:
-            for j in range(self.simulated):
+            for j, unit in enumerate(self.unit_ids()):
                 with self.worker(j):
-                    yield j, 0
+                    yield unit, 0
         else:
             for d, unit in enumerate(self.unit_ids()):
                 yield unit, d
@@ -90,11 +91,14 @@ class BNStats:
     def shared(self) -> dict[int, mx.nd.NDArray]:
         """The statistics chosen by ``mode`` (collective on a dist store: every rank calls it)."""
         mx.nd.waitall()  # pending running-statistic writes (docstring)
-        if self.banks:
+        if self.banks:  # this process's first simulated worker stands for its device
             if self.mode == "reduce":
-                return {i: mx.nd.add_n(*[bank[i] for bank in self.banks]) / self.simulated
+                units = self.store.num_workers * self.simulated
+                return {i: self.store.sum_stat(i, [bank[i] for bank in self.banks]) / units
                         for i in self.indices}
-            return {i: self.banks[0][i].copy() for i in self.indices}  # as rank 0 would have
+            if self.mode == "broadcast":
+                return {i: self.store.rank0_stat(i, self.banks[0][i]) for i in self.indices}
+            return {i: self.banks[0][i].copy() for i in self.indices}
         out: dict[int, mx.nd.NDArray] = {}
         for i in self.indices:
             arrays = self.params[i].list_data()

@@ -6,7 +6,8 @@ and JSON (never pickle: a checkpoint from elsewhere must not run code):
 * ``model.params``: the weights (identical on every rank) with the ``bn_stats`` statistics,
   loadable by ``net.load_parameters``;
 * ``bn-<u>.nd``: each gradient contributor's own BN running statistics (u = rank·devices +
-  device, or the virtual worker), so that training continues with per-worker statistics;
+  device, or rank·simulated + simulated worker), so that training continues with per-worker
+  statistics, in any world of the same units (:func:`check_world`);
 * ``momentum.nd``: the updater's momentum buffers (identical on every rank);
 * ``meta.json``: step, completed epochs, seed, the world (worker processes, devices, simulated
   workers, per-unit batch: :class:`mxlarge.plan.World`), the resolved config and its SHA-256,
@@ -28,7 +29,7 @@ from typing import Any
 
 from mxlarge.config import config_sha256, dump_yaml
 from mxlarge.errors import InputError
-from mxlarge.plan import World
+from mxlarge.plan import World, same_math
 
 FORMAT = 2
 
@@ -46,19 +47,21 @@ def sha256(path: Path) -> str:
 
 
 def check_world(path: Path, meta: dict[str, Any], world: World) -> None:
-    """Resuming needs the world the checkpoint was written in.
+    """Resuming needs a world of the same math as the checkpoint's (:func:`mxlarge.plan.same_math`:
+    the same units k and per-unit batch n): 2 workers resume as 1 worker × 2 simulated workers,
+    unit u's BN statistics (``bn-<u>.nd``) going to the unit that reads u's shard.
 
     Raises:
-        CheckpointError: another world, with the reason (the global batch, the LR schedule, the
-            data shards and the per-unit BN statistics all depend on it).
+        CheckpointError: another global batch or per-unit batch, with the reason (the LR
+            schedule, the data shards and the per-worker BN statistics all depend on them).
     """
     saved = World(**meta["world"])
-    if saved != world:
+    if not same_math(saved, world):
         raise CheckpointError(
             f"{path}: written by {saved.describe()}, resuming with {world.describe()}: refused, "
             "because the global batch, the LR schedule, the data shards and the per-worker BN "
-            "statistics all depend on it; resume with the same -n/dist.workers, dist.devices, "
-            "dist.simulate_workers and data.batch_size")
+            "statistics all depend on it; resume with the same units (workers x devices x "
+            "simulated workers) and data.batch_size")
 
 
 def epoch_dir(root: str | Path, epoch: int) -> Path:

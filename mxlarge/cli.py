@@ -100,6 +100,18 @@ def _parser() -> argparse.ArgumentParser:
                          "newest checkpoint, up to N times, in the same MLflow run (turns on "
                          "train.checkpoint_every=1 if checkpoints are off); see "
                          "mxlarge/launcher/restart.py")
+    la.add_argument("--elastic", action="store_true",
+                    help="with --max-restarts: before each restart find the live worker hosts "
+                         "and relaunch in a world of the same global batch (2 workers -> 1 "
+                         "worker x 2 simulated workers), bitwise the same training; refused "
+                         "with the reason when none fits (local launches; see "
+                         "mxlarge/launcher/restart.py)")
+    la.add_argument("--min-workers", type=int, default=None, metavar="M",
+                    help="with --elastic: never fewer than M worker processes (default 1)")
+    la.add_argument("--local-lost", default=None, metavar="FILE",
+                    help="with --elastic on a local launch: worker-<i> names listed in FILE "
+                         "(read before each restart) are hosts lost for good (for tests and "
+                         "rehearsals)")
 
     sw = sub.add_parser("sweep", help="run a sweep file's grid of labelled runs x seeds "
                                       "(resumable; see mxlarge/sweep.py)")

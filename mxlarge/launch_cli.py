@@ -11,22 +11,57 @@ FINISHED or FAILED by the job's exit status (:meth:`~mxlarge.tracking.OpenRun.cl
 the failure as tags (``failed_role``, ``failed_rank`` (launch index), ``failed_kvstore_rank``,
 ``failed_host``, ``failed_step``) and the
 failed process's last lines of output as the artifact ``failure/<role>-<index>.log``.
+
+With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
+world of the same global batch; the run records each world as tags ``world_<attempt>`` (and
+``workers_lost``) and the metric ``world/workers`` at the step the attempt starts from.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
 from mxlarge.launcher.local import Outcome
 from mxlarge.launcher.restart import (
+    Elastic,
     Failure,
     RestartPolicy,
+    local_hosts,
+    local_probe,
     run_with_restarts,
 )
+from mxlarge.plan import World
+
+
+def elastic_of(args: argparse.Namespace, world: World) -> Elastic | None:
+    """``--elastic``'s world keeper, or None; options that cannot apply are refused."""
+    if not args.elastic:
+        for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):
+            if value is not None:
+                raise InputError(f"{flag}: expected together with --elastic")
+        return None
+    if args.max_restarts < 1:
+        raise InputError("--elastic: expected --max-restarts N >= 1 (the world changes at a "
+                         "restart)")
+    if args.launcher != "local":
+        raise InputError(f"--elastic with --launcher {args.launcher}: probing cluster hosts is "
+                         "not built yet; elastic restarts run on local launches")
+    try:
+        return Elastic(world, local_hosts(world.processes), local_probe(args.local_lost),
+                       args.min_workers or 1)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def world_overrides(world: World) -> list[str]:
+    """The overrides that make a launched job run ``world`` (the last ones win)."""
+    return [f"dist.workers={world.processes}", f"dist.simulate_workers={world.simulated}"]
 
 
 def launch_overrides(cfg: Config, workers: int | None, servers: int | None) -> list[str]:
@@ -62,6 +97,7 @@ def launch(args: argparse.Namespace) -> int:
     workers, servers = cfg.dist.workers, servers_of(cfg)
     # Fail on a job that cannot run (world, batch, model) before starting any process.
     plan = plan_for(cfg, args.config)
+    elastic = elastic_of(args, plan.world)
     from mxlarge.nets import build_net
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
@@ -108,6 +144,8 @@ def launch(args: argparse.Namespace) -> int:
     started = time.time()
     hosts: list[str] = []  # cluster jobs: where the last attempt ran
 
+    worlds = [plan.world]  # each attempt's
+
     def attempt(number: int) -> Outcome:
         resume = path
         if number:
@@ -117,9 +155,28 @@ def launch(args: argparse.Namespace) -> int:
             print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
                   "from the start (no checkpoint yet)"), flush=True)
         cmd = command if resume is None else [*command, "--resume", str(resume)]
-        done = run_attempt(args.launcher, cmd, workers=workers, servers=servers, env=env,
-                           stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
-                           firewall=args.firewall, port=args.port, hostfile=args.hostfile)
+        attempt_env, attempt_workers, attempt_servers = env, workers, servers
+        if elastic is not None:
+            world = elastic.world
+            if number == 0 or world != worlds[-1]:
+                _record_world(run, number, world, elastic.lost, resume)
+            if world != plan.world:
+                print(f"mxlarge: restart {number}: world {world.describe()} (lost: "
+                      f"{', '.join(elastic.lost)})", flush=True)
+                cmd = [*cmd[:len(command)], *world_overrides(world), *cmd[len(command):]]
+                attempt_workers = world.processes
+                attempt_servers = cfg.dist.servers or world.processes
+                if not args.no_tuning:
+                    # CPU kernels reduce in an order that depends on the OpenMP team: every
+                    # worker keeps the declared world's (tests/e2e/test_simulate.py)
+                    from mxlarge.launcher.tuning import local_role_env
+                    attempt_env = {**local_role_env("worker", workers, {**os.environ, **env}),
+                                   **env}
+            worlds.append(world)
+        done = run_attempt(args.launcher, cmd, workers=attempt_workers, servers=attempt_servers,
+                           env=attempt_env, stall_timeout=args.stall_timeout,
+                           tuning=not args.no_tuning, firewall=args.firewall, port=args.port,
+                           hostfile=args.hostfile)
         result = done.cluster
         if result is None:
             return done.outcome
@@ -146,7 +203,8 @@ def launch(args: argparse.Namespace) -> int:
         try:
             outcome = run_with_restarts(
                 attempt, RestartPolicy(args.max_restarts),
-                lambda line: print(f"mxlarge: {line}", flush=True), record)
+                lambda line: print(f"mxlarge: {line}", flush=True), record,
+                elastic.replan if elastic is not None else None)
         except (launcher.PortInUseError, ValueError, NotImplementedError,
                 FileNotFoundError, FirewallError) as exc:
             end_tags["failure"] = str(exc)
@@ -180,3 +238,16 @@ def launch(args: argparse.Namespace) -> int:
             if opened.owned:
                 print(f"mxlarge: MLflow run {run.run_id} {'FINISHED' if ok else 'FAILED'}: "
                       f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)
+
+
+def _record_world(run: Any, number: int, world: World, lost: list[str],
+                  resume: Path | None) -> None:
+    """MLflow: tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step."""
+    if run is None:
+        return
+    step = 0
+    if resume is not None:
+        from mxlarge import checkpoint
+        step = int(checkpoint.read_meta(resume)["step"])
+    run.tag({f"world_{number}": world.describe(), "workers_lost": ",".join(lost)})
+    run.log_metrics({"world/workers": world.processes}, step)

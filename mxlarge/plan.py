@@ -24,6 +24,12 @@ be the one that runs:
   ``dist.workers=K`` (the command line wins over the file, as every override does), so
   ``mxlarge show CONFIG dist.workers=K`` prints what ``launch -n K`` runs. A launched worker
   checks the store's real number of workers against the plan (:func:`check_processes`).
+
+Which worlds are the *same computation* (:func:`same_math`): those with the same units k and the
+same per-unit batch n. Units are numbered alike in every world (device d of rank r is unit
+r·devices + d; simulated worker j of rank r is unit r·simulated + j), each unit reads the same
+n positions of the global order and keeps its own BN statistics, so a checkpoint of one such
+world resumes in another, and :func:`elastic_world` picks one for the hosts that are left.
 """
 from __future__ import annotations
 
@@ -104,6 +110,50 @@ def check_processes(world: World, actual: int, source: str = "<config>") -> None
         raise ConfigError(
             f"{source}: dist.workers = {world.processes}, but this job has {actual} worker "
             f"process(es): launch it with -n {world.processes}, or set dist.workers={actual}")
+
+
+def same_math(a: World, b: World) -> bool:
+    """Whether ``a`` and ``b`` run the same training: equal units k and per-unit batch n (so
+    equal global batch, schedule, shards and per-unit BN statistics; module docstring)."""
+    return a.units == b.units and a.batch == b.batch
+
+
+def factorisations(world: World) -> list[World]:
+    """Every world of the same math as ``world`` with its devices per process: P workers ×
+    (k / (P · devices)) simulated workers for each P dividing k / devices, fewest workers first.
+
+    Simulated workers run on one device, so with ``devices`` > 1 only ``simulated = 1`` counts.
+    """
+    per_device = world.units // world.devices
+    return [World(p, world.devices, per_device // p, world.batch)
+            for p in range(1, per_device + 1)
+            if per_device % p == 0 and (world.devices == 1 or per_device // p == 1)]
+
+
+def elastic_world(world: World, live: int, min_workers: int = 1) -> World:
+    """The world to relaunch ``world`` in when ``live`` of its worker hosts answer.
+
+    The most worker processes P <= ``live`` (P >= ``min_workers``) among
+    :func:`factorisations`: P · devices · simulated · n = ``world.global_batch`` unchanged.
+
+    Raises:
+        WorldError: no factorisation fits; the one line names the possible ones.
+    """
+    options = factorisations(world)
+    fits = [w for w in options if min_workers <= w.processes <= live]
+    if fits:
+        return fits[-1]
+    names = "; ".join(f"{w.processes} x {w.simulated}" + (f" x {w.devices} devices"
+                                                            if w.devices > 1 else "")
+                      for w in options)
+    raise WorldError(
+        f"no world keeps global batch {world.global_batch} ({world.units} units x "
+        f"{world.batch} images) on {live} live worker host(s) with --min-workers "
+        f"{min_workers}: possible worker x simulated-worker factorisations are {names}")
+
+
+class WorldError(ConfigError):
+    """No world of the same math fits the hosts that are left."""
 
 
 def train_samples(cfg: Config, need_data: bool = True) -> tuple[int, str]:

@@ -241,7 +241,8 @@ class Trainer:
         simulate_workers: K > 1 reproduces K dist_sync workers in this process: the loop runs
             K micro-batches of n, each under its own copy of the BN running statistics
             (``trainer.bn.worker(j)``), gradients accumulate (``grad_req='add'``), and one
-            update with rescale 1/(K·n) follows. Needs a local store and one device.
+            update with rescale 1/(K·n) follows (1/(P·K·n) with P dist_sync processes, each
+            simulating K: the servers sum the P accumulated gradients). Needs one device.
         heartbeat: the directory a dist worker reports its progress to for the launcher's stall
             watchdog (:mod:`mxlarge.protocol.heartbeat`; the file is named by the kvstore rank),
             or None for no reports. The default, :data:`~mxlarge.protocol.heartbeat.LAUNCHED`,
@@ -353,8 +354,8 @@ class Trainer:
         self._bn_mode = bn_stats
         self.simulated_workers = int(simulate_workers)
         if self.simulated_workers > 1:
-            if self.store.kv is not None:
-                raise ValueError("simulate_workers needs a local store and a single device")
+            if self.params and self.num_devices > 1:
+                raise ValueError("simulate_workers needs a single device per process")
             for p in self.params:
                 if p.grad_req != "null":
                     p.grad_req = "add"

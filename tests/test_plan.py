@@ -9,7 +9,17 @@ import pytest
 
 from mxlarge.cli import main
 from mxlarge.config import Config, ConfigError, DistConfig, load_config
-from mxlarge.plan import World, check_processes, plan, plan_for, world_of
+from mxlarge.plan import (
+    World,
+    WorldError,
+    check_processes,
+    elastic_world,
+    factorisations,
+    plan,
+    plan_for,
+    same_math,
+    world_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 README_128 = ["experiments/imagenet/mxnet-128gpu-4k.yaml", "dist.kvstore=local", "dist.workers=1",
@@ -95,3 +105,44 @@ def test_show_warns_on_stderr_when_zero_gamma_skips_blocks(tmp_path, capsys):
     assert main(["show", str(cfg)]) == 0
     out = capsys.readouterr()
     assert "warning" not in out.err and "zero_gamma: 9 of 9 residual blocks" in out.out
+
+
+# -- world changes that keep the math (elastic restarts) ----------------------------------------
+def test_same_math_is_units_and_per_unit_batch():
+    assert same_math(World(2, batch=16), World(1, simulated=2, batch=16))
+    assert same_math(World(4, batch=8), World(2, simulated=2, batch=8))
+    assert same_math(World(2, batch=8), World(1, devices=2, batch=8))
+    assert not same_math(World(2, batch=16), World(1, batch=32))  # same B, other BN batches
+    assert not same_math(World(2, batch=16), World(1, simulated=3, batch=16))
+
+
+def test_factorisations_keep_the_global_batch():
+    w = World(4, simulated=3, batch=8)
+    got = factorisations(w)
+    assert [(f.processes, f.simulated) for f in got] == [
+        (1, 12), (2, 6), (3, 4), (4, 3), (6, 2), (12, 1)]
+    assert {f.global_batch for f in got} == {w.global_batch}
+    # simulated workers need one device: with 2 devices only simulated = 1 is a world
+    assert factorisations(World(2, devices=2, batch=8)) == [World(2, devices=2, batch=8)]
+
+
+def test_elastic_world_takes_the_most_live_workers_that_fit():
+    assert elastic_world(World(2, batch=16), live=1) == World(1, simulated=2, batch=16)
+    assert elastic_world(World(4, batch=8), live=3) == World(2, simulated=2, batch=8)
+    assert elastic_world(World(4, batch=8), live=4) == World(4, batch=8)  # grown back
+    assert elastic_world(World(3, batch=8), live=2) == World(1, simulated=3, batch=8)
+    assert elastic_world(World(2, simulated=2, batch=8), live=1) == World(1, simulated=4,
+                                                                          batch=8)
+
+
+def test_elastic_world_refuses_below_the_floor_naming_the_factorisations():
+    with pytest.raises(WorldError) as e:
+        elastic_world(World(4, batch=8), live=3, min_workers=3)
+    assert str(e.value) == (
+        "no world keeps global batch 32 (4 units x 8 images) on 3 live worker host(s) with "
+        "--min-workers 3: possible worker x simulated-worker factorisations are 1 x 4; 2 x 2; "
+        "4 x 1")
+    with pytest.raises(WorldError, match="on 0 live worker host"):
+        elastic_world(World(2, batch=8), live=0)
+    with pytest.raises(WorldError, match="2 x 1 x 2 devices"):  # devices: only simulated = 1
+        elastic_world(World(2, devices=2, batch=8), live=1)

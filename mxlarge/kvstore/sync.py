@@ -340,6 +340,11 @@ class SyncStore:
         the old arrays are filled with NaN and kept as a probe: if the next backward wrote into
         them, :meth:`_confirm` returns them to the members and the bucket is copied for good.
         """
+        if any(self.params[i].grad_req != "write" for i in b.members):
+            # an accumulating backward (grad_req='add': simulated workers) would add into the
+            # NaN probe and keep it NaN, so it could not tell: such buckets are copied
+            self._copied.add(b.key)
+            return
         old = []
         for i, *row in zip(b.members, *self._views[b.key], strict=True):
             p = self.params[i]

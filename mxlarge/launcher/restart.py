@@ -11,17 +11,31 @@ whatever its resume hook finds, see :mod:`mxlarge.resume`). The rules, in
   heartbeats) is a deterministic bug, not a fault: no further restart, whatever ``N`` says;
 * a launcher that was interrupted (Ctrl-C, SIGTERM) or a job that succeeded is never restarted.
 
+**Elastic restarts** (``--elastic``, :class:`Elastic`): before each restart the job's worker
+hosts are probed (a :data:`Probe`: hosts → the live ones) and the job relaunches in the world
+of the same global batch that fits them (:func:`mxlarge.plan.elastic_world`: 2 workers → 1
+worker × 2 simulated workers; 4 → 2 × 2), from the newest checkpoint, which resumes in any
+world of the same units (:func:`mxlarge.checkpoint.check_world`). Every attempt probes the
+declared hosts again, so a host that answers again brings its worker back. No world fits (fewer
+live hosts than ``--min-workers``, or no factorisation): the job ends with the failure, as
+without ``--elastic``. A local job's hosts are its worker processes, ``worker-<i>``, and
+:func:`local_probe` takes as lost for good the names listed in a file (``--local-lost FILE``):
+how a test, or a user rehearsing, tells a local job that a machine is gone. A probe for ssh,
+mpi or Slurm hosts plugs in as another :data:`Probe`.
+
 Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from mxlarge.launcher.cluster import ClusterOutcome
 from mxlarge.launcher.local import Outcome
 from mxlarge.launcher.watchdog import STALL_EXIT
+from mxlarge.plan import World, WorldError, elastic_world
 
 
 @dataclass(frozen=True)
@@ -74,14 +88,78 @@ class RestartPolicy:
         return None
 
 
+#: Which of a job's hosts answer: ``probe(hosts)`` → the live ones, in the given order.
+Probe = Callable[[Sequence[str]], list[str]]
+
+
+def local_hosts(workers: int) -> list[str]:
+    """A local job's hosts: each worker process is its own, ``worker-<i>`` (launch index i)."""
+    return [f"worker-{i}" for i in range(workers)]
+
+
+def local_probe(lost: str | Path | None) -> Probe:
+    """A local job's :data:`Probe`: every host lives but those named in the file ``lost`` (one
+    name a line, read at each probe; a missing file names none)."""
+    def probe(hosts: Sequence[str]) -> list[str]:
+        gone: set[str] = set()
+        if lost is not None and Path(lost).is_file():
+            gone = {line.strip() for line in Path(lost).read_text().splitlines()}
+        return [h for h in hosts if h not in gone]
+    return probe
+
+
+@dataclass
+class Elastic:
+    """The world of each attempt of an ``--elastic`` job (module docstring).
+
+    Args:
+        declared: the world the job was launched with (one worker per host of ``hosts``).
+        hosts: the declared worker hosts, in launch order.
+        probe: which of them answer.
+        min_workers: the floor on worker processes.
+    """
+
+    declared: World
+    hosts: list[str]
+    probe: Probe
+    min_workers: int = 1
+    world: World = field(init=False)   # the next attempt's
+    live: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_workers <= self.declared.processes:
+            raise ValueError(f"--min-workers {self.min_workers}: expected 1 to "
+                             f"{self.declared.processes} (the job's workers)")
+        if len(self.hosts) != self.declared.processes:
+            raise ValueError(f"{len(self.hosts)} host(s) for {self.declared.processes} workers")
+        self.world, self.live = self.declared, list(self.hosts)
+
+    def replan(self) -> str | None:
+        """Probes the hosts and sets :attr:`world`; returns why no world fits, else None."""
+        live = self.probe(self.hosts)
+        try:
+            world = elastic_world(self.declared, len(live), self.min_workers)
+        except WorldError as exc:
+            lost = [h for h in self.hosts if h not in live]
+            return f"{exc} (lost: {', '.join(lost) or 'none'})"
+        self.world, self.live = world, live
+        return None
+
+    @property
+    def lost(self) -> list[str]:
+        return [h for h in self.hosts if h not in self.live]
+
+
 def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
                       emit: Callable[[str], None],
                       on_failure: Callable[[Failure, int, str | None], None] | None = None,
-                      ) -> Outcome:
+                      replan: Callable[[], str | None] | None = None) -> Outcome:
     """Runs ``attempt(0)``, then ``attempt(1)``, ... while failures are to be restarted.
 
     ``on_failure(failure, restarts, gave_up)`` is told of each failure, with the restarts
-    granted so far and, when the policy stops, why. Returns the last attempt's outcome. With
+    granted so far and, when the policy stops, why. ``replan()`` runs before each granted
+    restart (``--elastic``: :meth:`Elastic.replan`); a reason from it ends the job like the
+    policy's, and the restart is not counted. Returns the last attempt's outcome. With
     ``max_restarts = 0`` this is ``attempt(0)`` and nothing more (no lines, no callback).
     """
     number = 0
@@ -91,6 +169,10 @@ def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
             return outcome
         failure = Failure.of(outcome)
         why = policy.give_up(failure)
+        if why is None and replan is not None:
+            why = replan()
+            if why is not None:
+                policy.restarts -= 1  # granted by the policy, but no world to run it in
         if on_failure is not None:
             on_failure(failure, policy.restarts, why)
         if why is not None:

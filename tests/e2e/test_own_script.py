@@ -145,8 +145,8 @@ def test_cluster_launcher_restarts_an_own_script_too(tmp_path):
                   "--raise-once", str(tmp_path / "raised")], tmp_path, marker)
     out = r.stdout
     assert r.returncode == 0, out[-3000:]
-    # the failing process and its host, from cluster_run (launch index: not the kvstore rank)
-    assert re.search(r"\[launcher\] restart 1/1 after: worker [01] via ssh 127\.0\.0\.1:22 "
+    # the failing process by its kvstore rank (the script raised on rank 0) and its host
+    assert re.search(r"\[launcher\] restart 1/1 after: worker rank 0 on 127\.0\.0\.1 "
                      r"exited with status 1", out), out[-3000:]
     assert " start=8" in out and out.count("own_loop rank=0 done") == 1
     assert not (tmp_path / ".mxlarge-heartbeat").exists()  # heartbeats cleaned up

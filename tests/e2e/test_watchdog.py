@@ -83,10 +83,10 @@ def test_sigstop_of_a_worker_stops_the_job_named_and_failed(tmp_path):
             proc.communicate()
     assert proc.returncode == 124, out[-3000:]
     assert took < timeout + 30, took
-    assert re.search(r"warning: no worker advanced for \d+ s .*behind: rank \d at step \d+ on "
-                     rf"\S+ \(pid {victim}\)", out), out[-3000:]
+    assert re.search(r"warning: no worker advanced for \d+ s .*behind: worker rank \d at step "
+                     rf"\d+ on \S+ \(pid {victim}\)", out), out[-3000:]
     assert re.search(r"stalled: no worker advanced for \d+ s \(stall timeout 20 s\); behind: "
-                     rf"rank \d at step \d+ on \S+ \(pid {victim}\), not responding", out), \
+                     rf"worker rank \d at step \d+ on \S+ \(pid {victim}\), not responding", out), \
         out[-3000:]
     assert out.count("stalled: no worker advanced") >= 1
     time.sleep(0.5)
@@ -131,8 +131,8 @@ def test_own_script_sigstop_is_caught_by_the_launcher(tmp_path):
             proc.communicate()
     assert proc.returncode == 124, out[-3000:]
     assert took < 10 + 30
-    assert re.search(rf"stalled: .*behind: rank \d at step \d+ on \S+ \(pid {victim}\)", out), \
-        out[-3000:]
+    assert re.search(rf"stalled: .*behind: worker rank \d at step \d+ on \S+ \(pid {victim}\)",
+                     out), out[-3000:]
     time.sleep(0.5)
     assert dmlc_processes(marker) == []
 

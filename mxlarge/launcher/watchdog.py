@@ -228,8 +228,8 @@ class Watchdog:
         if waited < allowed / 2:
             return None
         behind = tuple(sorted(r for r, s in self.seen.items() if s.record.here < 1))
-        parts = [f"rank {r} on {self.seen[r].record.host} (pid {self.seen[r].record.pid}) has "
-                 "not completed a step" for r in behind]
+        parts = [f"worker rank {r} on {self.seen[r].record.host} (pid {self.seen[r].record.pid}) "
+                 "has not completed a step" for r in behind]
         missing = self.workers - len(self.seen)
         if missing:
             parts.append(f"{missing} worker(s) never reported (imports, data loading or "

@@ -164,6 +164,7 @@ def test_a_job_stuck_before_its_first_step_is_stopped_at_the_start_limit(tmp_pat
     assert r.returncode == 124, out[-3000:]
     assert re.search(r"\[launcher\] stalled: not every worker completed its first step within "
                      r"\d+ s of the start \(start limit 10 s = 10 x the stall timeout\); behind: "
-                     r"rank 0 on .* has not completed a step; rank 1 on ", out), out[-3000:]
+                     r"worker rank 0 on .* has not completed a step; worker rank 1 on ", out), \
+        out[-3000:]
     assert "own_loop rank=0 step=0" not in out
     assert dmlc_processes(marker) == []

@@ -66,8 +66,9 @@ def test_a_start_that_never_completes_a_step_is_stopped_at_the_start_limit(tmp_p
     assert stall is not None and stall.behind == (0, 1)
     assert stall.message.startswith("stalled: not every worker completed its first step within "
                                     "100 s of the start (start limit 100 s = 10 x the stall "
-                                    "timeout); behind: rank 0 on hostA (pid 100) has not "
-                                    "completed a step; rank 1 on hostA (pid 4242)"), stall.message
+                                    "timeout); behind: worker rank 0 on hostA (pid 100) has not "
+                                    "completed a step; worker rank 1 on hostA (pid 4242)"), \
+        stall.message
     assert stall.message.endswith("1 worker(s) never reported (imports, data loading or "
                                   "creating the store)")
 

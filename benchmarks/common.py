@@ -196,11 +196,14 @@ def emit_progress() -> None:
 
 def git_commit(repo: Path = Path(__file__).resolve().parents[1]) -> str | None:
     """``HEAD`` of the checkout the benchmarks run from, with ``+dirty`` when tracked files
-    differ from it (the measured code is then not exactly that commit); ``None`` outside git."""
+    other than results (``benchmarks/results/``, which one benchmark writes while the next
+    runs) differ from it (the measured code is then not exactly that commit); ``None`` outside
+    git."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)benchmarks/results"],
                                cwd=repo, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -41,14 +41,24 @@ def test_every_tensor_in_exactly_one_bucket_and_no_bucket_over_the_limit(limit):
         assert sum(b.fused for b in buckets) == 1
 
 
-def _grads_after_allreduce(fusion_bytes: int) -> tuple[SyncStore, list[np.ndarray]]:
+CTX = [mx.cpu(0), mx.cpu(1)]
+
+
+def _net(mode: str = "hybrid") -> mx.gluon.nn.HybridSequential:
+    """Conv, BN, Dense on 2 devices, seed 1: ``mode`` imperative, hybrid, or static
+    (hybridized with static_alloc)."""
     mx.random.seed(1)
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(8, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
             mx.gluon.nn.Dense(10))
-    ctx = [mx.cpu(0), mx.cpu(1)]
-    net.initialize(mx.init.Xavier(), ctx=ctx)
-    net.hybridize()
+    net.initialize(mx.init.Xavier(), ctx=CTX)
+    if mode != "imperative":
+        net.hybridize(static_alloc=mode == "static", static_shape=mode == "static")
+    return net
+
+
+def _grads_after_allreduce(fusion_bytes: int) -> tuple[SyncStore, list[np.ndarray]]:
+    net, ctx = _net(), CTX
     x = [mx.nd.random.uniform(shape=(4, 3, 8, 8), ctx=c) for c in ctx]
     for xi in x:
         net(xi)
@@ -88,14 +98,7 @@ def _grads_over_steps(fusion_bytes: int, mode: str, reinit_at: int | None = None
     """Three backward + allreduce steps on 2 devices (``mode``: imperative, hybrid or static,
     i.e. hybridized with static_alloc); per step every summed gradient, and whether each fused
     bucket's members' gradient arrays were its views during the step's backward."""
-    mx.random.seed(1)
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Conv2D(8, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
-            mx.gluon.nn.Dense(10))
-    ctx = [mx.cpu(0), mx.cpu(1)]
-    net.initialize(mx.init.Xavier(), ctx=ctx)
-    if mode != "imperative":
-        net.hybridize(static_alloc=mode == "static", static_shape=mode == "static")
+    net, ctx = _net(mode), CTX
     params = net.collect_params()
     for c in ctx:
         with mx.autograd.record(train_mode=False):

@@ -42,6 +42,15 @@ Phases, in this order, in one launch:
    the last update. Then ``--split-steps`` steps with ``mx.nd.waitall()`` after backward, timed
    in two parts: forward+backward, and communication+update (``trainer.step`` to its end),
    nothing overlapping: which term a peer spends its step in.
+3. **The engine's exchange alone** (``--floor-steps`` F, dist_sync peers): F exchanges of the
+   same tensors with nothing else, timed each to ``mx.nd.waitall()``, in two layouts alternated
+   on the job's own store and servers (keys apart from the trainer's, :data:`FLOOR_KEYS`): bare
+   ``kv.pushpull`` (in place, backward order, priority −i, then ``waitall``) of one key per
+   trainable tensor (as Gluon issues them), of flat arrays the sizes of mxlarge's buckets, and
+   of the same number of floats in :func:`even_sizes` equal keys (each sliced evenly over the
+   servers: every server and link carries the same bytes). A dist_sync step contains an
+   exchange of these bytes, so the fastest layout's time bounds from below the step time of
+   any peer that exchanges them through these servers in one of these ways.
 
 One ``BENCH_RESULT`` line per rank: the check's outcome, and seconds per step of every block
 with the cores the process kept busy.
@@ -59,12 +68,19 @@ from typing import Any
 
 import mxnet as mx
 
-from benchmarks.common import emit_result, worker_main
+from benchmarks.common import KEY_STRIDE, emit_result, worker_main
 from benchmarks.models import build_net, synthetic_batches
+from benchmarks.pushpull_worker import BareKV
 
 #: The peers; how each is built: :func:`make_trainer` (described in ``benchmarks.peers``).
 PEERS = ("mxlarge", "gluon_kv", "gluon", "horovod")
 DRIFT_MARK = "PEERS_DRIFT "
+#: Key offsets of phase 3's two layouts: above a trainer's parameter keys (< KEY_STRIDE for
+#: nets of fewer tensors) and below mxlarge's statistic, bucket and collective keys (≥ 100,000).
+FLOOR_KEYS = {"per_tensor": KEY_STRIDE, "buckets": 2 * KEY_STRIDE, "even": 3 * KEY_STRIDE}
+#: MXNet slices a key over every server from this many elements (mxlarge.launcher.tuning sets
+#: ``MXNET_KVSTORE_BIGARRAY_BOUND``; MXNet's own default is 1,000,000).
+BIGARRAY_BOUND = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
 DRIFT_EXIT = 3
 
 
@@ -92,18 +108,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--expect-drift", action="store_true")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--blocks", type=int, default=3, help="timed blocks (0: check only)")
+    p.add_argument("--floor-steps", type=int, default=0,
+                   help="exchanges of the engine alone per layout (phase 3; dist_sync only)")
     p.add_argument("--split-steps", type=int, default=0,
                    help="then this many steps timed in two parts (profile of the terms)")
     return p.parse_args(argv)
 
 
 def make_trainer(peer: str, params: Any, opt: dict[str, float],
-                 naive: bool) -> tuple[Any, int, int, Callable[[int], int]]:
+                 naive: bool) -> tuple[Any, int, int, Callable[[int], int], Any]:
     """Builds ``peer``'s trainer over ``params``.
 
     Returns:
-        (trainer, rank, k workers, b(n)): ``trainer.step(b(n))`` applies the mean-gradient
-        update above for n images per worker (``naive``: Gluon's ``step(n)``).
+        (trainer, rank, k workers, b(n), the dist_sync store or None for Horovod):
+        ``trainer.step(b(n))`` applies the mean-gradient update above for n images per worker
+        (``naive``: Gluon's ``step(n)``).
     """
     if peer == "horovod":
         import horovod.mxnet as hvd
@@ -111,7 +130,8 @@ def make_trainer(peer: str, params: Any, opt: dict[str, float],
         hvd.init()
         hvd.broadcast_parameters(params, root_rank=0)
         # allreduce averages over the k ranks, step(n) rescales by 1/n: the global mean.
-        return hvd.DistributedTrainer(params, "sgd", opt), hvd.rank(), hvd.size(), lambda n: n
+        return (hvd.DistributedTrainer(params, "sgd", opt), hvd.rank(), hvd.size(),
+                lambda n: n, None)
     kv = mx.kv.create("dist_sync")
     k = kv.num_workers
     if peer == "mxlarge":
@@ -120,7 +140,7 @@ def make_trainer(peer: str, params: Any, opt: dict[str, float],
         # step(n) rescales the summed gradient by 1/(k·n) itself; decay_bn_bias=True decays
         # every tensor, as the peers' SGD does (Goyal's no-decay roles are not what they do).
         trainer = mxlarge.Trainer(params, "sgd", opt, kvstore=kv, decay_bn_bias=True)
-        return trainer, kv.rank, k, lambda n: n
+        return trainer, kv.rank, k, lambda n: n, kv
     # Servers sum the k pushes and Gluon rescales by 1/b: b = k·n gives the global mean.
     trainer = mx.gluon.Trainer(params, "sgd", opt, kvstore=kv,
                                update_on_kvstore=None if peer == "gluon_kv" else False)
@@ -131,7 +151,7 @@ def make_trainer(peer: str, params: Any, opt: dict[str, float],
         trainer._init_kvstore()
         trainer._init_params()
         mx.nd.waitall()
-    return trainer, kv.rank, k, (lambda n: n) if naive else (lambda n: k * n)
+    return trainer, kv.rank, k, (lambda n: n) if naive else (lambda n: k * n), kv
 
 
 def trainable(net: Any) -> list[Any]:
@@ -254,7 +274,10 @@ def work(opts: argparse.Namespace) -> None:
                     width=opts.width)
     params = net.collect_params()
     opt = {"learning_rate": opts.lr * opts.lr_scale, "momentum": opts.momentum, "wd": opts.wd}
-    trainer, rank, k, step_batch = make_trainer(opts.peer, params, opt, opts.naive)
+    if opts.floor_steps and opts.peer != "mxlarge":
+        raise SystemExit(f"--floor-steps: measured in mxlarge's launches (its buckets are one "
+                         f"layout), not with --peer {opts.peer}")
+    trainer, rank, k, step_batch, kv = make_trainer(opts.peer, params, opt, opts.naive)
     batches = synthetic_batches(4, opts.batch, opts.size, opts.classes, seed=rank,
                                 channels=opts.channels)
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
@@ -355,9 +378,40 @@ def work(opts: argparse.Namespace) -> None:
         cores.append((time.process_time() - c0) / wall)
         machine.append(os.cpu_count() * (b1 - b0) / max(j1 - j0, 1))
     split = [split_step(s) for s in range(opts.split_steps)]
+    floor = exchange_floor(kv, tensors, trainer.store.buckets, opts.floor_steps) \
+        if opts.floor_steps else {}
     emit_result({**result, "sec_per_step": secs, "cores_busy": cores, "machine_busy": machine,
                  "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
-                 "comm_update": [c for _, c in split]})
+                 "comm_update": [c for _, c in split], "floor": floor})
+
+
+def even_sizes(total: int, most: int = 64) -> list[tuple[int]]:
+    """``total`` floats as K ≤ ``most`` keys of equal size (the last takes the remainder), K as
+    large as keeps every key at :data:`BIGARRAY_BOUND` elements or more (at least 1)."""
+    k = max(1, min(most, total // BIGARRAY_BOUND))
+    return [(total // k + (total % k if j == k - 1 else 0),) for j in range(k)]
+
+
+def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any],
+                   steps: int) -> dict[str, list[float]]:
+    """Phase 3 (module docstring): layout → seconds of each of ``steps`` bare exchanges, the
+    layouts alternated exchange by exchange, every rank starting each one after a barrier."""
+    layouts = {"per_tensor": BareKV(kv, [p.shape for p in tensors], FLOOR_KEYS["per_tensor"]),
+               # reversed: the first layers' bucket last, at priority 0, as the tensors are
+               "buckets": BareKV(kv, [(b.size,) for b in reversed(buckets)],
+                                 FLOOR_KEYS["buckets"]),
+               "even": BareKV(kv, even_sizes(sum(p.data().size for p in tensors)),
+                              FLOOR_KEYS["even"])}
+    for bare in layouts.values():  # warm-up: the servers' buffers of the new keys
+        bare.push_pull()
+    out: dict[str, list[float]] = {name: [] for name in layouts}
+    for _ in range(steps):
+        for name, bare in layouts.items():
+            kv._barrier()
+            t0 = time.perf_counter()
+            bare.push_pull()
+            out[name].append(time.perf_counter() - t0)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,6 +114,7 @@ def render_timing(part: Mapping[str, Any], target: float) -> str:
                       "every launch's split steps):", "",
                       md_table(["peer", "forward+backward ms", "communication+update ms"],
                                split), ""]
+        lines += floor_lines(net, target)
         busy = [f"`{peer}` " + ", ".join(
                     f"{h} {median([r[h] for r in row['host_cores']]):.2f}"
                     for h in sorted(row["host_cores"][0]))
@@ -131,6 +132,32 @@ def render_timing(part: Mapping[str, Any], target: float) -> str:
         if net["findings"]:
             lines.append("")
     return "\n".join(lines)
+
+
+def floor_lines(net: Mapping[str, Any], target: float) -> list[str]:
+    """The engine's exchange alone (peer_worker phase 3) next to the target it bounds: a step
+    contains its exchange, so mxlarge's step time cannot go below the faster layout's median,
+    and the target step time is the best peer's median ÷ ``target``."""
+    floor = net.get("floor") or {}
+    if not floor:
+        return []
+    best = min(median(row["sec_per_step"]) for peer, row in net["peers"].items()
+               if peer != "mxlarge")
+    fastest = min(median(v) for v in floor.values())
+    verdict = ("below the engine's exchange floor: no step that exchanges these floats "
+               "through these servers reaches it" if best / target < fastest
+               else "above the engine's exchange floor")
+    cells = ", ".join(f"{LAYOUTS[k]} {1e3 * median(v):.1f} ms" for k, v in floor.items())
+    n = len(next(iter(floor.values())))
+    return [f"The engine's exchange alone, in mxlarge's launches (bare `kv.pushpull` of the "
+            f"same tensors on the same servers, nothing else; medians of {n} exchanges per "
+            f"layout): {cells}. Target step time (best peer ÷ {target:.3g}): "
+            f"{1e3 * best / target:.1f} ms, {verdict}.", ""]
+
+
+#: Phase 3's layouts (benchmarks.peer_worker.exchange_floor), for the report.
+LAYOUTS = {"per_tensor": "one key per tensor", "buckets": "one key per mxlarge bucket",
+           "even": "equal keys sliced over every server"}
 
 
 #: What the same-math check established about configuring each peer (rendered in peers.md).

@@ -171,6 +171,7 @@ class NetRun:
     fwd_bwd: dict[str, list[float]] = field(default_factory=dict)      # split steps, rank 0
     comm_update: dict[str, list[float]] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    floor: dict[str, list[float]] = field(default_factory=dict)  # layout → exchanges, rank 0
 
 
 def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *,
@@ -205,9 +206,10 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
                 steps = max(1, round(spec.steps * steps_scale))
                 out = PeerOutput(log)
                 _note(log, f"round {r + 1}/{rounds} {spec.key} {peer}")
+                floor = ["--floor-steps", str(steps)] if peer == "mxlarge" else []
                 launcher(peer, [*spec.worker_args(), *check, "--blocks", str(blocks),
                                 "--steps", str(steps), "--split-steps", str(steps),
-                                "--reference", str(ref),
+                                "--reference", str(ref), *floor,
                                 "--lr-scale", str(lr_scale.get(peer, 1.0))], out)
                 res = rank0(out.results)
                 run.hosts.setdefault(peer, [x["host"] for x in sorted(
@@ -222,6 +224,8 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
                 run.checks.setdefault(peer, []).append(res["check"])
                 run.fwd_bwd.setdefault(peer, []).extend(res["fwd_bwd"])
                 run.comm_update.setdefault(peer, []).extend(res["comm_update"])
+                for layout, secs in res.get("floor", {}).items():
+                    run.floor.setdefault(layout, []).extend(secs)
                 print(f"  {spec.key:9s} {peer:9s} round {r + 1}: "
                       f"{1e3 * run.sec[peer][-1]:8.1f} ms/step", flush=True)
     return runs
@@ -270,7 +274,7 @@ def summarise(runs: Sequence[NetRun], peers: Sequence[str], workers: int,
                           "comm_update": run.comm_update[peer],
                           "checks": run.checks.get(peer, [])}
         out[spec.key] = {"title": spec.title, "batch": spec.batch, "peers": rows,
-                         "findings": run.findings}
+                         "findings": run.findings, "floor": run.floor}
     return out
 
 

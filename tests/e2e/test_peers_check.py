@@ -59,3 +59,48 @@ def test_compare_is_allclose_and_measures_the_first_update() -> None:
     assert not got["agree"] and got["max_abs"] == pytest.approx(2e-5, rel=1e-2)
     assert got["update_ratio"] == pytest.approx(2.0)
     assert not compare({"w0_0": w0["w0_0"]}, w0, 1e-5, 1e-6)["agree"]  # a tensor missing
+
+
+def test_the_engine_floor_is_measured_in_mxlarge_launches(tmp_path: Path) -> None:
+    """Phase 3 on a real 2-worker job: every layout's bare exchanges are timed, in mxlarge's
+    launches only, and the report puts their medians next to the target step time."""
+    import json
+
+    out = tmp_path / "peers.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.peers", "--part", "loopback", "--nets", "demo",
+         "--peers", "mxlarge,gluon", "--rounds", "1", "--blocks", "1", "--check-steps", "1",
+         "--no-findings", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    net = json.loads(out.read_text())["loopback"]["nets"]["demo"]
+    steps = 5  # --quick: half of the demo net's 10 steps per block, one launch
+    assert set(net["floor"]) == {"per_tensor", "buckets", "even"}
+    assert all(len(v) == steps and min(v) > 0 for v in net["floor"].values()), net["floor"]
+    line = next(x for x in out.with_suffix(".md").read_text().splitlines()
+                if x.startswith("The engine's exchange alone"))
+    assert "one key per tensor" in line and "Target step time (best peer ÷ 1): " in line
+
+
+def test_even_sizes_keeps_every_float_and_every_key_sliced() -> None:
+    from benchmarks.peer_worker import BIGARRAY_BOUND, even_sizes
+
+    for total in (25_557_032, 3 * BIGARRAY_BOUND + 7, BIGARRAY_BOUND - 1, 10):
+        sizes = [s for (s,) in even_sizes(total)]
+        assert sum(sizes) == total and len(sizes) <= 64
+        assert len(sizes) == 1 or min(sizes) >= BIGARRAY_BOUND, sizes
+
+
+def test_floor_lines_say_whether_the_target_is_below_the_floor() -> None:
+    from benchmarks.peers import floor_lines
+
+    def net(floor_s: float) -> dict:
+        peers = {"mxlarge": {"sec_per_step": [1.3]}, "gluon": {"sec_per_step": [1.32, 1.2]},
+                 "horovod": {"sec_per_step": [1.5]}}
+        return {"peers": peers, "floor": {"per_tensor": [floor_s, 9.0, floor_s],
+                                          "buckets": [9.0]}}
+
+    # best peer 1.26 s (median of gluon's rounds) ÷ (1/0.95): 1197 ms
+    assert "1197.0 ms, below the engine's exchange floor" in floor_lines(net(1.2), 1 / 0.95)[0]
+    assert "above the engine's exchange floor" in floor_lines(net(1.1), 1 / 0.95)[0]
+    assert floor_lines({"peers": {}, "floor": {}}, 1.0) == []

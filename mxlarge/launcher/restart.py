@@ -162,8 +162,8 @@ class Elastic:
         hosts: the declared worker hosts, in launch order.
         probe: which of them answer.
         min_workers: the floor on worker processes.
-        others: the job's other hosts (its servers'), probed with the workers' ones; a worker
-            never runs there.
+        others: the job's other hosts (its servers'), probed with the workers' ones; only
+            ``hosts`` count towards the workers of a world.
     """
 
     declared: World

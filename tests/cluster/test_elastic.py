@@ -122,6 +122,7 @@ def test_a_host_cut_off_for_good_continues_on_the_rest_bitwise(testbed: Testbed,
     _the_run(work, 1400 // 32, 2)
 
 
+@pytest.mark.slow  # ~70 s on 2 shared cores: `-m "not slow"` leaves it out of a short tier
 @pytest.mark.timeout(240)
 def test_three_workers_lose_h2_and_finish_as_one_simulating_three(testbed: Testbed,
                                                                   work: Path) -> None:

@@ -104,8 +104,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --max-restarts: before each restart find the live worker hosts "
                          "and relaunch in a world of the same global batch (2 workers -> 1 "
                          "worker x 2 simulated workers), bitwise the same training; refused "
-                         "with the reason when none fits (local launches; see "
-                         "mxlarge/launcher/restart.py)")
+                         "with the reason when none fits (local and ssh launches: ssh probes "
+                         "every host with 'ssh host true'; see mxlarge/launcher/restart.py)")
     la.add_argument("--min-workers", type=int, default=None, metavar="M",
                     help="with --elastic: never fewer than M worker processes (default 1)")
     la.add_argument("--local-lost", default=None, metavar="FILE",

@@ -14,19 +14,23 @@ failed process's last lines of output as the artifact ``failure/<role>-<index>.l
 
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch; the run records each world as tags ``world_<attempt>`` (and
-``workers_lost``) and the metric ``world/workers`` at the step the attempt starts from.
+``workers_lost``) and the metric ``world/workers`` at the step the attempt starts from. An ssh
+job's restart after a host is lost runs from a hostfile of the answering hosts only
+(:func:`~mxlarge.launcher.restart.survivors_hostfile`).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
+from mxlarge.launcher.cluster import HostEntry
 from mxlarge.launcher.local import Outcome
 from mxlarge.launcher.restart import (
     Elastic,
@@ -35,12 +39,20 @@ from mxlarge.launcher.restart import (
     local_hosts,
     local_probe,
     run_with_restarts,
+    ssh_probe,
+    ssh_slots,
+    survivors_hostfile,
 )
 from mxlarge.plan import World
 
 
-def elastic_of(args: argparse.Namespace, world: World) -> Elastic | None:
-    """``--elastic``'s world keeper, or None; options that cannot apply are refused."""
+def elastic_of(args: argparse.Namespace, world: World, servers: int,
+               lines: list[HostEntry] | None) -> Elastic | None:
+    """``--elastic``'s world keeper, or None; options that cannot apply are refused.
+
+    ``lines`` are an ssh job's hostfile lines: its hosts are those of
+    :func:`~mxlarge.launcher.restart.ssh_slots`, probed over ssh; a local job's are its worker
+    processes, probed with ``--local-lost``."""
     if not args.elastic:
         for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):
             if value is not None:
@@ -49,12 +61,22 @@ def elastic_of(args: argparse.Namespace, world: World) -> Elastic | None:
     if args.max_restarts < 1:
         raise InputError("--elastic: expected --max-restarts N >= 1 (the world changes at a "
                          "restart)")
-    if args.launcher != "local":
-        raise InputError(f"--elastic with --launcher {args.launcher}: probing cluster hosts is "
-                         "not built yet; elastic restarts run on local launches")
+    if args.launcher not in ("local", "ssh"):
+        raise InputError(f"--elastic with --launcher {args.launcher}: probing {args.launcher} "
+                         "hosts is not built yet; elastic restarts run on local and ssh "
+                         "launches")
+    if args.launcher == "ssh" and args.local_lost is not None:
+        raise InputError("--local-lost: expected with --launcher local (an ssh job probes its "
+                         "hosts with ssh)")
+    min_workers = args.min_workers or 1
     try:
-        return Elastic(world, local_hosts(world.processes), local_probe(args.local_lost),
-                       args.min_workers or 1)
+        if lines is None:
+            return Elastic(world, local_hosts(world.processes), local_probe(args.local_lost),
+                           min_workers)
+        server_lines, worker_lines = ssh_slots(lines, servers, world.processes)
+        ports = {e.host: int(e.port) for e in lines if e.port}
+        return Elastic(world, [e.host for e in worker_lines], ssh_probe(ports), min_workers,
+                       others=[e.host for e in server_lines])
     except ValueError as exc:
         raise InputError(str(exc)) from None
 
@@ -97,15 +119,16 @@ def launch(args: argparse.Namespace) -> int:
     workers, servers = cfg.dist.workers, servers_of(cfg)
     # Fail on a job that cannot run (world, batch, model) before starting any process.
     plan = plan_for(cfg, args.config)
-    elastic = elastic_of(args, plan.world)
+    lines = None
+    if args.launcher in ("ssh", "mpi"):
+        try:
+            lines = launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    elastic = elastic_of(args, plan.world, servers, lines if args.launcher == "ssh" else None)
     from mxlarge.nets import build_net
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
-    if args.launcher in ("ssh", "mpi"):
-        try:
-            launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
     from mxlarge.launcher.firewall import FirewallError
     from mxlarge.launcher.job import firewall_refusal, run_attempt
     why = firewall_refusal(args.launcher, args.firewall)
@@ -166,17 +189,32 @@ def launch(args: argparse.Namespace) -> int:
                 cmd = [*cmd[:len(command)], *world_overrides(world), *cmd[len(command):]]
                 attempt_workers = world.processes
                 attempt_servers = cfg.dist.servers or world.processes
-                if not args.no_tuning:
+                if args.launcher == "local" and not args.no_tuning:
                     # CPU kernels reduce in an order that depends on the OpenMP team: every
                     # worker keeps the declared world's (tests/e2e/test_simulate.py)
                     from mxlarge.launcher.tuning import local_role_env
                     attempt_env = {**local_role_env("worker", workers, {**os.environ, **env}),
                                    **env}
             worlds.append(world)
-        done = run_attempt(args.launcher, cmd, workers=attempt_workers, servers=attempt_servers,
-                           env=attempt_env, stall_timeout=args.stall_timeout,
-                           tuning=not args.no_tuning, firewall=args.firewall, port=args.port,
-                           hostfile=args.hostfile)
+        hostfile = args.hostfile
+        if elastic is not None and lines is not None and elastic.lost:
+            # the answering hosts only, servers re-placed there (restart.survivors_hostfile)
+            text = survivors_hostfile(*ssh_slots(lines, servers, workers), elastic.answering,
+                                      attempt_servers, attempt_workers)
+            print(f"mxlarge: restart {number}: hosts " + ", ".join(text.split()) +
+                  f" ({attempt_servers} server(s) first; lost: {', '.join(elastic.lost)})",
+                  flush=True)
+            fd, hostfile = tempfile.mkstemp(prefix="mxlarge-hosts-")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        try:
+            done = run_attempt(args.launcher, cmd, workers=attempt_workers,
+                               servers=attempt_servers, env=attempt_env,
+                               stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
+                               firewall=args.firewall, port=args.port, hostfile=hostfile)
+        finally:
+            if hostfile != args.hostfile:
+                os.unlink(hostfile)
         result = done.cluster
         if result is None:
             return done.outcome

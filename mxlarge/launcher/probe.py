@@ -32,6 +32,13 @@ The probe (:func:`unreachable`)
     is not: that is how a stalled job names a partitioned host instead of suspecting "a
     server, the scheduler or the network".
 
+The ssh probe (:func:`ssh_silent`)
+    Whether ``ssh host true`` succeeds within a few seconds (:data:`SSH_PROBE_TIMEOUT`): the
+    host is up, its sshd lets the launcher in, and it can start a command. This is what an
+    ``--elastic`` ssh job asks of every host before each restart
+    (:func:`mxlarge.launcher.restart.ssh_probe`): a host that only answers a TCP connect but
+    cannot run the job's processes is no host for it.
+
 Importing this module does not import MXNet.
 """
 from __future__ import annotations
@@ -49,7 +56,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 TAG = "mxlarge-guard:"
@@ -58,6 +65,7 @@ LEASE_EVERY = 1.0
 LEASE_TIMEOUT = 10.0
 GRACE = 5.0
 PROBE_TIMEOUT = 2.0
+SSH_PROBE_TIMEOUT = 5.0
 
 _STARTED = re.compile(rf"^{TAG} started pid (?P<pid>\d+) on (?P<host>\S+)$")
 _KILLED = re.compile(rf"^{TAG} pid \d+ on \S+ killed by (?P<sig>SIG\w+)$")
@@ -226,22 +234,57 @@ def unreachable_hosts(hosts: Mapping[str, int], timeout: float = PROBE_TIMEOUT
                       ) -> dict[str, str]:
     """:func:`unreachable` for every host at once (threads): ``{host: why}`` of those that did
     not answer; takes at most ``timeout`` s (+ thread start)."""
+    return _each(hosts, lambda host, port: unreachable(host, port, timeout), timeout)
+
+
+def ssh_fails(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> str | None:
+    """``None`` if ``ssh -p port host true`` (the ``ssh`` on PATH, non-interactive: no password
+    prompt, no host-key question) exits 0 within ``timeout`` s, else why not."""
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+           "-o", f"ConnectTimeout={max(1, int(timeout))}", "-p", str(port), host, "true"]
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"ssh {host} true: no answer within {timeout:g} s"
+    except OSError as e:
+        return f"ssh {host} true: {e.strerror or e}"
+    if r.returncode == 0:
+        return None
+    said = r.stderr.strip().splitlines()
+    return f"ssh {host} true: status {r.returncode}" + (f" ({said[-1]})" if said else "")
+
+
+def ssh_silent(hosts: Mapping[str, int], timeout: float = SSH_PROBE_TIMEOUT) -> dict[str, str]:
+    """:func:`ssh_fails` for every host at once: ``{host: why}`` of those that did not let
+    ``ssh host true`` through; takes at most ``timeout`` s (+ thread start)."""
+    return _each(hosts, lambda host, port: ssh_fails(host, port, timeout), timeout)
+
+
+def _each(hosts: Mapping[str, int], fails: Callable[[str, int], str | None],
+          timeout: float) -> dict[str, str]:
+    """``fails(host, port)`` for every host in threads of its own; ``{host: why}`` of the
+    hosts it gave a reason for, or that had no verdict after ``timeout`` + 1 s."""
     found: dict[str, str] = {}
     lock = threading.Lock()
 
     def one(host: str, port: int) -> None:
-        why = unreachable(host, port, timeout)
+        why = fails(host, port)
         if why is not None:
             with lock:
                 found[host] = why
 
-    threads = [threading.Thread(target=one, args=item, daemon=True) for item in hosts.items()]
-    for t in threads:
+    threads = {host: threading.Thread(target=one, args=(host, port), daemon=True)
+               for host, port in hosts.items()}
+    for t in threads.values():
         t.start()
-    for t in threads:
-        t.join(timeout + 1)
+    deadline = time.monotonic() + timeout + 1
+    for t in threads.values():
+        t.join(max(0.0, deadline - time.monotonic()))
     with lock:
-        return dict(found)
+        late = {h: f"no verdict within {timeout + 1:g} s" for h, t in threads.items()
+                if t.is_alive() and h not in found}
+        return {**found, **late}
 
 
 def main(argv: list[str] | None = None) -> int:

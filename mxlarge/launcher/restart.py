@@ -20,20 +20,28 @@ declared hosts again, so a host that answers again brings its worker back. No wo
 live hosts than ``--min-workers``, or no factorisation): the job ends with the failure, as
 without ``--elastic``. A local job's hosts are its worker processes, ``worker-<i>``, and
 :func:`local_probe` takes as lost for good the names listed in a file (``--local-lost FILE``):
-how a test, or a user rehearsing, tells a local job that a machine is gone. A probe for ssh,
-mpi or Slurm hosts plugs in as another :data:`Probe`.
+how a test, or a user rehearsing, tells a local job that a machine is gone.
+
+An ssh job's hosts are its hostfile's, placed as dmlc places them (:func:`ssh_slots`: process i,
+the servers first, on line i mod L). Before each restart every host of the job, servers' too,
+is probed with ``ssh host true`` (:func:`ssh_probe`, a few seconds at most); the workers whose
+line's host answers are the live ones, and the attempt runs from a hostfile of answering hosts
+only (:func:`survivors_hostfile`): each live worker on its own line's host, the servers
+re-placed on the declared server hosts that answer (on the workers' hosts if none does).
+mpirun and Slurm jobs are not elastic (``mxlarge launch`` refuses it).
 
 Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mxlarge.launcher.cluster import ClusterOutcome
+from mxlarge.launcher.cluster import ClusterOutcome, HostEntry
 from mxlarge.launcher.local import Outcome
+from mxlarge.launcher.probe import ssh_silent
 from mxlarge.launcher.watchdog import STALL_EXIT
 from mxlarge.plan import World, WorldError, elastic_world
 
@@ -108,6 +116,43 @@ def local_probe(lost: str | Path | None) -> Probe:
     return probe
 
 
+def ssh_probe(ports: Mapping[str, int]) -> Probe:
+    """An ssh job's :data:`Probe`: the hosts (``{host: ssh port}``) that let ``ssh host true``
+    through within :data:`~mxlarge.launcher.probe.SSH_PROBE_TIMEOUT` s, all probed at once."""
+    def probe(hosts: Sequence[str]) -> list[str]:
+        silent = ssh_silent({h: ports.get(h, 22) for h in dict.fromkeys(hosts)})
+        return [h for h in hosts if h not in silent]
+    return probe
+
+
+def ssh_slots(lines: Sequence[HostEntry], servers: int, workers: int
+              ) -> tuple[list[HostEntry], list[HostEntry]]:
+    """Where dmlc's ssh backend puts a job: process i (servers first, then workers) on line
+    i mod L of the hostfile's L lines. Returns (each server's line, each worker's line)."""
+    n = len(lines)
+    return ([lines[i % n] for i in range(servers)],
+            [lines[(servers + i) % n] for i in range(workers)])
+
+
+def survivors_hostfile(server_lines: Sequence[HostEntry], worker_lines: Sequence[HostEntry],
+                       answering: Collection[str], servers: int, workers: int) -> str:
+    """The hostfile of an attempt with ``servers`` servers and ``workers`` workers on the
+    ``answering`` hosts only, as :func:`ssh_slots` lines of the declared job: one line per
+    process, the servers' first, so that dmlc puts process i on line i. The workers take the
+    first ``workers`` declared worker lines whose host answers (in order); the servers go
+    round-robin over the declared server lines that answer, or over the workers' if none does.
+
+    Raises:
+        ValueError: fewer answering worker lines than ``workers`` (the world does not fit).
+    """
+    live = [e for e in worker_lines if e.host in answering]
+    if len(live) < workers:
+        raise ValueError(f"{workers} worker(s) but {len(live)} answering worker line(s)")
+    homes = [e for e in server_lines if e.host in answering] or live[:workers]
+    chosen = [homes[i % len(homes)] for i in range(servers)] + live[:workers]
+    return "".join(f"{e.host}:{e.port}\n" if e.port else f"{e.host}\n" for e in chosen)
+
+
 @dataclass
 class Elastic:
     """The world of each attempt of an ``--elastic`` job (module docstring).
@@ -117,14 +162,18 @@ class Elastic:
         hosts: the declared worker hosts, in launch order.
         probe: which of them answer.
         min_workers: the floor on worker processes.
+        others: the job's other hosts (its servers'), probed with the workers' ones; only
+            ``hosts`` count towards the workers of a world.
     """
 
     declared: World
     hosts: list[str]
     probe: Probe
     min_workers: int = 1
+    others: list[str] = field(default_factory=list)
     world: World = field(init=False)   # the next attempt's
     live: list[str] = field(init=False)
+    answering: set[str] = field(init=False)  # every host that answered the last probe
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.declared.processes:
@@ -133,21 +182,23 @@ class Elastic:
         if len(self.hosts) != self.declared.processes:
             raise ValueError(f"{len(self.hosts)} host(s) for {self.declared.processes} workers")
         self.world, self.live = self.declared, list(self.hosts)
+        self.answering = set(self.hosts) | set(self.others)
 
     def replan(self) -> str | None:
         """Probes the hosts and sets :attr:`world`; returns why no world fits, else None."""
-        live = self.probe(self.hosts)
+        self.answering = set(self.probe(list(dict.fromkeys([*self.hosts, *self.others]))))
+        live = [h for h in self.hosts if h in self.answering]
         try:
             world = elastic_world(self.declared, len(live), self.min_workers)
         except WorldError as exc:
-            lost = [h for h in self.hosts if h not in live]
-            return f"{exc} (lost: {', '.join(lost) or 'none'})"
+            return f"{exc} (lost: {', '.join(self.lost) or 'none'})"
         self.world, self.live = world, live
         return None
 
     @property
     def lost(self) -> list[str]:
-        return [h for h in self.hosts if h not in self.live]
+        """The job's hosts (workers' and others') that did not answer the last probe."""
+        return [h for h in dict.fromkeys([*self.hosts, *self.others]) if h not in self.answering]
 
 
 def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,

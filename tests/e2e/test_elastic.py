@@ -126,8 +126,10 @@ def test_no_world_above_the_floor_ends_the_job_with_the_reason(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--elastic"], "--elastic: expected --max-restarts N >= 1"),
-    (["--max-restarts", "1", "--elastic", "--launcher", "ssh", "-H", "hosts"],
-     "--elastic with --launcher ssh: probing cluster hosts is not built yet"),
+    (["--max-restarts", "1", "--elastic", "--launcher", "mpi", "-H", "hosts"],
+     "--elastic with --launcher mpi: probing mpi hosts is not built yet"),
+    (["--max-restarts", "1", "--elastic", "--launcher", "ssh", "-H", "hosts", "--local-lost",
+      "lost"], "--local-lost: expected with --launcher local"),
     (["--min-workers", "1"], "--min-workers: expected together with --elastic"),
     (["--max-restarts", "1", "--elastic", "--min-workers", "3"],
      "--min-workers 3: expected 1 to 2 (the job's workers)"),

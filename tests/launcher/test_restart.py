@@ -1,7 +1,25 @@
 """The restart policy and loop with scripted attempts (no processes; real restarted jobs are
-tests/e2e/test_restart.py)."""
+tests/e2e/test_restart.py), and the parts of an elastic ssh job that need no testbed (the
+whole job: tests/cluster/test_elastic.py)."""
+import shutil
+import socket
+import time
+
+import pytest
+
+from mxlarge.launcher.cluster import HostEntry
 from mxlarge.launcher.local import Outcome
-from mxlarge.launcher.restart import Failure, RestartPolicy, run_with_restarts
+from mxlarge.launcher.probe import ssh_fails
+from mxlarge.launcher.restart import (
+    Elastic,
+    Failure,
+    RestartPolicy,
+    run_with_restarts,
+    ssh_probe,
+    ssh_slots,
+    survivors_hostfile,
+)
+from mxlarge.plan import World
 
 
 def test_policy_counts_restarts_and_spots_repeats():
@@ -58,3 +76,62 @@ def test_an_interrupted_launcher_is_never_restarted():
     stopped = Outcome(130, None, None, None, "interrupted", None)
     out = run_with_restarts(lambda n: calls.append(n) or stopped, RestartPolicy(3), print)
     assert out is stopped and calls == [0]
+
+
+# -- elastic ssh jobs: where dmlc puts them, the survivors' hostfile, the ssh probe ---------
+
+def _lines(*hosts: str) -> list[HostEntry]:
+    return [HostEntry(h.partition(":")[0], h.partition(":")[2] or None, None) for h in hosts]
+
+
+def test_ssh_slots_follow_dmlcs_round_robin_servers_first():
+    servers, workers = ssh_slots(_lines("a", "b", "b", "c"), 2, 2)
+    assert [e.host for e in servers] == ["a", "b"] and [e.host for e in workers] == ["b", "c"]
+    servers, workers = ssh_slots(_lines("a", "b"), 2, 2)  # line i mod 2
+    assert [e.host for e in servers] == ["a", "b"] and [e.host for e in workers] == ["a", "b"]
+
+
+def test_survivors_hostfile_puts_each_process_on_a_host_that_answered():
+    slots = ssh_slots(_lines("a", "b", "b", "c:2222"), 2, 2)
+    # worker host c lost: 2 servers on a, b; the one worker on its own line's host b
+    assert survivors_hostfile(*slots, {"a", "b"}, 2, 1) == "a\nb\nb\n"
+    # server host a lost: both servers re-placed on b; the workers keep b and c (its port too)
+    assert survivors_hostfile(*slots, {"b", "c"}, 2, 2) == "b\nb\nb\nc:2222\n"
+    # no server host answers: the servers go to the workers' hosts
+    only_c = ssh_slots(_lines("a", "b", "c"), 1, 2)
+    assert survivors_hostfile(*only_c, {"c"}, 1, 1) == "c\nc\n"
+    with pytest.raises(ValueError, match="2 worker.s. but 1 answering worker line"):
+        survivors_hostfile(*slots, {"a", "b"}, 2, 2)
+
+
+def test_elastic_probes_the_server_hosts_too_and_names_them_lost():
+    answering = {"a", "b", "c"}
+    asked: list[list[str]] = []
+
+    def probe(hosts):
+        asked.append(list(hosts))
+        return [h for h in hosts if h in answering]
+
+    e = Elastic(World(2, batch=8), ["b", "c"], probe, others=["a", "b"])
+    answering.discard("a")  # a server-only host: the workers' world stays
+    assert e.replan() is None and asked[-1] == ["b", "c", "a"]
+    assert e.world == World(2, batch=8) and e.lost == ["a"] and e.answering == {"b", "c"}
+    answering.discard("c")
+    assert e.replan() is None and e.world == World(1, simulated=2, batch=8)
+    assert e.lost == ["c", "a"]
+    answering |= {"a", "c"}  # both answer again: the declared world
+    assert e.replan() is None and e.world == World(2, batch=8) and e.lost == []
+
+
+def test_ssh_probe_takes_a_host_whose_ssh_fails_as_lost():
+    """A real ``ssh -p PORT 127.0.0.1 true`` to a port nothing listens on: refused at once."""
+    if shutil.which("ssh") is None:
+        pytest.skip("no ssh client")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    why = ssh_fails("127.0.0.1", port, timeout=3)
+    assert why is not None and why.startswith("ssh 127.0.0.1 true: status 255"), why
+    assert ssh_probe({"127.0.0.1": port})(["127.0.0.1", "127.0.0.1"]) == []
+    assert time.monotonic() - started < 6

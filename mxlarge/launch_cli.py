@@ -27,7 +27,7 @@ from typing import Any
 
 from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
-from mxlarge.launcher.local import Outcome
+from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.restart import (
     Elastic,
     Failure,
@@ -173,20 +173,12 @@ def launch(args: argparse.Namespace) -> int:
                     attempt_env = {**local_role_env("worker", workers, {**os.environ, **env}),
                                    **env}
             worlds.append(world)
-        done = run_attempt(args.launcher, cmd, workers=attempt_workers, servers=attempt_servers,
-                           env=attempt_env, stall_timeout=args.stall_timeout,
-                           tuning=not args.no_tuning, firewall=args.firewall, port=args.port,
-                           hostfile=args.hostfile)
-        result = done.cluster
-        if result is None:
-            return done.outcome
-        hosts[:] = result.hosts
-        for key in ("failed_role", "failed_rank", "failed_host"):  # this attempt's only
-            end_tags.pop(key, None)
-        if result.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM came first
-            end_tags.update(failed_role=result.failed_role, failed_rank=str(result.failed_rank),
-                            failed_host=str(result.failed_host))
-        return done.outcome
+        outcome = run_attempt(args.launcher, cmd, workers=attempt_workers,
+                              servers=attempt_servers, env=attempt_env,
+                              stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
+                              firewall=args.firewall, port=args.port, hostfile=args.hostfile)
+        hosts[:] = outcome.hosts
+        return outcome
 
     def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
         if run is None:
@@ -214,14 +206,14 @@ def launch(args: argparse.Namespace) -> int:
             end_tags["hosts"] = ",".join(hosts)
         if not ok:
             end_tags["failure"] = outcome.message
-            if outcome.failed_role is not None:
+            if outcome.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM
                 end_tags.update(failed_role=outcome.failed_role,
                                 failed_rank=str(outcome.failed_rank))
             for key, value in (("failed_step", outcome.step), ("failed_host", outcome.failed_host),
                                ("failed_kvstore_rank", outcome.failed_kvstore_rank)):
                 if value is not None:
                     end_tags[key] = str(value)
-            if run is not None and outcome.failed_role is not None:
+            if run is not None and outcome.reason is not None and outcome.failed_role is not None:
                 head = (f"# {outcome.message}; its last {len(outcome.failed_output)} line(s) of "
                         "output:")
                 run.log_text("\n".join([head, *outcome.failed_output]) + "\n",

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_attempt(a.launcher, command, workers=a.workers, servers=servers, env=env,
                            stall_timeout=a.stall_timeout, tuning=not a.no_tuning,
                            firewall=a.firewall, port=a.port, hostfile=a.hostfile,
-                           host_ip=a.host_ip, grace=a.grace).outcome
+                           host_ip=a.host_ip, grace=a.grace)
 
     try:
         return run_with_restarts(attempt, RestartPolicy(a.max_restarts),

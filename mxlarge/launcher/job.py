@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, ClusterOutcome, cluster_run
+from mxlarge.launcher._supervise import Outcome
+from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_run
 from mxlarge.launcher.firewall import local_refusal, refusal
-from mxlarge.launcher.local import Outcome, run_local
-from mxlarge.launcher.restart import cluster_outcome
+from mxlarge.launcher.local import run_local
 
 BACKENDS = ("local", *SUPPORTED)
 
@@ -40,31 +39,21 @@ def firewall_refusal(launcher: str, mode: str) -> str | None:
     return refusal(launcher) or local_refusal()
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One attempt's result: the :class:`Outcome` the restart policy reads and, for a cluster
-    backend, that backend's own result (the hosts it ran on, a failure of the launcher itself)."""
-
-    outcome: Outcome
-    cluster: ClusterOutcome | None = None
-
-
 def run_attempt(launcher: str, command: Sequence[str], *, workers: int, servers: int,
                 env: Mapping[str, str], stall_timeout: float | None, tuning: bool,
                 firewall: str, port: int | None = None, hostfile: str | None = None,
-                host_ip: str | None = None, grace: float = 10.0) -> Attempt:
+                host_ip: str | None = None, grace: float = 10.0) -> Outcome:
     """Runs ``command`` once as a dist_sync job of ``workers`` workers and ``servers`` servers
     on backend ``launcher`` (:data:`BACKENDS`), supervised until it ends.
 
     ``port`` is the local backend's scheduler port; ``hostfile`` and ``host_ip`` (dmlc's
     ``--host-ip``) are the cluster backends'; ``firewall`` applies to cluster backends only.
+    Both kinds of backend print the outcome's line themselves.
     """
     if launcher == "local":
-        # run_local prints the outcome's line itself
-        return Attempt(run_local(command, workers=workers, servers=servers, port=port, env=env,
-                                 grace=grace, stall_timeout=stall_timeout, tuning=tuning))
+        return run_local(command, workers=workers, servers=servers, port=port, env=env,
+                         grace=grace, stall_timeout=stall_timeout, tuning=tuning)
     extra: dict[str, Any] = {"host_ip": host_ip} if host_ip else {}
-    result = cluster_run(launcher, command, workers=workers, servers=servers, hostfile=hostfile,
-                         env=env, extra=extra, grace=grace, stall_timeout=stall_timeout,
-                         tuning=tuning, firewall=firewall)
-    return Attempt(cluster_outcome(result), result)
+    return cluster_run(launcher, command, workers=workers, servers=servers, hostfile=hostfile,
+                       env=env, extra=extra, grace=grace, stall_timeout=stall_timeout,
+                       tuning=tuning, firewall=firewall)

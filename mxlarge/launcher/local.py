@@ -29,20 +29,21 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import IO, Any
 
 from mxlarge.launcher._supervise import (
     POLL_INTERVAL,
+    Outcome,
     Supervisor,
     check_job,
     exit_code_for,
     failure_message,
+    stall_outcome,
     termination_signals,
 )
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import local_role_env
-from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
+from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -64,40 +65,6 @@ JOIN_GRACE = 3.0
 
 class PortInUseError(OSError):
     """The scheduler port requested for a local job is already taken."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a local job ended.
-
-    Attributes:
-        exit_code: 0 on success; the failed process's exit code; 128 + n for a signal n (also
-            when the launcher itself was interrupted by signal n).
-        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"`` of the first process seen to
-            fail, ``None`` on success or when the launcher was interrupted.
-        failed_rank: launch index of that process within its role (not its kvstore rank).
-        failed_status: its Popen-style return code: exit status, or ``-n`` for signal n.
-        message: one human-readable line, e.g. ``"worker 1 exited with signal 9 (SIGKILL)"``.
-        reason: ``"crashed"`` (a process failed) or ``"stalled"`` (the stall watchdog stopped
-            the job); ``None`` on success or when the launcher was interrupted.
-        step: on failure, the last step the failed worker (a crash), or every worker (a
-            stall or a server crash), had completed, as far as the heartbeats tell.
-        failed_kvstore_rank: the failed (or first stalled) worker's kvstore rank, from its
-            heartbeat; ``None`` for a server or scheduler, or before its first report.
-        failed_host: where that process ran.
-        failed_output: its last lines of output (``Child.tail``).
-    """
-
-    exit_code: int
-    failed_role: str | None
-    failed_rank: int | None
-    failed_status: int | None
-    message: str
-    reason: str | None = None
-    step: int | None = None
-    failed_kvstore_rank: int | None = None
-    failed_host: str | None = None
-    failed_output: tuple[str, ...] = ()
 
 
 def free_port() -> int:
@@ -263,22 +230,6 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
             shutil.rmtree(watchdog.directory, ignore_errors=True)
 
 
-def _stalled(sup: Supervisor, watchdog: Watchdog | None) -> Outcome | None:
-    """The watchdog's verdict while training runs (once a worker has ended, it has ended)."""
-    if watchdog is None or any(c.status is not None for c in sup.children if c.role == "worker"):
-        return None
-    stall = watchdog.check()
-    if stall is None:
-        return None
-    pids = {watchdog.seen[r].record.pid for r in stall.behind}
-    child = next((c for c in sup.children if c.role == "worker" and c.pid in pids), None)
-    record = watchdog.record_of_pid(child.pid) if child else None
-    return Outcome(STALL_EXIT, "worker" if child else None, child.index if child else None,
-                   None, stall.message, "stalled", stall.step,
-                   record.rank if record else None, record.host if record else None,
-                   tuple(child.tail) if child else ())
-
-
 def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
                shutdown_timeout: float, watchdog: Watchdog | None) -> Outcome:
     workers_done_at: float | None = None
@@ -299,8 +250,9 @@ def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
             return Outcome(exit_code_for(failed.status), failed.role, failed.index,
                            failed.status, failure_message(failed), "crashed", step,
                            record.rank if record else None,
-                           record.host if record else socket.gethostname(), tuple(failed.tail))
-        stalled = _stalled(sup, watchdog)
+                           record.host if record else socket.gethostname(), tuple(failed.tail),
+                           failed.index)
+        stalled = stall_outcome(watchdog, sup.children)
         if stalled is not None:
             return stalled
         if sup.all_exited("worker"):

@@ -8,8 +8,9 @@ without reaping it. A group leader that is a zombie keeps its pid, and hence its
 id, reserved, so ``killpg`` can never hit an unrelated process that happens to reuse the pid.
 Leaders are reaped only at the very end, in :meth:`Supervisor.close`.
 
-Every backend reports how its job ended as one :class:`Outcome`, and judges a stall with one
-rule (:func:`stall_outcome`).
+Every backend runs the one supervision loop (:func:`supervise`) over what it tells the loop (a
+:class:`Backend`), reports how its job ended as one :class:`Outcome`, and judges a stall with
+one rule (:func:`stall_outcome`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -422,6 +423,63 @@ class Supervisor:
         for child in self.children:
             child.join_pump(timeout=_KILL_WAIT)
         self._closed = True
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one backend tells the supervision loop (:func:`supervise`): the loop decides when
+    to ask, the backend what the answer is.
+
+    Attributes:
+        explain: the first child seen to fail → the outcome naming the process behind it (the
+            child itself on loopback; for ssh, mpirun and srun the remote process they report).
+        terminated: the launcher received signal n → the outcome of the torn-down job.
+        ending: whether the job is winding down, so that training can no longer fail it (local:
+            every worker exited; cluster: dmlc's ``submit`` returned).
+        ended: asked at each poll while ending, with the seconds since it began: the outcome
+            once the job is over (every process exited, or the rest overran their time), else
+            ``None``.
+    """
+
+    explain: Callable[[Child], Outcome]
+    terminated: Callable[[int], Outcome]
+    ending: Callable[[], bool]
+    ended: Callable[[float], Outcome | None]
+
+
+def supervise(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
+              stop: threading.Event, received: Sequence[int], *,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> Outcome:
+    """The one supervision loop of every backend: poll the children every
+    :data:`POLL_INTERVAL` until the job has an outcome.
+
+    At each poll, in this order (the first that applies ends the loop): the launcher was
+    signalled (``stop``; ``received[0]`` names the signal, SIGTERM if none) →
+    ``backend.terminated``; a child failed (the first seen, :meth:`Supervisor.first_failure`)
+    → ``backend.explain``; the watchdog sees a stall (:func:`stall_outcome`); the job is
+    ending and ``backend.ended(seconds since it began ending)`` has the outcome. Nothing is torn
+    down here: the caller tears down after the outcome's line is out.
+    """
+    ending_since: float | None = None
+    while True:
+        if stop.is_set():
+            return backend.terminated(received[0] if received else signal.SIGTERM)
+        sup.poll()
+        failed = sup.first_failure()
+        if failed is not None:
+            return backend.explain(failed)
+        stalled = stall_outcome(watchdog, sup.children)
+        if stalled is not None:
+            return stalled
+        if backend.ending():
+            now = clock()
+            if ending_since is None:
+                ending_since = now
+            done = backend.ended(now - ending_since)
+            if done is not None:
+                return done
+        sleep(POLL_INTERVAL)
 
 
 @contextlib.contextmanager

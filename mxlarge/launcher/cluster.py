@@ -70,7 +70,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,7 +77,7 @@ from types import ModuleType
 from typing import IO, Any
 
 from mxlarge.launcher._supervise import (
-    POLL_INTERVAL,
+    Backend,
     Child,
     LineSink,
     Outcome,
@@ -86,7 +85,7 @@ from mxlarge.launcher._supervise import (
     check_job,
     exit_code_for,
     failure_message,
-    stall_outcome,
+    supervise,
     termination_signals,
 )
 from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
@@ -751,8 +750,9 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
         with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
                 scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
             thread.start()
-            outcome = _watch(sup, thread, errors, stop, received, shutdown_timeout, watchdog,
-                             explain)
+            outcome = supervise(sup, _backend(launcher, sup, thread, errors, stop, received,
+                                              shutdown_timeout, explain), watchdog, stop,
+                                received)
             if outcome.message:
                 bad = outcome.exit_code != 0 and not stop.is_set()
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job" if bad
@@ -889,43 +889,38 @@ def _address(host: str) -> str | None:
 _TERMINATION_WAIT = 1.0
 
 
-def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],
-           stop: threading.Event, received: list[int], shutdown_timeout: float,
-           watchdog: Watchdog | None, explain: _Explainer) -> Outcome:
-    done_at: float | None = None
-    while True:
-        if stop.is_set():
-            return _terminated(received, explain.host_ip)
-        sup.poll()
-        child = sup.first_failure()
-        if child is not None:
-            if explain.launcher == "slurm":
-                if stop.wait(_TERMINATION_WAIT):
-                    return _terminated(received, explain.host_ip)
-                ending = _allocation_ending()
-                if ending is not None:
-                    return _failed(128 + signal.SIGTERM, f"{ending}; job torn down", "launcher",
-                                   0, None, explain.host_ip, -signal.SIGTERM)
-            return explain(child)
-        stalled = stall_outcome(watchdog, sup.children)
-        if stalled is not None:
-            return stalled
-        if not thread.is_alive():
-            if errors:
-                return _TRACKER_FAILED
-            if not sup.children:
-                return Outcome(1, None, None, None, "dmlc_tracker started no process")
-            if sup.all_exited():
-                return Outcome(0, None, None, None,
-                               f"job finished: all {len(sup.children)} processes exited 0")
-            now = time.monotonic()
-            if done_at is None:
-                done_at = now
-            elif now - done_at > shutdown_timeout:
-                hung = ", ".join(c.label for c in sup.children if c.status is None)
-                return Outcome(1, None, None, None, f"{hung} still running "
-                               f"{shutdown_timeout:g} s after the scheduler exited")
-        time.sleep(POLL_INTERVAL)
+def _backend(launcher: str, sup: Supervisor, thread: threading.Thread,
+             errors: list[BaseException], stop: threading.Event, received: list[int],
+             shutdown_timeout: float, explain: _Explainer) -> Backend:
+    """What the supervision loop needs to know of a job dmlc_tracker runs in ``thread``."""
+
+    def explain_failure(child: Child) -> Outcome:
+        if launcher == "slurm":
+            if stop.wait(_TERMINATION_WAIT):
+                return _terminated(received[0] if received else signal.SIGTERM,
+                                   explain.host_ip)
+            ending = _allocation_ending()
+            if ending is not None:
+                return _failed(128 + signal.SIGTERM, f"{ending}; job torn down", "launcher", 0,
+                               None, explain.host_ip, -signal.SIGTERM)
+        return explain(child)
+
+    def ended(seconds: float) -> Outcome | None:
+        if errors:
+            return _TRACKER_FAILED
+        if not sup.children:
+            return Outcome(1, None, None, None, "dmlc_tracker started no process")
+        if sup.all_exited():
+            return Outcome(0, None, None, None,
+                           f"job finished: all {len(sup.children)} processes exited 0")
+        if seconds > shutdown_timeout:
+            hung = ", ".join(c.label for c in sup.children if c.status is None)
+            return Outcome(1, None, None, None, f"{hung} still running "
+                           f"{shutdown_timeout:g} s after the scheduler exited")
+        return None
+
+    return Backend(explain_failure, lambda sig: _terminated(sig, explain.host_ip),
+                   lambda: not thread.is_alive(), ended)
 
 
 def _allocation_ending() -> str | None:
@@ -947,7 +942,6 @@ def _allocation_ending() -> str | None:
             "or its allocation revoked")
 
 
-def _terminated(received: list[int], host_ip: str) -> Outcome:
-    sig = received[0] if received else signal.SIGTERM
+def _terminated(sig: int, host_ip: str) -> Outcome:
     return _failed(128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down",
                    "launcher", 0, None, host_ip, -sig)

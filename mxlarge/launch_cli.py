@@ -19,6 +19,7 @@ world of the same global batch; the run records each world as tags ``world_<atte
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -107,7 +108,7 @@ def launch(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise InputError(str(exc)) from None
     from mxlarge.launcher.firewall import FirewallError
-    from mxlarge.launcher.job import firewall_refusal, run_attempt
+    from mxlarge.launcher.job import JobSpec, firewall_refusal, run_job
     why = firewall_refusal(args.launcher, args.firewall)
     if why:  # before any run is created or process started
         raise InputError(f"--firewall on: {why}")
@@ -118,6 +119,12 @@ def launch(args: argparse.Namespace) -> int:
             raise InputError(str(exc)) from None
     command = [sys.executable, "-m", "mxlarge.cli", "train",
                str(Path(args.config).resolve()), *overrides]
+    try:  # the job as data, before any run is created or process started
+        spec = JobSpec(args.launcher, command, workers, servers,
+                       stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
+                       firewall=args.firewall, port=args.port, hostfile=args.hostfile)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     meta = path = None
     if args.resume is not None:
         from mxlarge import checkpoint
@@ -125,7 +132,6 @@ def launch(args: argparse.Namespace) -> int:
         path = checkpoint.resolve(args.resume, checkpoint_root(cfg)).resolve()
         meta = checkpoint.read_meta(path)
         checkpoint.check_world(path, meta, plan.world)
-    env: dict[str, str] = {}
     from mxlarge import tracking
     # the job's run, decided here once; the workers get its id as a value on their command
     # line (remote processes cannot be handed a Python object)
@@ -134,8 +140,8 @@ def launch(args: argparse.Namespace) -> int:
     run = opened.run if opened is not None else None
     if run is not None:
         run.tag({"launcher": args.launcher, "servers": servers})
-        command += ["--run-id", run.run_id]
-        env["MLFLOW_TRACKING_URI"] = run.uri
+        spec = dataclasses.replace(spec, command=(*spec.command, "--run-id", run.run_id),
+                                   env={"MLFLOW_TRACKING_URI": run.uri})
         print(f"mxlarge: MLflow run {run.run_id} in {run.uri}", flush=True)
     print(f"mxlarge: job: {plan.world.describe()}, peak LR {plan.peak_lr:.6g}, "
           f"{plan.total_steps} steps", flush=True)
@@ -154,8 +160,8 @@ def launch(args: argparse.Namespace) -> int:
             resume = checkpoint.find_latest(checkpoint_root(cfg), since=started) or path
             print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
                   "from the start (no checkpoint yet)"), flush=True)
-        cmd = command if resume is None else [*command, "--resume", str(resume)]
-        attempt_env, attempt_workers, attempt_servers = env, workers, servers
+        cmd = spec.command if resume is None else (*spec.command, "--resume", str(resume))
+        job = dataclasses.replace(spec, command=cmd)
         if elastic is not None:
             world = elastic.world
             if number == 0 or world != worlds[-1]:
@@ -163,20 +169,19 @@ def launch(args: argparse.Namespace) -> int:
             if world != plan.world:
                 print(f"mxlarge: restart {number}: world {world.describe()} (lost: "
                       f"{', '.join(elastic.lost)})", flush=True)
-                cmd = [*cmd[:len(command)], *world_overrides(world), *cmd[len(command):]]
-                attempt_workers = world.processes
-                attempt_servers = cfg.dist.servers or world.processes
+                n = len(spec.command)
+                job = dataclasses.replace(
+                    job, command=(*cmd[:n], *world_overrides(world), *cmd[n:]),
+                    workers=world.processes, servers=cfg.dist.servers or world.processes)
                 if not args.no_tuning:
                     # CPU kernels reduce in an order that depends on the OpenMP team: every
                     # worker keeps the declared world's (tests/e2e/test_simulate.py)
                     from mxlarge.launcher.tuning import local_role_env
-                    attempt_env = {**local_role_env("worker", workers, {**os.environ, **env}),
-                                   **env}
+                    job = dataclasses.replace(job, env={
+                        **local_role_env("worker", workers, {**os.environ, **spec.env}),
+                        **spec.env})
             worlds.append(world)
-        outcome = run_attempt(args.launcher, cmd, workers=attempt_workers,
-                              servers=attempt_servers, env=attempt_env,
-                              stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
-                              firewall=args.firewall, port=args.port, hostfile=args.hostfile)
+        outcome = run_job(job)
         hosts[:] = outcome.hosts
         return outcome
 

@@ -415,6 +415,10 @@ class Supervisor:
         if self._lease is not None:
             self._lease.close()
         for child in self.children:
+            # a lease pipe whose guard never started was never leased: closed here, not by GC
+            if child.popen.stdin is not None:
+                with contextlib.suppress(OSError):
+                    child.popen.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.popen.wait(timeout=_KILL_WAIT)
             child.check()

@@ -240,3 +240,13 @@ def test_a_local_job_ends_when_every_process_did_or_names_what_overran():
     server.status = 0
     assert ended(0.0).message == ("job finished: 1 worker(s), 1 server(s) and the scheduler "
                                   "exited 0")
+
+
+def test_close_closes_the_lease_pipe_of_a_child_whose_guard_never_started():
+    """An ssh child that fails before its guard starts gets no lease, so its stdin pipe is the
+    supervisor's to close (else a ResourceWarning at some later garbage collection)."""
+    sup = Supervisor(io.StringIO())
+    child = sup.spawn("worker", 0, ["true"], lease=True)
+    child.wait_exit()
+    sup.close(grace=1.0)
+    assert child.popen.stdin is not None and child.popen.stdin.closed

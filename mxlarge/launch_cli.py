@@ -21,6 +21,7 @@ job's restart after a host is lost runs from a hostfile of the answering hosts o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -30,8 +31,8 @@ from typing import Any
 
 from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
+from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.cluster import HostEntry
-from mxlarge.launcher.local import Outcome
 from mxlarge.launcher.restart import (
     Elastic,
     Failure,
@@ -130,7 +131,7 @@ def launch(args: argparse.Namespace) -> int:
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
     from mxlarge.launcher.firewall import FirewallError
-    from mxlarge.launcher.job import firewall_refusal, run_attempt
+    from mxlarge.launcher.job import JobSpec, firewall_refusal, run_job
     why = firewall_refusal(args.launcher, args.firewall)
     if why:  # before any run is created or process started
         raise InputError(f"--firewall on: {why}")
@@ -141,6 +142,12 @@ def launch(args: argparse.Namespace) -> int:
             raise InputError(str(exc)) from None
     command = [sys.executable, "-m", "mxlarge.cli", "train",
                str(Path(args.config).resolve()), *overrides]
+    try:  # the job as data, before any run is created or process started
+        spec = JobSpec(args.launcher, command, workers, servers,
+                       stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
+                       firewall=args.firewall, port=args.port, hostfile=args.hostfile)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     meta = path = None
     if args.resume is not None:
         from mxlarge import checkpoint
@@ -148,7 +155,6 @@ def launch(args: argparse.Namespace) -> int:
         path = checkpoint.resolve(args.resume, checkpoint_root(cfg)).resolve()
         meta = checkpoint.read_meta(path)
         checkpoint.check_world(path, meta, plan.world)
-    env: dict[str, str] = {}
     from mxlarge import tracking
     # the job's run, decided here once; the workers get its id as a value on their command
     # line (remote processes cannot be handed a Python object)
@@ -157,8 +163,8 @@ def launch(args: argparse.Namespace) -> int:
     run = opened.run if opened is not None else None
     if run is not None:
         run.tag({"launcher": args.launcher, "servers": servers})
-        command += ["--run-id", run.run_id]
-        env["MLFLOW_TRACKING_URI"] = run.uri
+        spec = dataclasses.replace(spec, command=(*spec.command, "--run-id", run.run_id),
+                                   env={"MLFLOW_TRACKING_URI": run.uri})
         print(f"mxlarge: MLflow run {run.run_id} in {run.uri}", flush=True)
     print(f"mxlarge: job: {plan.world.describe()}, peak LR {plan.peak_lr:.6g}, "
           f"{plan.total_steps} steps", flush=True)
@@ -177,8 +183,8 @@ def launch(args: argparse.Namespace) -> int:
             resume = checkpoint.find_latest(checkpoint_root(cfg), since=started) or path
             print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
                   "from the start (no checkpoint yet)"), flush=True)
-        cmd = command if resume is None else [*command, "--resume", str(resume)]
-        attempt_env, attempt_workers, attempt_servers = env, workers, servers
+        cmd = spec.command if resume is None else (*spec.command, "--resume", str(resume))
+        job = dataclasses.replace(spec, command=cmd)
         if elastic is not None:
             world = elastic.world
             if number == 0 or world != worlds[-1]:
@@ -186,45 +192,36 @@ def launch(args: argparse.Namespace) -> int:
             if world != plan.world:
                 print(f"mxlarge: restart {number}: world {world.describe()} (lost: "
                       f"{', '.join(elastic.lost)})", flush=True)
-                cmd = [*cmd[:len(command)], *world_overrides(world), *cmd[len(command):]]
-                attempt_workers = world.processes
-                attempt_servers = cfg.dist.servers or world.processes
+                n = len(spec.command)
+                job = dataclasses.replace(
+                    job, command=(*cmd[:n], *world_overrides(world), *cmd[n:]),
+                    workers=world.processes, servers=cfg.dist.servers or world.processes)
                 if args.launcher == "local" and not args.no_tuning:
                     # CPU kernels reduce in an order that depends on the OpenMP team: every
                     # worker keeps the declared world's (tests/e2e/test_simulate.py)
                     from mxlarge.launcher.tuning import local_role_env
-                    attempt_env = {**local_role_env("worker", workers, {**os.environ, **env}),
-                                   **env}
+                    job = dataclasses.replace(job, env={
+                        **local_role_env("worker", workers, {**os.environ, **spec.env}),
+                        **spec.env})
             worlds.append(world)
-        hostfile = args.hostfile
+        hostfile = spec.hostfile
         if elastic is not None and lines is not None and elastic.lost:
             # the answering hosts only, servers re-placed there (restart.survivors_hostfile)
             text = survivors_hostfile(*ssh_slots(lines, servers, workers), elastic.answering,
-                                      attempt_servers, attempt_workers)
+                                      job.servers, job.workers)
             print(f"mxlarge: restart {number}: hosts " + ", ".join(text.split()) +
-                  f" ({attempt_servers} server(s) first; lost: {', '.join(elastic.lost)})",
+                  f" ({job.servers} server(s) first; lost: {', '.join(elastic.lost)})",
                   flush=True)
             fd, hostfile = tempfile.mkstemp(prefix="mxlarge-hosts-")
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         try:
-            done = run_attempt(args.launcher, cmd, workers=attempt_workers,
-                               servers=attempt_servers, env=attempt_env,
-                               stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
-                               firewall=args.firewall, port=args.port, hostfile=hostfile)
+            outcome = run_job(dataclasses.replace(job, hostfile=hostfile))
         finally:
-            if hostfile != args.hostfile:
+            if hostfile != spec.hostfile:
                 os.unlink(hostfile)
-        result = done.cluster
-        if result is None:
-            return done.outcome
-        hosts[:] = result.hosts
-        for key in ("failed_role", "failed_rank", "failed_host"):  # this attempt's only
-            end_tags.pop(key, None)
-        if result.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM came first
-            end_tags.update(failed_role=result.failed_role, failed_rank=str(result.failed_rank),
-                            failed_host=str(result.failed_host))
-        return done.outcome
+        hosts[:] = outcome.hosts
+        return outcome
 
     def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
         if run is None:
@@ -252,14 +249,14 @@ def launch(args: argparse.Namespace) -> int:
             end_tags["hosts"] = ",".join(hosts)
         if not ok:
             end_tags["failure"] = outcome.message
-            if outcome.failed_role is not None:
+            if outcome.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM
                 end_tags.update(failed_role=outcome.failed_role,
                                 failed_rank=str(outcome.failed_rank))
             for key, value in (("failed_step", outcome.step), ("failed_host", outcome.failed_host),
                                ("failed_kvstore_rank", outcome.failed_kvstore_rank)):
                 if value is not None:
                     end_tags[key] = str(value)
-            if run is not None and outcome.failed_role is not None:
+            if run is not None and outcome.reason is not None and outcome.failed_role is not None:
                 head = (f"# {outcome.message}; its last {len(outcome.failed_output)} line(s) of "
                         "output:")
                 run.log_text("\n".join([head, *outcome.failed_output]) + "\n",

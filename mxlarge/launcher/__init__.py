@@ -13,7 +13,6 @@ package does not import MXNet.
 from mxlarge.launcher.cluster import (
     SUPPORTED,
     UNSUPPORTED,
-    ClusterOutcome,
     cluster_run,
     cluster_submit,
     forwarded_env,
@@ -24,7 +23,6 @@ from mxlarge.launcher.local import Outcome, PortInUseError, free_port, run_local
 __all__ = [
     "SUPPORTED",
     "UNSUPPORTED",
-    "ClusterOutcome",
     "Outcome",
     "PortInUseError",
     "cluster_run",

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.firewall import MODES, FirewallError
-from mxlarge.launcher.job import BACKENDS, firewall_refusal, launcher_choice, run_attempt
-from mxlarge.launcher.local import Outcome, PortInUseError
+from mxlarge.launcher.job import BACKENDS, JobSpec, firewall_refusal, launcher_choice, run_job
+from mxlarge.launcher.local import PortInUseError
 from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
 from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 
@@ -57,21 +58,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command given (put it after --)")
     if a.max_restarts < 0:
         p.error(f"--max-restarts {a.max_restarts}: expected an integer >= 0")
-    servers = a.workers if a.servers is None else a.servers
-    env = dict(a.env)
-    if a.launcher == "local" and (a.hostfile or a.host_ip):
-        p.error("--hostfile/--host-ip are for cluster launchers")
-    if a.launcher != "local" and a.port is not None:
-        p.error("--port is for the local launcher (dmlc_tracker picks the scheduler port)")
+    try:
+        spec = JobSpec(a.launcher, command, a.workers,
+                       a.workers if a.servers is None else a.servers, env=dict(a.env),
+                       stall_timeout=a.stall_timeout, tuning=not a.no_tuning,
+                       firewall=a.firewall, port=a.port, hostfile=a.hostfile,
+                       host_ip=a.host_ip, grace=a.grace)
+    except ValueError as e:
+        p.error(str(e))
     why = firewall_refusal(a.launcher, a.firewall)
     if why:
         p.error(f"--firewall on: {why}")
 
     def attempt(number: int) -> Outcome:
-        return run_attempt(a.launcher, command, workers=a.workers, servers=servers, env=env,
-                           stall_timeout=a.stall_timeout, tuning=not a.no_tuning,
-                           firewall=a.firewall, port=a.port, hostfile=a.hostfile,
-                           host_ip=a.host_ip, grace=a.grace).outcome
+        return run_job(spec)
 
     try:
         return run_with_restarts(attempt, RestartPolicy(a.max_restarts),

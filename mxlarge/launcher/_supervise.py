@@ -7,6 +7,10 @@ Exit detection uses ``waitid(..., WNOWAIT)``: the supervisor learns that a child
 without reaping it. A group leader that is a zombie keeps its pid, and hence its process-group
 id, reserved, so ``killpg`` can never hit an unrelated process that happens to reuse the pid.
 Leaders are reaped only at the very end, in :meth:`Supervisor.close`.
+
+Every backend runs the one supervision loop (:func:`supervise`) over what it tells the loop (a
+:class:`Backend`), reports how its job ended as one :class:`Outcome`, and judges a stall with
+one rule (:func:`stall_outcome`).
 """
 from __future__ import annotations
 
@@ -18,11 +22,13 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 from mxlarge.launcher.probe import GuardReport, Lease
 from mxlarge.launcher.pslog import PsLog
+from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
 # How often the supervision loops look at their children. Small enough that a failure is
 # noticed well within a second, large enough to cost nothing next to MXNet's own threads.
@@ -39,6 +45,80 @@ _DRAIN_WAIT = 1.0
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended, on any backend (local, ssh, mpi, slurm).
+
+    Attributes:
+        exit_code: 0 on success; the failed process's exit code; 128 + n for a signal n (also
+            when the launcher itself was interrupted by signal n); 124 for a stall.
+        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"`` of the first process seen to
+            fail; ``"launcher"`` when a cluster launcher itself got SIGINT/SIGTERM/SIGHUP first
+            (``scancel`` of a batch job, a SIGTERM to ``salloc``); ``None`` on success, for a
+            stall no worker process can be named for, and when a local launcher was
+            interrupted.
+        failed_rank: the number the launcher's lines and the ``failed_rank`` tag give that
+            process: its launch index within its role (local), its kvstore rank (cluster:
+            from the scheduler's assignments or the heartbeats; 0 for the scheduler and the
+            launcher; ``None`` while not known).
+        failed_status: its Popen-style status as far as known: exit status, or ``-n`` for
+            signal n (for a remote process what the guard, mpirun or srun reported).
+        message: one human-readable line, e.g. ``"worker 1 exited with signal 9 (SIGKILL)"``.
+        reason: ``"crashed"`` (a process failed) or ``"stalled"`` (the stall watchdog stopped
+            the job): what the restart policy restarts; ``None`` on success or when the
+            launcher was interrupted (128 + SIGINT/SIGTERM/SIGHUP of a cluster process is taken
+            as that too: Slurm cancelling the steps).
+        step: on failure, the last step the failed worker (a crash), or every worker (a
+            stall or a server crash), had completed, as far as the heartbeats tell.
+        failed_kvstore_rank: the failed (or first stalled) process's kvstore rank (a worker's
+            from its heartbeat); ``None`` for a scheduler, or while not known.
+        failed_host: where that process ran (for the launcher: the scheduler's address).
+        failed_output: the failed local process's last lines of output (``Child.tail``).
+        failed_launch: its launch index (local, ssh) or task rank (mpirun, srun) within its
+            role.
+        hosts: a cluster job's scheduler address, then the hosts the backend was given (ssh
+            targets used, the mpi hostfile's hosts, the Slurm allocation's nodes), without
+            repeats; empty for a local job.
+    """
+
+    exit_code: int
+    failed_role: str | None
+    failed_rank: int | None
+    failed_status: int | None
+    message: str
+    reason: str | None = None
+    step: int | None = None
+    failed_kvstore_rank: int | None = None
+    failed_host: str | None = None
+    failed_output: tuple[str, ...] = ()
+    failed_launch: int | None = None
+    hosts: tuple[str, ...] = ()
+
+
+def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
+    """The watchdog's verdict while training runs, for every backend.
+
+    ``None`` while the job advances, with no watchdog, and once a worker (or its ssh, mpirun or
+    srun) has ended: a worker that ended has ended, its exit is the failure to name. A stall
+    names the first worker behind whose heartbeat pid is a local child (local jobs); remote
+    workers are named by the watchdog's message alone.
+    """
+    children = list(children)
+    if watchdog is None or any(c.status is not None for c in children if c.role == "worker"):
+        return None
+    stall = watchdog.check()
+    if stall is None:
+        return None
+    pids = {watchdog.seen[r].record.pid for r in stall.behind}
+    child = next((c for c in children if c.role == "worker" and c.pid in pids), None)
+    if child is None:
+        return Outcome(STALL_EXIT, None, None, None, stall.message, "stalled", stall.step)
+    record = watchdog.record_of_pid(child.pid)
+    return Outcome(STALL_EXIT, "worker", child.index, None, stall.message, "stalled",
+                   stall.step, record.rank if record else None,
+                   record.host if record else None, tuple(child.tail), child.index)
 
 
 def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:
@@ -335,6 +415,10 @@ class Supervisor:
         if self._lease is not None:
             self._lease.close()
         for child in self.children:
+            # a lease pipe whose guard never started was never leased: closed here, not by GC
+            if child.popen.stdin is not None:
+                with contextlib.suppress(OSError):
+                    child.popen.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.popen.wait(timeout=_KILL_WAIT)
             child.check()
@@ -343,6 +427,63 @@ class Supervisor:
         for child in self.children:
             child.join_pump(timeout=_KILL_WAIT)
         self._closed = True
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one backend tells the supervision loop (:func:`supervise`): the loop decides when
+    to ask, the backend what the answer is.
+
+    Attributes:
+        explain: the first child seen to fail → the outcome naming the process behind it (the
+            child itself on loopback; for ssh, mpirun and srun the remote process they report).
+        terminated: the launcher received signal n → the outcome of the torn-down job.
+        ending: whether the job is winding down, so that training can no longer fail it (local:
+            every worker exited; cluster: dmlc's ``submit`` returned).
+        ended: asked at each poll while ending, with the seconds since it began: the outcome
+            once the job is over (every process exited, or the rest overran their time), else
+            ``None``.
+    """
+
+    explain: Callable[[Child], Outcome]
+    terminated: Callable[[int], Outcome]
+    ending: Callable[[], bool]
+    ended: Callable[[float], Outcome | None]
+
+
+def supervise(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
+              stop: threading.Event, received: Sequence[int], *,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> Outcome:
+    """The one supervision loop of every backend: poll the children every
+    :data:`POLL_INTERVAL` until the job has an outcome.
+
+    At each poll, in this order (the first that applies ends the loop): the launcher was
+    signalled (``stop``; ``received[0]`` names the signal, SIGTERM if none) →
+    ``backend.terminated``; a child failed (the first seen, :meth:`Supervisor.first_failure`)
+    → ``backend.explain``; the watchdog sees a stall (:func:`stall_outcome`); the job is
+    ending and ``backend.ended(seconds since it began ending)`` has the outcome. Nothing is torn
+    down here: the caller tears down after the outcome's line is out.
+    """
+    ending_since: float | None = None
+    while True:
+        if stop.is_set():
+            return backend.terminated(received[0] if received else signal.SIGTERM)
+        sup.poll()
+        failed = sup.first_failure()
+        if failed is not None:
+            return backend.explain(failed)
+        stalled = stall_outcome(watchdog, sup.children)
+        if stalled is not None:
+            return stalled
+        if backend.ending():
+            now = clock()
+            if ending_since is None:
+                ending_since = now
+            done = backend.ended(now - ending_since)
+            if done is not None:
+                return done
+        sleep(POLL_INTERVAL)
 
 
 @contextlib.contextmanager

@@ -39,7 +39,8 @@ Command-line fixes (checked on real sshd/Open MPI/Slurm, ``tests/cluster``)
       flags become ``--overlap``: both steps run side by side in the allocation.
 
 Failure report
-    :func:`cluster_run` returns a :class:`ClusterOutcome` naming the role, rank and host of the
+    :func:`cluster_run` returns an :class:`~mxlarge.launcher._supervise.Outcome` naming the
+    role, kvstore rank and host of the
     first process that failed: for ssh from the process itself (one ssh client per process),
     for mpirun and srun from the report those tools print about the failed rank
     (``mpirun noticed that process rank R ... on node H``, ``srun: error: H: task R: ...``).
@@ -57,6 +58,7 @@ compatibility shim can fix (see :data:`UNSUPPORTED`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import ipaddress
 import os
@@ -68,7 +70,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,20 +77,22 @@ from types import ModuleType
 from typing import IO, Any
 
 from mxlarge.launcher._supervise import (
-    POLL_INTERVAL,
+    Backend,
     Child,
     LineSink,
+    Outcome,
     Supervisor,
     check_job,
     exit_code_for,
     failure_message,
+    supervise,
     termination_signals,
 )
 from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
 from mxlarge.launcher.probe import guard_command, unreachable, unreachable_hosts
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import cluster_env
-from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
+from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 SUPPORTED = ("ssh", "mpi", "slurm")
@@ -466,41 +469,6 @@ _submit_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
-class ClusterOutcome:
-    """How a cluster job ended.
-
-    Attributes:
-        exit_code: 0 on success; the exit code of the first local process (scheduler, ``ssh``,
-            ``mpirun``, ``srun``) seen to fail, 128 + n when the failed process died of signal
-            n (also when the launcher itself was interrupted by signal n).
-        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"``; ``"launcher"`` when the
-            launcher itself got SIGINT/SIGTERM/SIGHUP first (``scancel`` of a batch job, a
-            SIGTERM to ``salloc``); ``None`` on success.
-        failed_rank: the failed process's kvstore rank (from the scheduler's assignments or
-            the heartbeats; 0 for the scheduler and the launcher); ``None`` if not known yet.
-        failed_host: where it ran: the ssh target, the node mpirun/srun named, the scheduler
-            address (also for the launcher); ``None`` if unknown.
-        message: one line, e.g. ``"worker rank 1 on 198.18.0.12 killed by SIGKILL"``.
-        hosts: the scheduler address, then the hosts the backend was given (ssh targets used,
-            the mpi hostfile's hosts, the Slurm allocation's nodes), without repeats.
-        failed_output: the failed local process's last lines of output (``Child.tail``).
-        failed_status: the failed process's Popen-style status as far as known: ``-n`` for
-            signal n (what the guard, mpirun or srun reported), else the local process's.
-        failed_launch: its launch index (ssh) or task rank (mpirun, srun) within its role.
-    """
-
-    exit_code: int
-    failed_role: str | None
-    failed_rank: int | None
-    failed_host: str | None
-    message: str
-    hosts: tuple[str, ...]
-    failed_output: tuple[str, ...] = ()
-    failed_status: int | None = None
-    failed_launch: int | None = None
-
-
-@dataclass(frozen=True)
 class _Report:
     """What mpirun or srun said about the first rank that failed in its step."""
 
@@ -597,7 +565,7 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
                 output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0,
                 stall_timeout: float | None = None,
                 heartbeat_dir: str | None = None, tuning: bool = True,
-                firewall: str = "off") -> ClusterOutcome:
+                firewall: str = "off") -> Outcome:
     """Run ``command`` as a dist_sync job through dmlc_tracker's ``launcher`` backend.
 
     The scheduler runs on this host (that is how dmlc_tracker works), servers and workers where
@@ -636,8 +604,9 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
             ends' default is ``auto``, a library call changes no host's rules unless asked).
 
     Returns:
-        The :class:`ClusterOutcome`; its exit code is 0 if every process started here exited
-        0, else that of the first failure (128 + n for a signal n, 124 for a stall).
+        The :class:`~mxlarge.launcher._supervise.Outcome` (with the job's ``hosts``); its exit
+        code is 0 if every process started here exited 0, else that of the first failure
+        (128 + n for a signal n, 124 for a stall).
 
     Raises:
         ValueError: invalid arguments, hostfile missing/empty/too short.
@@ -753,7 +722,7 @@ def _remove_if_empty(directory: str) -> None:
 def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, job_id: str,
             grace: float, output: IO[str] | Any, shutdown_timeout: float,
             hosts: list[str], beats: str | None, stall_timeout: float | None,
-            hide_ps_verbose: bool, ports: Mapping[str, int]) -> ClusterOutcome:
+            hide_ps_verbose: bool, ports: Mapping[str, int]) -> Outcome:
     sink = _ReportSink(output, launcher)
     sup = Supervisor(output, sink=sink, hide_ps_verbose=hide_ps_verbose)
     # the hosts a stalled job probes (not this one: the launcher runs here)
@@ -781,40 +750,44 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
         with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
                 scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
             thread.start()
-            rc, message, failed = _watch(sup, thread, errors, stop, received, shutdown_timeout,
-                                         watchdog, explain)
-            if message:
-                bad = rc not in (0, None) and not stop.is_set()
-                sup.sink.emit("launcher", f"{message}; stopping the job" if bad else message)
+            outcome = supervise(sup, _backend(launcher, sup, thread, errors, stop, received,
+                                              shutdown_timeout, explain), watchdog, stop,
+                                received)
+            if outcome.message:
+                bad = outcome.exit_code != 0 and not stop.is_set()
+                sup.sink.emit("launcher", f"{outcome.message}; stopping the job" if bad
+                              else outcome.message)
             sup.teardown(grace)
             # With the scheduler gone, tracker.submit() returns within a poll interval.
             thread.join(timeout=grace + 10)
     finally:
         sup.close(grace)
-    if rc is None:
+    if outcome is _TRACKER_FAILED:
         err = errors[0]
         raise RuntimeError(f"dmlc_tracker {launcher}.submit failed: {err!r}") from err
     if launcher == "ssh":  # in hostfile order (dmlc's threads start the clients in any order)
         contacted = set(shim.hosts.values())
         hosts = [h for h in hosts if h in contacted]
-    used = tuple(dict.fromkeys([args.host_ip, *hosts]))
-    tail = tuple(failed.child.tail) if failed is not None and failed.child is not None else ()
-    if failed is None:
-        return ClusterOutcome(rc, None, None, None, message, used)
-    return ClusterOutcome(rc, failed.role, failed.rank, failed.host, message, used, tail,
-                          failed.status, failed.launch)
+    return dataclasses.replace(outcome, hosts=tuple(dict.fromkeys([args.host_ip, *hosts])))
 
 
-@dataclass(frozen=True)
-class _Failed:
-    """The process a failure is blamed on (``child``: the local process that carried it)."""
+# dmlc_tracker's submit() raised: no outcome, cluster_run raises (a marker, compared by identity)
+_TRACKER_FAILED = Outcome(1, None, None, None, "")
+_INTERRUPTED = frozenset(128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
-    role: str
-    rank: int | None
-    launch: int | None
-    host: str | None
-    status: int | None
-    child: Child | None = None
+
+def _failed(code: int, message: str, role: str, rank: int | None, launch: int | None,
+            host: str | None, status: int | None, child: Child | None = None) -> Outcome:
+    """The :class:`Outcome` blaming one process (``child``: the local process that carried it).
+
+    128 + SIGINT/SIGTERM/SIGHUP, or the launcher itself failing first (``scancel``), is the
+    launcher having been interrupted: no ``reason``, so not restarted.
+    """
+    interrupted = code in _INTERRUPTED or role == "launcher"
+    return Outcome(code, role, rank, status, message, None if interrupted else "crashed",
+                   failed_kvstore_rank=rank if role in ("server", "worker") else None,
+                   failed_host=host, failed_output=tuple(child.tail) if child else (),
+                   failed_launch=launch)
 
 
 class _Explainer:
@@ -853,52 +826,55 @@ class _Explainer:
                 return records[0].rank
         return None
 
-    def __call__(self, child: Child) -> tuple[int, str, _Failed]:
+    def __call__(self, child: Child) -> Outcome:
         assert child.status is not None
         if child.role == "scheduler" or child.role not in ("server", "worker"):
-            failed = _Failed(child.role, 0 if child.role == "scheduler" else None, child.index,
-                             self.host_ip if child.role == "scheduler" else None, child.status,
-                             child)
-            return exit_code_for(child.status), failure_message(child), failed
+            scheduler = child.role == "scheduler"
+            return _failed(exit_code_for(child.status), failure_message(child), child.role,
+                           0 if scheduler else None, child.index,
+                           self.host_ip if scheduler else None, child.status, child)
         child.join_pump(timeout=1.0)  # the guard's/tool's last lines name what happened
         if self.launcher == "ssh":
             return self._ssh(child)
         report = self.sink.reports.get(child.label)
         if report is None:
-            failed = _Failed(child.role, None, None, None, child.status, child)
-            return exit_code_for(child.status), failure_message(child), failed
+            return _failed(exit_code_for(child.status), failure_message(child), child.role,
+                           None, None, None, child.status, child)
         rank = self._rank(child, report.host, None)
         status = report.status if report.status is not None else child.status
         what = who(child.role, rank, report.rank, report.host)
         task = "task" if self.launcher == "slurm" else "mpi rank"
         line = f"{what} ({child.label}, {task} {report.rank}) {_status_words(status)}"
         code = 128 - status if status < 0 else exit_code_for(child.status)
-        return code, line, _Failed(child.role, rank, report.rank, report.host, status, child)
+        return _failed(code, line, child.role, rank, report.rank, report.host, status, child)
 
-    def _ssh(self, child: Child) -> tuple[int, str, _Failed]:
+    def _ssh(self, child: Child) -> Outcome:
         assert child.status is not None
         host = self.shim.hosts.get(child.pid)
         rank = self._rank(child, host, child.guard.pid)
         what = who(child.role, rank, child.index, host)
+
+        def failed(code: int, line: str, status: int) -> Outcome:
+            return _failed(code, line, child.role, rank, child.index, host, status, child)
+
         if child.guard.signal is not None:
             status = -child.guard.signal
             line = f"{what} {_status_words(status)}"
             cause = child.pslog.cause()
             line = line if cause is None else f"{line}: {cause}"
-            return 128 + child.guard.signal, line, _Failed(child.role, rank, child.index, host,
-                                                           status, child)
-        failed = _Failed(child.role, rank, child.index, host, child.status, child)
+            return failed(128 + child.guard.signal, line, status)
         if child.status != 255:  # the guard passed the command's own status on
-            return exit_code_for(child.status), f"{what} {_status_words(child.status)}", failed
+            return failed(exit_code_for(child.status), f"{what} {_status_words(child.status)}",
+                          child.status)
         why = None if host is None else unreachable(host, self.ports.get(host, 22))
         if why is not None:
-            return 255, (f"{what}: host {host} unreachable ({why}); ssh lost it "
-                         f"(status 255)"), failed
+            return failed(255, f"{what}: host {host} unreachable ({why}); ssh lost it "
+                               f"(status 255)", 255)
         if child.guard.pid is None:
-            return 255, (f"{what}: ssh exited with status 255 before the command started "
-                         f"(ssh could not connect?)"), failed
-        return 255, (f"{what}: ssh exited with status 255 while the command ran and the "
-                     f"host answers (the connection broke)"), failed
+            return failed(255, f"{what}: ssh exited with status 255 before the command "
+                               f"started (ssh could not connect?)", 255)
+        return failed(255, f"{what}: ssh exited with status 255 while the command ran and the "
+                           f"host answers (the connection broke)", 255)
 
 
 def _address(host: str) -> str | None:
@@ -913,47 +889,38 @@ def _address(host: str) -> str | None:
 _TERMINATION_WAIT = 1.0
 
 
-def _watch(sup: Supervisor, thread: threading.Thread, errors: list[BaseException],
-           stop: threading.Event, received: list[int], shutdown_timeout: float,
-           watchdog: Watchdog | None, explain: _Explainer
-           ) -> tuple[int | None, str, _Failed | None]:
-    done_at: float | None = None
-    while True:
-        if stop.is_set():
-            return _terminated(received, explain.host_ip)
-        sup.poll()
-        child = sup.first_failure()
-        if child is not None:
-            if explain.launcher == "slurm":
-                if stop.wait(_TERMINATION_WAIT):
-                    return _terminated(received, explain.host_ip)
-                ending = _allocation_ending()
-                if ending is not None:
-                    return (128 + signal.SIGTERM, f"{ending}; job torn down",
-                            _Failed("launcher", 0, None, explain.host_ip, -signal.SIGTERM))
-            return explain(child)
-        # As in run_local: judged while training runs, until a worker (or its ssh/mpirun/srun)
-        # has ended.
-        if watchdog is not None and not any(c.status is not None for c in sup.children
-                                            if c.role == "worker"):
-            stall = watchdog.check()
-            if stall is not None:
-                return STALL_EXIT, stall.message, None
-        if not thread.is_alive():
-            if errors:
-                return None, "", None
-            if not sup.children:
-                return 1, "dmlc_tracker started no process", None
-            if sup.all_exited():
-                return 0, f"job finished: all {len(sup.children)} processes exited 0", None
-            now = time.monotonic()
-            if done_at is None:
-                done_at = now
-            elif now - done_at > shutdown_timeout:
-                hung = ", ".join(c.label for c in sup.children if c.status is None)
-                return 1, (f"{hung} still running {shutdown_timeout:g} s after the scheduler "
-                           f"exited"), None
-        time.sleep(POLL_INTERVAL)
+def _backend(launcher: str, sup: Supervisor, thread: threading.Thread,
+             errors: list[BaseException], stop: threading.Event, received: list[int],
+             shutdown_timeout: float, explain: _Explainer) -> Backend:
+    """What the supervision loop needs to know of a job dmlc_tracker runs in ``thread``."""
+
+    def explain_failure(child: Child) -> Outcome:
+        if launcher == "slurm":
+            if stop.wait(_TERMINATION_WAIT):
+                return _terminated(received[0] if received else signal.SIGTERM,
+                                   explain.host_ip)
+            ending = _allocation_ending()
+            if ending is not None:
+                return _failed(128 + signal.SIGTERM, f"{ending}; job torn down", "launcher", 0,
+                               None, explain.host_ip, -signal.SIGTERM)
+        return explain(child)
+
+    def ended(seconds: float) -> Outcome | None:
+        if errors:
+            return _TRACKER_FAILED
+        if not sup.children:
+            return Outcome(1, None, None, None, "dmlc_tracker started no process")
+        if sup.all_exited():
+            return Outcome(0, None, None, None,
+                           f"job finished: all {len(sup.children)} processes exited 0")
+        if seconds > shutdown_timeout:
+            hung = ", ".join(c.label for c in sup.children if c.status is None)
+            return Outcome(1, None, None, None, f"{hung} still running "
+                           f"{shutdown_timeout:g} s after the scheduler exited")
+        return None
+
+    return Backend(explain_failure, lambda sig: _terminated(sig, explain.host_ip),
+                   lambda: not thread.is_alive(), ended)
 
 
 def _allocation_ending() -> str | None:
@@ -975,7 +942,6 @@ def _allocation_ending() -> str | None:
             "or its allocation revoked")
 
 
-def _terminated(received: list[int], host_ip: str) -> tuple[int, str, _Failed]:
-    sig = received[0] if received else signal.SIGTERM
-    return (128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down",
-            _Failed("launcher", 0, None, host_ip, -sig))
+def _terminated(sig: int, host_ip: str) -> Outcome:
+    return _failed(128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down",
+                   "launcher", 0, None, host_ip, -sig)

@@ -1,23 +1,24 @@
-"""One attempt of a job on the chosen backend: what both front ends (``mxlarge launch`` and
-``python -m mxlarge.launcher``) run, once per attempt of :func:`~mxlarge.launcher.restart.
-run_with_restarts`.
+"""A job as data (:class:`JobSpec`) and one attempt of it on the chosen backend
+(:func:`run_job`): what both front ends (``mxlarge launch`` and ``python -m mxlarge.launcher``)
+run, once per attempt of :func:`~mxlarge.launcher.restart.run_with_restarts`.
 
-The front ends turn argv into the arguments of :func:`run_attempt`; which backend runs the
-processes (:func:`run_local` on loopback, dmlc_tracker's ``ssh``/``mpi``/``slurm`` through
+The front ends only turn argv into a :class:`JobSpec`; which backend runs the processes
+(:func:`run_local` on loopback, dmlc_tracker's ``ssh``/``mpi``/``slurm`` through
 :func:`cluster_run`) is decided here and nowhere else, and so is which ``--launcher`` names are
 accepted (:func:`launcher_choice`). Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, ClusterOutcome, cluster_run
+from mxlarge.launcher._supervise import Outcome
+from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_run
 from mxlarge.launcher.firewall import local_refusal, refusal
-from mxlarge.launcher.local import Outcome, run_local
-from mxlarge.launcher.restart import cluster_outcome
+from mxlarge.launcher.local import run_local
 
 BACKENDS = ("local", *SUPPORTED)
 
@@ -41,30 +42,67 @@ def firewall_refusal(launcher: str, mode: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class Attempt:
-    """One attempt's result: the :class:`Outcome` the restart policy reads and, for a cluster
-    backend, that backend's own result (the hosts it ran on, a failure of the launcher itself)."""
+class JobSpec:
+    """What a job runs, built once by a front end from its argv (an attempt of a restarted or
+    elastic job is :func:`dataclasses.replace` of it); :func:`run_job` runs it.
 
-    outcome: Outcome
-    cluster: ClusterOutcome | None = None
+    Attributes:
+        launcher: the backend (:data:`BACKENDS`).
+        command: argv run for every role.
+        workers: worker processes (>= 1).
+        servers: server processes (>= 1).
+        env: extra environment for every process (read-only).
+        stall_timeout: seconds without progress that stop the job; ``None`` the default rule,
+            0 off (:mod:`mxlarge.launcher.watchdog`).
+        tuning: add :mod:`mxlarge.launcher.tuning`'s process settings.
+        firewall: ``auto``, ``on`` or ``off``: the cluster backends' packet filter.
+        port: the local backend's scheduler port (``None``: a free one).
+        hostfile: the ssh and mpi backends' hosts.
+        host_ip: the address the scheduler of a cluster job binds (dmlc's ``--host-ip``).
+        grace: seconds between SIGTERM and SIGKILL during teardown.
 
-
-def run_attempt(launcher: str, command: Sequence[str], *, workers: int, servers: int,
-                env: Mapping[str, str], stall_timeout: float | None, tuning: bool,
-                firewall: str, port: int | None = None, hostfile: str | None = None,
-                host_ip: str | None = None, grace: float = 10.0) -> Attempt:
-    """Runs ``command`` once as a dist_sync job of ``workers`` workers and ``servers`` servers
-    on backend ``launcher`` (:data:`BACKENDS`), supervised until it ends.
-
-    ``port`` is the local backend's scheduler port; ``hostfile`` and ``host_ip`` (dmlc's
-    ``--host-ip``) are the cluster backends'; ``firewall`` applies to cluster backends only.
+    Raises:
+        ValueError: an option the backend cannot apply (``port`` on a cluster backend,
+            ``hostfile``/``host_ip`` on the local one), an unknown backend.
     """
-    if launcher == "local":
-        # run_local prints the outcome's line itself
-        return Attempt(run_local(command, workers=workers, servers=servers, port=port, env=env,
-                                 grace=grace, stall_timeout=stall_timeout, tuning=tuning))
-    extra: dict[str, Any] = {"host_ip": host_ip} if host_ip else {}
-    result = cluster_run(launcher, command, workers=workers, servers=servers, hostfile=hostfile,
-                         env=env, extra=extra, grace=grace, stall_timeout=stall_timeout,
-                         tuning=tuning, firewall=firewall)
-    return Attempt(cluster_outcome(result), result)
+
+    launcher: str
+    command: tuple[str, ...]
+    workers: int
+    servers: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    stall_timeout: float | None = None
+    tuning: bool = True
+    firewall: str = "off"
+    port: int | None = None
+    hostfile: str | None = None
+    host_ip: str | None = None
+    grace: float = 10.0
+
+    def __post_init__(self) -> None:
+        try:  # an unknown or broken backend: refused with the reason
+            launcher_choice(self.launcher)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(str(exc)) from None
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        if self.launcher == "local" and (self.hostfile or self.host_ip):
+            raise ValueError("--hostfile/--host-ip are for cluster launchers")
+        if self.launcher != "local" and self.port is not None:
+            raise ValueError("--port is for the local launcher (dmlc_tracker picks the "
+                             "scheduler port)")
+
+
+def run_job(spec: JobSpec) -> Outcome:
+    """Runs ``spec`` once, supervised until it ends: :func:`run_local` for the local backend,
+    :func:`cluster_run` (dmlc_tracker's ssh, mpi or slurm) for the others. Both print the
+    outcome's line themselves."""
+    if spec.launcher == "local":
+        return run_local(spec.command, workers=spec.workers, servers=spec.servers,
+                         port=spec.port, env=spec.env, grace=spec.grace,
+                         stall_timeout=spec.stall_timeout, tuning=spec.tuning)
+    extra: dict[str, Any] = {"host_ip": spec.host_ip} if spec.host_ip else {}
+    return cluster_run(spec.launcher, spec.command, workers=spec.workers, servers=spec.servers,
+                       hostfile=spec.hostfile, env=spec.env, extra=extra, grace=spec.grace,
+                       stall_timeout=spec.stall_timeout, tuning=spec.tuning,
+                       firewall=spec.firewall)

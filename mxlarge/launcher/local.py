@@ -26,23 +26,24 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import IO, Any
 
 from mxlarge.launcher._supervise import (
-    POLL_INTERVAL,
+    Backend,
+    Child,
+    Outcome,
     Supervisor,
     check_job,
     exit_code_for,
     failure_message,
+    supervise,
     termination_signals,
 )
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import local_role_env
-from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
+from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -64,40 +65,6 @@ JOIN_GRACE = 3.0
 
 class PortInUseError(OSError):
     """The scheduler port requested for a local job is already taken."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a local job ended.
-
-    Attributes:
-        exit_code: 0 on success; the failed process's exit code; 128 + n for a signal n (also
-            when the launcher itself was interrupted by signal n).
-        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"`` of the first process seen to
-            fail, ``None`` on success or when the launcher was interrupted.
-        failed_rank: launch index of that process within its role (not its kvstore rank).
-        failed_status: its Popen-style return code: exit status, or ``-n`` for signal n.
-        message: one human-readable line, e.g. ``"worker 1 exited with signal 9 (SIGKILL)"``.
-        reason: ``"crashed"`` (a process failed) or ``"stalled"`` (the stall watchdog stopped
-            the job); ``None`` on success or when the launcher was interrupted.
-        step: on failure, the last step the failed worker (a crash), or every worker (a
-            stall or a server crash), had completed, as far as the heartbeats tell.
-        failed_kvstore_rank: the failed (or first stalled) worker's kvstore rank, from its
-            heartbeat; ``None`` for a server or scheduler, or before its first report.
-        failed_host: where that process ran.
-        failed_output: its last lines of output (``Child.tail``).
-    """
-
-    exit_code: int
-    failed_role: str | None
-    failed_rank: int | None
-    failed_status: int | None
-    message: str
-    reason: str | None = None
-    step: int | None = None
-    failed_kvstore_rank: int | None = None
-    failed_host: str | None = None
-    failed_output: tuple[str, ...] = ()
 
 
 def free_port() -> int:
@@ -249,7 +216,8 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
                 start("server", i)
             for i in range(workers):
                 start("worker", i)
-            outcome = _supervise(sup, stop, received, shutdown_timeout, watchdog)
+            outcome = supervise(sup, _backend(sup, watchdog, shutdown_timeout), watchdog, stop,
+                                received)
             if outcome.reason is not None:
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job")
             else:
@@ -263,67 +231,45 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
             shutil.rmtree(watchdog.directory, ignore_errors=True)
 
 
-def _stalled(sup: Supervisor, watchdog: Watchdog | None) -> Outcome | None:
-    """The watchdog's verdict while training runs (once a worker has ended, it has ended)."""
-    if watchdog is None or any(c.status is not None for c in sup.children if c.role == "worker"):
-        return None
-    stall = watchdog.check()
-    if stall is None:
-        return None
-    pids = {watchdog.seen[r].record.pid for r in stall.behind}
-    child = next((c for c in sup.children if c.role == "worker" and c.pid in pids), None)
-    record = watchdog.record_of_pid(child.pid) if child else None
-    return Outcome(STALL_EXIT, "worker" if child else None, child.index if child else None,
-                   None, stall.message, "stalled", stall.step,
-                   record.rank if record else None, record.host if record else None,
-                   tuple(child.tail) if child else ())
+def _backend(sup: Supervisor, watchdog: Watchdog | None, shutdown_timeout: float) -> Backend:
+    """What the supervision loop needs to know of a job on loopback."""
 
+    def explain(failed: Child) -> Outcome:
+        assert failed.status is not None
+        step = record = None
+        if watchdog is not None:
+            watchdog.read(force=True)  # the failed worker's last record
+            record = watchdog.record_of_pid(failed.pid) if failed.role == "worker" else None
+            step = watchdog.progress() if record is None else record.done
+        return Outcome(exit_code_for(failed.status), failed.role, failed.index,
+                       failed.status, failure_message(failed), "crashed", step,
+                       record.rank if record else None,
+                       record.host if record else socket.gethostname(), tuple(failed.tail),
+                       failed.index)
 
-def _supervise(sup: Supervisor, stop: threading.Event, received: list[int],
-               shutdown_timeout: float, watchdog: Watchdog | None) -> Outcome:
-    workers_done_at: float | None = None
-    while True:
-        if stop.is_set():
-            sig = received[0] if received else signal.SIGTERM
-            return Outcome(128 + sig, None, None, None,
-                           f"launcher received {signal.Signals(sig).name}; job torn down")
-        sup.poll()
-        failed = sup.first_failure()
-        if failed is not None:
-            assert failed.status is not None
-            step = record = None
-            if watchdog is not None:
-                watchdog.read(force=True)  # the failed worker's last record
-                record = watchdog.record_of_pid(failed.pid) if failed.role == "worker" else None
-                step = watchdog.progress() if record is None else record.done
-            return Outcome(exit_code_for(failed.status), failed.role, failed.index,
-                           failed.status, failure_message(failed), "crashed", step,
-                           record.rank if record else None,
-                           record.host if record else socket.gethostname(), tuple(failed.tail))
-        stalled = _stalled(sup, watchdog)
-        if stalled is not None:
-            return stalled
-        if sup.all_exited("worker"):
-            if sup.all_exited():
-                n_w = sum(c.role == "worker" for c in sup.children)
-                n_s = sum(c.role == "server" for c in sup.children)
-                return Outcome(0, None, None, None,
-                               f"job finished: {n_w} worker(s), {n_s} server(s) and the "
-                               f"scheduler exited 0")
-            now = time.monotonic()
-            waiting = any(c.role == "scheduler" and c.status is None for c in sup.children)
-            if workers_done_at is None:
-                workers_done_at = now
-            elif waiting and now - workers_done_at > min(JOIN_GRACE, shutdown_timeout):
-                n_w = sum(c.role == "worker" for c in sup.children)
-                return Outcome(1, None, None, None,
-                               f"no worker joined the parameter server: all {n_w} workers "
-                               "exited 0 while the scheduler still waited for them (the "
-                               "command never created a dist_sync store: give its Trainer "
-                               "kvstore='dist_sync'); servers and scheduler stopped")
-            elif now - workers_done_at > shutdown_timeout:
-                hung = ", ".join(c.label for c in sup.children if c.status is None)
-                return Outcome(0, None, None, None,
-                               f"all workers exited 0; {hung} did not exit within "
-                               f"{shutdown_timeout:g} s and were stopped")
-        time.sleep(POLL_INTERVAL)
+    def terminated(sig: int) -> Outcome:
+        return Outcome(128 + sig, None, None, None,
+                       f"launcher received {signal.Signals(sig).name}; job torn down")
+
+    def ended(seconds: float) -> Outcome | None:
+        n_w = sum(c.role == "worker" for c in sup.children)
+        if sup.all_exited():
+            n_s = sum(c.role == "server" for c in sup.children)
+            return Outcome(0, None, None, None,
+                           f"job finished: {n_w} worker(s), {n_s} server(s) and the "
+                           f"scheduler exited 0")
+        waiting = any(c.role == "scheduler" and c.status is None for c in sup.children)
+        if waiting and seconds > min(JOIN_GRACE, shutdown_timeout):
+            return Outcome(1, None, None, None,
+                           f"no worker joined the parameter server: all {n_w} workers "
+                           "exited 0 while the scheduler still waited for them (the "
+                           "command never created a dist_sync store: give its Trainer "
+                           "kvstore='dist_sync'); servers and scheduler stopped")
+        if seconds > shutdown_timeout:
+            hung = ", ".join(c.label for c in sup.children if c.status is None)
+            return Outcome(0, None, None, None,
+                           f"all workers exited 0; {hung} did not exit within "
+                           f"{shutdown_timeout:g} s and were stopped")
+        return None
+
+    return Backend(explain, terminated, lambda: sup.all_exited("worker"), ended)

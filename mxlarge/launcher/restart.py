@@ -34,15 +34,13 @@ Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mxlarge.launcher.cluster import ClusterOutcome, HostEntry
-from mxlarge.launcher.local import Outcome
+from mxlarge.launcher._supervise import Outcome
+from mxlarge.launcher.cluster import HostEntry
 from mxlarge.launcher.probe import ssh_silent
-from mxlarge.launcher.watchdog import STALL_EXIT
 from mxlarge.plan import World, WorldError, elastic_world
 
 
@@ -233,22 +231,3 @@ def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
         where = "" if failure.step is None else f" at step {failure.step}"
         emit(f"restart {policy.restarts}/{policy.max_restarts} after: {failure.message}{where}")
 
-
-def cluster_outcome(result: ClusterOutcome) -> Outcome:
-    """An :class:`Outcome` for a cluster job (:func:`~mxlarge.launcher.cluster_run`'s result).
-
-    A cluster job's failures carry no step, so they are never "the same" (the restart limit
-    still applies). 128 + SIGINT/SIGTERM/SIGHUP, or the launcher itself failing first (e.g.
-    ``scancel``), is taken as the launcher having been interrupted: not restarted.
-    """
-    code = result.exit_code
-    interrupted = (code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP)
-                   or result.failed_role == "launcher")
-    reason = (None if code == 0 or interrupted else
-              "stalled" if code == STALL_EXIT else "crashed")
-    role = None if result.failed_role == "launcher" else result.failed_role
-    # one number per process: the kvstore rank (None while not known), also as failed_rank
-    rank = None if role is None else result.failed_rank
-    return Outcome(code, role, rank, result.failed_status, result.message, reason,
-                   failed_kvstore_rank=rank if role in ("server", "worker") else None,
-                   failed_host=result.failed_host, failed_output=result.failed_output)

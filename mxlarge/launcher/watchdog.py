@@ -2,7 +2,7 @@
 
 ps-lite has no timeout on a silent peer: one stopped worker (a hung GPU, a stuck NFS read, a
 partitioned node, ``SIGSTOP``) leaves every other process waiting in push/pull forever. The
-supervision loops (:mod:`mxlarge.launcher.local`, :mod:`mxlarge.launcher.cluster`) call
+supervision loop of every backend (:func:`mxlarge.launcher._supervise.supervise`) calls
 :meth:`Watchdog.check` on every poll; it reads the workers' heartbeat files
 (:mod:`mxlarge.protocol.heartbeat`) at most every :data:`READ_EVERY` seconds.
 

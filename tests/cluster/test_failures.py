@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from mxlarge.protocol.heartbeat import read_all
 from mxlarge.testbed import Testbed
 from tests.cluster.observe import Job, Observer, Proc, start, wait_until
 
@@ -60,11 +61,22 @@ def anything_of(marker: str) -> list[int]:
     return found
 
 
+def steps_done(work: Path) -> int:
+    """The fewest steps a worker of the job in ``work`` has completed, as their heartbeats
+    tell (0 until both report)."""
+    for d in work.glob(".mxlarge-heartbeat/*"):
+        records = read_all(d)
+        if len(records) == 2:
+            return min(r.done for r in records.values())
+    return 0
+
+
 def training(obs: Observer) -> list[Proc]:
-    """Wait until both workers and both servers listen (ps-lite is up), then a few steps."""
+    """Wait until both workers and both servers listen (ps-lite is up) and both workers have
+    completed a few steps (their heartbeats)."""
     wait_until(lambda: len([p for p in obs.procs.values() if p.listen and p.role != "scheduler"])
                == 4, 150, "2 workers and 2 servers listening")
-    time.sleep(4)
+    wait_until(lambda: steps_done(Path(obs.marker)) >= 3, 60, "3 steps done by both workers")
     return list(obs.procs.values())
 
 

@@ -3,7 +3,8 @@
 
 With the packet filter (``--firewall on``) every connection from h3 to a port of the job is
 refused, the job finishes, bitwise equal to an undisturbed run, and the filter's rules are gone
-from every host afterwards (``nft list ruleset`` as before). Without it (``--firewall off``)
+from every host afterwards (``nft list ruleset`` as before); it is also tests/cluster/
+test_jobs.py's ssh job (placement, weights, the run's hosts). Without it (``--firewall off``)
 the first malformed message aborts the process that gets it: the job fails and the launcher,
 the MLflow run's ``failure`` tag included, names the cause and the port.
 """
@@ -21,7 +22,14 @@ import pytest
 from mxlarge.testbed import Testbed
 from tests.cluster.observe import Job, Observer, start
 from tests.cluster.test_failures import anything_of, the_run
-from tests.cluster.test_jobs import PY, check_weights, launch_argv, write_config
+from tests.cluster.test_jobs import (
+    PY,
+    check_placement,
+    check_run,
+    check_weights,
+    launch_argv,
+    write_config,
+)
 
 FOREIGN = str(Path(__file__).resolve().parents[1] / "foreign.py")
 OUTSIDER = "h3"
@@ -66,7 +74,8 @@ class Outsider:
         self._thread.join(150)
 
 
-def attacked_job(tb: Testbed, work: Path, firewall: str) -> tuple[Job, Outsider, int]:
+def attacked_job(tb: Testbed, work: Path, firewall: str
+                 ) -> tuple[Job, Outsider, int, Observer]:
     hosts = work / "hosts"
     hosts.write_text(f"{tb.addr('h1')}\n{tb.addr('h2')}\n")
     obs = Observer(tb, str(work))
@@ -78,16 +87,18 @@ def attacked_job(tb: Testbed, work: Path, firewall: str) -> tuple[Job, Outsider,
         outsider.join()
     finally:
         obs.stop()
-    return job, outsider, rc
+    return job, outsider, rc, obs
 
 
 @pytest.mark.timeout(400)
 def test_with_the_filter_the_job_finishes_bitwise_and_leaves_no_rule(
         testbed: Testbed, work: Path, reference: dict[str, list[dict]]) -> None:
     before = rulesets(testbed)
-    job, outsider, rc = attacked_job(testbed, work, "on")
+    job, outsider, rc, obs = attacked_job(testbed, work, "on")
     text = job.text()
     assert rc == 0, text[-4000:]
+    assert "ssh could not connect" not in text
+    check_placement(testbed, obs, "h0", set(JOB_HOSTS))
     # h3 reached nothing: every port of every role of the job, every payload, every round
     addrs = {a for a, _ in outsider.targets}
     assert addrs == {testbed.addr(h) for h in JOB_HOSTS}, outsider.targets
@@ -96,7 +107,7 @@ def test_with_the_filter_the_job_finishes_bitwise_and_leaves_no_rule(
         outsider.results[:10]
     assert ABORT not in text
     check_weights(work, reference)
-    assert the_run(work).info.status == "FINISHED"
+    check_run(work, ",".join(testbed.addr(h) for h in JOB_HOSTS))
     # the filter said where it was and what it refused; then it was gone from every host
     assert re.search(r"\[launcher\] packet filter: on 198\.18\.0\.10 \(here\), 198\.18\.0\.11, "
                      r"198\.18\.0\.12, new TCP connections to ports 9091-9998, 10000-\d+ only "
@@ -118,7 +129,7 @@ ABORT = "failed to parse string into protobuf"
 @pytest.mark.timeout(400)
 def test_without_it_the_job_fails_naming_the_cause(testbed: Testbed, work: Path) -> None:
     before = rulesets(testbed)
-    job, outsider, rc = attacked_job(testbed, work, "off")
+    job, outsider, rc, _ = attacked_job(testbed, work, "off")
     text = job.text()
     assert rc != 0, text[-4000:]
     assert "sent" in {r["result"] for r in outsider.results}, outsider.results[:10]

@@ -298,7 +298,7 @@ def test_exception_inside_the_launcher_leaves_no_process(marker: str,
         wait_until(lambda: out.count(r"kv_worker ready") == 2, 60, "both workers ready")
         raise RuntimeError("bug in the launcher")
 
-    monkeypatch.setattr(local, "_supervise", broken_supervise)
+    monkeypatch.setattr(local, "supervise", broken_supervise)
     with pytest.raises(RuntimeError, match="bug in the launcher"):
         run_local([PY, WORKER, "--sleep", "90"], workers=2, servers=1,
                   env={MARKER_VAR: marker}, output=out, grace=5.0)

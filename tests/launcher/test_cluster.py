@@ -81,3 +81,25 @@ def test_check_hosts_names_the_file_and_what_is_missing(tmp_path):
     slots = tmp_path / "slots"
     slots.write_text("10.0.0.1 slots=3\n")
     assert len(check_hosts(str(slots), "mpi", 3, 2)) == 1
+
+
+def test_a_cluster_failure_is_one_outcome_and_an_interruption_is_not_restarted():
+    """The process a cluster failure is blamed on becomes the one Outcome every backend
+    returns: a crash has a reason (restarted) and the kvstore rank of a server or worker; the
+    launcher interrupted first (scancel, SIGTERM to salloc) or a process ended by SIGTERM,
+    SIGINT or SIGHUP (Slurm cancelling the steps) has none (not restarted)."""
+    from mxlarge.launcher.cluster import _failed
+
+    crash = _failed(137, "worker rank 1 on h2 killed by SIGKILL", "worker", 1, 0, "h2", -9)
+    assert (crash.reason, crash.failed_role, crash.failed_rank, crash.failed_kvstore_rank,
+            crash.failed_launch, crash.failed_host, crash.failed_status) == \
+        ("crashed", "worker", 1, 1, 0, "h2", -9)
+    scheduler = _failed(1, "scheduler exited with status 1", "scheduler", 0, None, "10.0.0.1", 1)
+    assert (scheduler.reason, scheduler.failed_kvstore_rank) == ("crashed", None)
+    launcher = _failed(143, "launcher received SIGTERM; job torn down", "launcher", 0, None,
+                       "10.0.0.1", -15)
+    assert (launcher.reason, launcher.failed_role, launcher.failed_rank,
+            launcher.failed_kvstore_rank, launcher.failed_host) == \
+        (None, "launcher", 0, None, "10.0.0.1")
+    for code in (130, 143, 129):
+        assert _failed(code, "x", "server", 0, 0, "h1", 128 - code).reason is None

@@ -1,6 +1,8 @@
 """One attempt on the chosen backend, shared by both front ends: which ``--launcher`` names are
-accepted, and when ``--firewall on`` is refused (no processes; real jobs are tests/e2e)."""
+accepted, when ``--firewall on`` is refused, the job spec (no processes but one trivial local
+job; real jobs are tests/e2e)."""
 import argparse
+import dataclasses
 
 import pytest
 
@@ -8,7 +10,8 @@ from mxlarge.cli import main as mxlarge_main
 from mxlarge.launcher import firewall
 from mxlarge.launcher.__main__ import main as launcher_main
 from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED
-from mxlarge.launcher.job import BACKENDS, firewall_refusal, launcher_choice
+from mxlarge.launcher.job import BACKENDS, JobSpec, firewall_refusal, launcher_choice, run_job
+from tests.helpers import EQ_CONFIG
 
 
 def test_the_backends_are_local_and_the_supported_cluster_ones():
@@ -52,3 +55,38 @@ def test_firewall_on_is_refused_only_where_it_cannot_apply(monkeypatch):
     assert firewall_refusal("local", "on") is not None  # loopback jobs need no filter
     monkeypatch.setattr("mxlarge.launcher.job.local_refusal", lambda: "no nft here")
     assert firewall_refusal("ssh", "on") == (firewall.refusal("ssh") or "no nft here")
+
+
+def test_a_job_spec_is_frozen_data_and_refuses_what_its_backend_cannot_apply():
+    """Built once by a front end; an attempt is a replace() of it; options the backend would
+    ignore are refused with the reason, before anything starts."""
+    spec = JobSpec("local", ["python", "-c", "pass"], 2, 1, env={"A": "1"})
+    assert spec.command == ("python", "-c", "pass")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.workers = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        spec.env["A"] = "2"  # type: ignore[index]
+    assert dataclasses.replace(spec, workers=1).env == {"A": "1"}
+    with pytest.raises(ValueError, match="--port is for the local launcher"):
+        JobSpec("ssh", ["true"], 1, 1, port=9000)
+    with pytest.raises(ValueError, match="--hostfile/--host-ip are for cluster launchers"):
+        JobSpec("local", ["true"], 1, 1, hostfile="hosts")
+    with pytest.raises(ValueError, match="'sge' is not supported: "):
+        JobSpec("sge", ["true"], 1, 1)
+
+
+def test_both_front_ends_refuse_a_cluster_port(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        launcher_main(["-n", "1", "--launcher", "ssh", "--port", "9000", "--", "true"])
+    assert e.value.code == 2 and "--port is for the local launcher" in capsys.readouterr().err
+    cfg = tmp_path / "eq.yaml"
+    cfg.write_text(EQ_CONFIG)
+    assert mxlarge_main(["launch", str(cfg), "--launcher", "slurm", "--port", "9000"]) == 2
+    assert "--port is for the local launcher" in capsys.readouterr().err
+
+
+def test_run_job_runs_the_spec_on_its_backend():
+    """The local backend, with real (trivial) processes: every role exits 0 at once."""
+    out = run_job(JobSpec("local", ["sh", "-c", "exit 0"], 2, 1, stall_timeout=0))
+    assert (out.exit_code, out.message, out.hosts) == \
+        (0, "job finished: 2 worker(s), 1 server(s) and the scheduler exited 0", ())

@@ -1,10 +1,27 @@
 """LineSink: which output failures are absorbed (the pumps must keep draining) and which are
-bugs that must surface; how an exit status is named."""
+bugs that must surface; how an exit status is named; the one stall rule and the one
+supervision loop of every backend (fake children and a fake clock: the claims are about the
+rules; real processes are tests/e2e/test_launcher.py and tests/cluster)."""
 import io
+import signal
+import threading
+from collections import deque
+from types import SimpleNamespace
 
 import pytest
 
-from mxlarge.launcher._supervise import LineSink, describe_status
+from mxlarge.launcher._supervise import (
+    POLL_INTERVAL,
+    Backend,
+    LineSink,
+    Outcome,
+    Supervisor,
+    describe_status,
+    stall_outcome,
+    supervise,
+)
+from mxlarge.launcher.watchdog import Watchdog
+from tests.launcher.test_watchdog import Clock, put
 
 
 class _Broken(io.StringIO):
@@ -43,3 +60,193 @@ def test_other_errors_propagate():
                                          (-200, "signal 200 (unknown)")])
 def test_describe_status_names_the_signal(status, text):
     assert describe_status(status) == text
+
+
+def _stalled_dog(directory):
+    """A real watchdog (test clock) over real heartbeat files in which rank 1 (pid 101 on
+    hostA) stopped at step 5 and rank 0 (pid 100) waits for it: a stall at step 5."""
+    directory.mkdir(exist_ok=True)
+    clock = Clock()
+    dog = Watchdog(directory, 2, 10, lambda line: None, clock)
+    put(directory, 0, 5, issued=6, here=1)
+    put(directory, 1, 5, here=1)
+    assert dog.check() is None
+    for tick in range(2, 12):
+        put(directory, 0, 5, issued=6, here=1, tick=tick)
+        clock.t += 1.0
+    return dog
+
+
+def _child(pid, index, status=None, role="worker"):
+    # what stall_outcome reads of a Child: no process is needed for the rule
+    return SimpleNamespace(role=role, index=index, pid=pid, status=status,
+                           tail=deque([f"line of {pid}"]))
+
+
+def test_one_stall_rule_names_the_local_worker_behind(tmp_path):
+    """A local job: the worker whose pid the stalled rank's heartbeat names, with its launch
+    index, kvstore rank, host, the job's step and its last lines."""
+    children = [_child(100, 0), _child(101, 1), _child(7, 0, role="server")]
+    out = stall_outcome(_stalled_dog(tmp_path), children)
+    assert out is not None
+    assert (out.exit_code, out.reason, out.failed_role, out.failed_rank, out.failed_launch,
+            out.failed_kvstore_rank, out.failed_host, out.step, out.failed_output) == \
+        (124, "stalled", "worker", 1, 1, 1, "hostA", 5, ("line of 101",))
+    assert out.message.startswith("stalled: no worker advanced for 10 s")
+
+
+def test_one_stall_rule_for_remote_workers_and_ended_ones(tmp_path):
+    """A cluster job's local children (ssh clients, mpirun, srun) carry no worker's pid: the
+    stall names no process but keeps the step; once a worker's process ended there is no
+    stall verdict (its exit is the failure); no watchdog, no verdict."""
+    remote = [_child(9001, 0), _child(9002, 1)]
+    out = stall_outcome(_stalled_dog(tmp_path / "a"), remote)
+    assert out is not None
+    assert (out.exit_code, out.reason, out.failed_role, out.failed_rank, out.step) == \
+        (124, "stalled", None, None, 5)
+    ended = [_child(100, 0), _child(101, 1, status=0)]
+    assert stall_outcome(_stalled_dog(tmp_path / "b"), ended) is None
+    assert stall_outcome(None, remote) is None
+
+
+class _Kid:
+    """A child as the Supervisor and the loop read it (no process: the claim is the loop's)."""
+
+    def __init__(self, role, index, pid, label=None):
+        self.role, self.index, self.pid, self.status = role, index, pid, None
+        self.label = label or (role if index is None else f"{role} {index}")
+        self.tail = deque()
+
+    def check(self):
+        return self.status
+
+
+class _Run:
+    """A fake clock whose sleep runs the scripted events: ``events[n]`` before poll n + 1."""
+
+    def __init__(self, events):
+        self.t, self.sleeps, self.events = 0.0, 0, events
+
+    def clock(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += seconds
+        self.sleeps += 1
+        self.events.get(self.sleeps, lambda: None)()
+
+
+def _sup(*kids):
+    sup = Supervisor(io.StringIO())
+    sup.children = list(kids)
+    return sup
+
+
+def _backend(log, ending=lambda: False, ended=lambda s: None):
+    def explain(child):
+        log.append(("explain", child.label))
+        return Outcome(1, child.role, child.index, child.status, "explained", "crashed")
+
+    def terminated(sig):
+        log.append(("terminated", sig))
+        return Outcome(128 + sig, None, None, None, "terminated")
+
+    return Backend(explain, terminated, ending, ended)
+
+
+def test_the_loop_asks_signal_then_failure_then_stall_then_the_end(tmp_path):
+    """All four at one poll: the signal wins; without it the first failed child; a stall only
+    while no child failed; the end of the job only when nothing else applies."""
+    server = _Kid("server", 0, 7)
+    server.status = 1
+    stop, log = threading.Event(), []
+    stop.set()
+    dog = _stalled_dog(tmp_path / "a")
+    everything = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, None, None, None,
+                                                                              "done"))
+    run = _Run({})
+    out = supervise(_sup(server), everything, dog, stop, [signal.SIGHUP], clock=run.clock,
+                    sleep=run.sleep)
+    assert (out.exit_code, log, run.sleeps) == (128 + signal.SIGHUP, [("terminated", 1)], 0)
+    out = supervise(_sup(server), everything, dog, threading.Event(), [], clock=run.clock,
+                    sleep=run.sleep)
+    assert (out.message, log[-1]) == ("explained", ("explain", "server 0"))
+    worker = _Kid("worker", 1, 101)  # the stalled rank's heartbeat pid
+    out = supervise(_sup(worker, _Kid("server", 0, 7)), everything, dog, threading.Event(), [],
+                    clock=run.clock, sleep=run.sleep)
+    assert (out.reason, out.failed_rank) == ("stalled", 1)
+    stop.set()
+    log.clear()
+    supervise(_sup(), _backend(log), None, stop, [], clock=run.clock, sleep=run.sleep)
+    assert log == [("terminated", signal.SIGTERM)]  # set without a recorded signal
+
+
+def test_the_first_child_seen_to_fail_is_explained_at_the_poll_after_its_exit():
+    a, b = _Kid("worker", 0, 100), _Kid("worker", 1, 101)
+    log = []
+
+    def fail():
+        b.status = -9
+        a.status = 1  # both exited between two polls: the order of detection is the list's
+
+    run = _Run({3: fail})
+    out = supervise(_sup(a, b), _backend(log), None, threading.Event(), [], clock=run.clock,
+                    sleep=run.sleep)
+    assert (out.failed_rank, log, run.sleeps) == (0, [("explain", "worker 0")], 3)
+
+
+def test_the_end_is_judged_on_the_seconds_since_the_job_began_ending():
+    """``ended`` is asked at every poll once ``ending`` holds, with the seconds since the first
+    poll it held at, until it answers."""
+    worker = _Kid("worker", 0, 100)
+    seen = []
+
+    def ended(seconds):
+        seen.append(seconds)
+        return Outcome(0, None, None, None, "over") if seconds > 0.12 else None
+
+    def done():
+        worker.status = 0
+
+    run = _Run({2: done})
+    out = supervise(_sup(worker), _backend([], lambda: worker.status is not None, ended), None,
+                    threading.Event(), [], clock=run.clock, sleep=run.sleep)
+    assert out.message == "over"
+    assert seen == pytest.approx([0.0, POLL_INTERVAL, 2 * POLL_INTERVAL, 3 * POLL_INTERVAL])
+    assert run.sleeps == 2 + 3
+
+
+def test_a_local_job_ends_when_every_process_did_or_names_what_overran():
+    """run_local's end of job: success once all exited; a scheduler still waiting JOIN_GRACE
+    after the workers means no worker joined (exit 1); servers that overrun the shutdown
+    timeout are stopped, the job still succeeds."""
+    from mxlarge.launcher.local import JOIN_GRACE
+    from mxlarge.launcher.local import _backend as local_backend
+
+    sched, server, worker = (_Kid("scheduler", None, 1), _Kid("server", 0, 2),
+                             _Kid("worker", 0, 3))
+    sup = _sup(sched, server, worker)
+    ended = local_backend(sup, None, shutdown_timeout=10.0).ended
+    worker.status = 0
+    assert ended(0.0) is None and ended(JOIN_GRACE) is None
+    no_join = ended(JOIN_GRACE + 0.01)
+    assert (no_join.exit_code, no_join.message.split(":")[0]) == \
+        (1, "no worker joined the parameter server")
+    sched.status = 0
+    assert ended(JOIN_GRACE + 0.01) is None and ended(10.0) is None
+    hung = ended(10.01)
+    assert (hung.exit_code, hung.message) == \
+        (0, "all workers exited 0; server 0 did not exit within 10 s and were stopped")
+    server.status = 0
+    assert ended(0.0).message == ("job finished: 1 worker(s), 1 server(s) and the scheduler "
+                                  "exited 0")
+
+
+def test_close_closes_the_lease_pipe_of_a_child_whose_guard_never_started():
+    """An ssh child that fails before its guard starts gets no lease, so its stdin pipe is the
+    supervisor's to close (else a ResourceWarning at some later garbage collection)."""
+    sup = Supervisor(io.StringIO())
+    child = sup.spawn("worker", 0, ["true"], lease=True)
+    child.wait_exit()
+    sup.close(grace=1.0)
+    assert child.popen.stdin is not None and child.popen.stdin.closed

@@ -72,8 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("config")
     la.add_argument("overrides", nargs="*", metavar="key=value")
     la.add_argument("-n", "--workers", type=int, default=None,
-                    help="worker processes: the override dist.workers=N (default: the "
-                         "config's dist.workers)")
+                    help="worker processes, as the override dist.workers=N sets them "
+                         "(default: the config's dist.workers); the workers get the job's "
+                         "world as train --world")
     la.add_argument("-s", "--servers", type=int, default=None,
                     help="server processes: the override dist.servers=S (default: the "
                          "config's dist.servers)")

@@ -127,10 +127,6 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     """Trains per ``cfg``; tracks in MLflow unless ``tracking.enabled`` is false.
 
     Args:
-        world: the job's world as a launcher decided it (``mxlarge train --world``): it
-            replaces the config's ``dist.workers`` and ``dist.simulate_workers``
-            (:func:`mxlarge.plan.with_world`, which refuses one that contradicts the config).
-            None: the config's own (:func:`mxlarge.plan.world_of`).
         resume: ``latest`` or a checkpoint directory: continue exactly where it left off, in
             the checkpoint's MLflow run.
         run_id: the MLflow run a caller opened and will end (a launched job's, a sweep
@@ -139,6 +135,10 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
             :func:`mxlarge.tracking.open_run` decides.
         heartbeat_dir: where a launched worker reports its progress (what the launcher gave the
             process: :func:`mxlarge.protocol.heartbeat.launched_dir`); None: no reports.
+        world: the job's world as a launcher decided it (``mxlarge train --world``): it
+            replaces the config's ``dist.workers`` and ``dist.simulate_workers``
+            (:func:`mxlarge.plan.with_world`, which refuses one that contradicts the config).
+            None: the config's own (:func:`mxlarge.plan.world_of`).
     """
     import mxnet as mx
 

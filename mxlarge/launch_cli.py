@@ -94,8 +94,8 @@ def launch_config(path: str | Path, overrides: list[str], workers: int | None,
     The overrides are ``overrides`` and what launching adds to the config: a dist store (a
     local one would train k unsynchronised copies) and ``dist.servers`` = ``servers``, if
     given. ``workers`` (``-n``), if given, is the world's processes, put into the config as
-    ``dist.workers`` (:func:`~mxlarge.plan.with_world`): the config equals
-    ``load_config(path, [*overrides, f"dist.workers={workers}"])``, what ``mxlarge show`` reads.
+    ``dist.workers`` (:func:`~mxlarge.plan.with_world`): the config is what ``mxlarge show``
+    reads with the returned overrides and ``dist.workers=<workers>``.
     """
     cfg = load_config(path, overrides)
     extra = [] if cfg.dist.kvstore.startswith("dist") else ["dist.kvstore=dist_sync"]

@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--run-id", default=None, metavar="ID",
                    help="log into this existing MLflow run, which the caller ends (mxlarge "
                         "launch passes its job's run to every worker this way)")
+    t.add_argument("--world", default=None, metavar="PxDxSxN",
+                   help="train in this world: worker processes x devices x simulated workers x "
+                        "per-unit batch (e.g. 2x1x1x32), in place of the config's dist.workers "
+                        "and dist.simulate_workers (refused if it contradicts data.batch_size, "
+                        "dist.devices or a local store); mxlarge launch passes the world it "
+                        "decided to every worker this way")
 
     s = sub.add_parser("show", help="print the resolved config and derived numbers")
     s.add_argument("config", nargs="?", default=None)
@@ -66,8 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("config")
     la.add_argument("overrides", nargs="*", metavar="key=value")
     la.add_argument("-n", "--workers", type=int, default=None,
-                    help="worker processes: the override dist.workers=N (default: the "
-                         "config's dist.workers)")
+                    help="worker processes, as the override dist.workers=N sets them "
+                         "(default: the config's dist.workers); the workers get the job's "
+                         "world as train --world")
     la.add_argument("-s", "--servers", type=int, default=None,
                     help="server processes: the override dist.servers=S (default: the "
                          "config's dist.servers)")
@@ -214,14 +221,16 @@ def _load(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from mxlarge.plan import World
     from mxlarge.protocol.heartbeat import launched_dir
     from mxlarge.run import train
 
     cfg = _load(args)
-    # this process's root: what the caller gave it (--run-id, the launcher's heartbeat
+    # this process's root: what the caller gave it (--run-id, --world, the launcher's heartbeat
     # directory) is read here and passed down
+    world = World.parse(args.world) if args.world is not None else None
     result = train(cfg, args.config, resume=args.resume, run_id=args.run_id,
-                   heartbeat_dir=launched_dir())
+                   heartbeat_dir=launched_dir(), world=world)
     if result.rank == 0:
         acc = result.final.get("val/accuracy")
         print(f"done: {result.steps} steps on {result.plan.world.describe()} in "

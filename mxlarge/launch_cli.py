@@ -1,9 +1,12 @@
 """``mxlarge launch``: one MLflow run per job, then ps-lite roles via :mod:`mxlarge.launcher`.
 
-Every process runs the same ``mxlarge train CONFIG ...`` command: the scheduler and servers run
-their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`), the workers
-train. ``-n``/``-s`` are the overrides ``dist.workers``/``dist.servers`` (the command line wins
-over the file), so ``mxlarge show CONFIG dist.workers=N`` prints the plan this job runs. The
+Every process runs the same ``mxlarge train CONFIG ... --world PxDxSxN`` command: the scheduler
+and servers run their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`),
+the workers train. The job's world is decided here once (:func:`launch_config`: ``-n`` sets
+``dist.workers``, ``-s`` ``dist.servers``; the command line wins over the file, so ``mxlarge show
+CONFIG dist.workers=N`` prints the plan this job runs) and carried as a value: the
+:class:`~mxlarge.launcher.job.JobSpec`'s ``world``, which is the workers' number of processes
+and their ``--world`` (:attr:`~mxlarge.launcher.job.JobSpec.argv`). The
 job's run is decided here before anything starts (:func:`mxlarge.tracking.open_run`: given
 with ``--run-id`` by a caller that ends it, else the resumed checkpoint's, else a new one),
 passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and ended
@@ -13,9 +16,10 @@ the failure as tags (``failed_role``, ``failed_rank`` (launch index), ``failed_k
 failed process's last lines of output as the artifact ``failure/<role>-<index>.log``.
 
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
-world of the same global batch; the run records each world as tags ``world_<attempt>`` (and
-``workers_lost``) and the metric ``world/workers`` at the step the attempt starts from. An ssh
-job's restart after a host is lost runs from a hostfile of the answering hosts only
+world of the same global batch (the attempt's spec is the job's with that ``world``); the run
+records each world as tags ``world_<attempt>`` (and ``workers_lost``) and the metric
+``world/workers`` at the step the attempt starts from. An ssh job's restart after a host is
+lost runs from a hostfile of the answering hosts only
 (:func:`~mxlarge.launcher.restart.survivors_hostfile`).
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
 from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.cluster import HostEntry
+from mxlarge.launcher.job import JobSpec
 from mxlarge.launcher.restart import (
     Elastic,
     Failure,
@@ -44,7 +49,7 @@ from mxlarge.launcher.restart import (
     ssh_slots,
     survivors_hostfile,
 )
-from mxlarge.plan import World
+from mxlarge.plan import World, with_world, world_of
 
 
 def elastic_of(args: argparse.Namespace, world: World, servers: int,
@@ -82,44 +87,73 @@ def elastic_of(args: argparse.Namespace, world: World, servers: int,
         raise InputError(str(exc)) from None
 
 
-def world_overrides(world: World) -> list[str]:
-    """The overrides that make a launched job run ``world`` (the last ones win)."""
-    return [f"dist.workers={world.processes}", f"dist.simulate_workers={world.simulated}"]
+def launch_config(path: str | Path, overrides: list[str], workers: int | None,
+                  servers: int | None) -> tuple[Config, World, list[str]]:
+    """The config and world a launched job runs, and its workers' overrides.
 
-
-def launch_overrides(cfg: Config, workers: int | None, servers: int | None) -> list[str]:
-    """What launching adds to a config: a dist store and, if given, the world it runs in."""
-    # launching means distributed: a local store would train k unsynchronised copies
+    The overrides are ``overrides`` and what launching adds to the config: a dist store (a
+    local one would train k unsynchronised copies) and ``dist.servers`` = ``servers``, if
+    given. ``workers`` (``-n``), if given, is the world's processes, put into the config as
+    ``dist.workers`` (:func:`~mxlarge.plan.with_world`): the config is what ``mxlarge show``
+    reads with the returned overrides and ``dist.workers=<workers>``.
+    """
+    cfg = load_config(path, overrides)
     extra = [] if cfg.dist.kvstore.startswith("dist") else ["dist.kvstore=dist_sync"]
-    if workers is not None:
-        extra.append(f"dist.workers={workers}")
     if servers is not None:
         extra.append(f"dist.servers={servers}")
-    return extra
+    overrides = [*overrides, *extra]
+    cfg = load_config(path, overrides)
+    world = world_of(cfg, str(path))
+    if workers is not None:
+        world = dataclasses.replace(world, processes=workers)
+        cfg = with_world(cfg, world, "-n/--workers")
+    return cfg, world, overrides
+
+
+def job_spec(args: argparse.Namespace) -> tuple[JobSpec, Config]:
+    """``mxlarge launch``'s argv as the job (:class:`~mxlarge.launcher.job.JobSpec`) and the
+    config its workers run: the world decided once (:func:`launch_config`), the workers'
+    command ``mxlarge train CONFIG OVERRIDES...`` (to which the spec adds ``--world``).
+
+    Raises:
+        InputError: a count below its floor, an option the backend cannot apply.
+    """
+    from mxlarge.plan import servers_of
+
+    for flag, value in (("-n/--workers", args.workers), ("-s/--servers", args.servers)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} = {value}: expected an integer >= 1")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
+    cfg, world, overrides = launch_config(args.config, list(args.overrides), args.workers,
+                                          args.servers)
+    if args.max_restarts and not cfg.train.checkpoint_every:
+        # a restart resumes from the job's newest checkpoint: without any, it would start over
+        overrides.append("train.checkpoint_every=1")
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint_every=1))
+        print(f"mxlarge: --max-restarts {args.max_restarts}: checkpointing every epoch "
+              "(train.checkpoint_every=1) so that a restart resumes from the last one",
+              flush=True)
+    command = [sys.executable, "-m", "mxlarge.cli", "train",
+               str(Path(args.config).resolve()), *overrides]
+    try:  # the job as data, before any run is created or process started
+        spec = JobSpec(args.launcher, command, world, servers_of(cfg),
+                       stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
+                       firewall=args.firewall, port=args.port, hostfile=args.hostfile,
+                       pass_world=True)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return spec, cfg
 
 
 def launch(args: argparse.Namespace) -> int:
     from mxlarge import launcher
-    from mxlarge.plan import plan_for, servers_of
+    from mxlarge.plan import plan_for
 
-    overrides = list(args.overrides)
-    for flag, value in (("-n/--workers", args.workers), ("-s/--servers", args.servers)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} = {value}: expected an integer >= 1")
-    cfg = load_config(args.config, overrides)
-    overrides += launch_overrides(cfg, args.workers, args.servers)
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
-    if args.max_restarts and not cfg.train.checkpoint_every:
-        # a restart resumes from the job's newest checkpoint: without any, it would start over
-        overrides.append("train.checkpoint_every=1")
-        print(f"mxlarge: --max-restarts {args.max_restarts}: checkpointing every epoch "
-              "(train.checkpoint_every=1) so that a restart resumes from the last one",
-              flush=True)
-    cfg = load_config(args.config, overrides)
-    workers, servers = cfg.dist.workers, servers_of(cfg)
+    spec, cfg = job_spec(args)
+    workers, servers = spec.world.processes, spec.servers
     # Fail on a job that cannot run (world, batch, model) before starting any process.
-    plan = plan_for(cfg, args.config)
+    plan = plan_for(cfg, args.config, world=spec.world)
     lines = None
     if args.launcher in ("ssh", "mpi"):
         try:
@@ -131,7 +165,7 @@ def launch(args: argparse.Namespace) -> int:
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
     from mxlarge.launcher.firewall import FirewallError
-    from mxlarge.launcher.job import JobSpec, firewall_refusal, run_job
+    from mxlarge.launcher.job import firewall_refusal, run_job
     why = firewall_refusal(args.launcher, args.firewall)
     if why:  # before any run is created or process started
         raise InputError(f"--firewall on: {why}")
@@ -140,14 +174,6 @@ def launch(args: argparse.Namespace) -> int:
             launcher.local.ensure_port_free(args.port)
         except launcher.PortInUseError as exc:
             raise InputError(str(exc)) from None
-    command = [sys.executable, "-m", "mxlarge.cli", "train",
-               str(Path(args.config).resolve()), *overrides]
-    try:  # the job as data, before any run is created or process started
-        spec = JobSpec(args.launcher, command, workers, servers,
-                       stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
-                       firewall=args.firewall, port=args.port, hostfile=args.hostfile)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
     meta = path = None
     if args.resume is not None:
         from mxlarge import checkpoint
@@ -192,10 +218,8 @@ def launch(args: argparse.Namespace) -> int:
             if world != plan.world:
                 print(f"mxlarge: restart {number}: world {world.describe()} (lost: "
                       f"{', '.join(elastic.lost)})", flush=True)
-                n = len(spec.command)
-                job = dataclasses.replace(
-                    job, command=(*cmd[:n], *world_overrides(world), *cmd[n:]),
-                    workers=world.processes, servers=cfg.dist.servers or world.processes)
+                job = dataclasses.replace(job, world=world,
+                                          servers=cfg.dist.servers or world.processes)
                 if args.launcher == "local" and not args.no_tuning:
                     # CPU kernels reduce in an order that depends on the OpenMP team: every
                     # worker keeps the declared world's (tests/e2e/test_simulate.py)
@@ -208,7 +232,7 @@ def launch(args: argparse.Namespace) -> int:
         if elastic is not None and lines is not None and elastic.lost:
             # the answering hosts only, servers re-placed there (restart.survivors_hostfile)
             text = survivors_hostfile(*ssh_slots(lines, servers, workers), elastic.answering,
-                                      job.servers, job.workers)
+                                      job.servers, job.world.processes)
             print(f"mxlarge: restart {number}: hosts " + ", ".join(text.split()) +
                   f" ({job.servers} server(s) first; lost: {', '.join(elastic.lost)})",
                   flush=True)

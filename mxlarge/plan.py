@@ -20,10 +20,17 @@ be the one that runs:
 
 * a ``local``/``device`` store runs one worker process, so ``dist.workers`` must be 1
   (``dist.simulate_workers: K`` reproduces K workers in that one process);
-* a ``dist_*`` store runs ``dist.workers`` processes. ``mxlarge launch -n K`` *is* the override
-  ``dist.workers=K`` (the command line wins over the file, as every override does), so
-  ``mxlarge show CONFIG dist.workers=K`` prints what ``launch -n K`` runs. A launched worker
-  checks the store's real number of workers against the plan (:func:`check_processes`).
+* a ``dist_*`` store runs ``dist.workers`` processes. ``mxlarge launch -n K`` sets
+  ``dist.workers = K`` in the launcher's config (the command line wins over the file, as every
+  override does), so ``mxlarge show CONFIG dist.workers=K`` prints what ``launch -n K`` runs.
+
+The launcher decides the world once; from then on it is a value. Its workers receive it as
+``mxlarge train --world PxDxSxN`` (:meth:`World.to_arg`, :meth:`World.parse`), which
+:func:`with_world` puts into their config in place of ``dist.workers`` and
+``dist.simulate_workers``, refusing a world that contradicts the config's fixed facts (the
+per-unit batch, the devices per process, a one-process store). A worker still checks the
+store's real number of workers against the world (:func:`check_processes`): a job started by
+other means (a user's own ``mpirun -n`` or ``launch.py -n``) may have another.
 
 Which worlds are the *same computation* (:func:`same_math`): those with the same units k and the
 same per-unit batch n. Units are numbered alike in every world (device d of rank r is unit
@@ -33,11 +40,12 @@ world resumes in another, and :func:`elastic_world` picks one for the hosts that
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from mxlarge import schedulers
-from mxlarge.config import Config, ConfigError
+from mxlarge.config import Config, ConfigError, validate
 from mxlarge.schedulers import Schedule
 
 
@@ -72,6 +80,24 @@ class World:
         """B = k · n."""
         return self.units * self.batch
 
+    def to_arg(self) -> str:
+        """The world as one command-line word, ``PxDxSxN`` (processes x devices x simulated x
+        batch, e.g. ``2x1x1x32``); :meth:`parse` reads it back: ``parse(w.to_arg()) == w``."""
+        return f"{self.processes}x{self.devices}x{self.simulated}x{self.batch}"
+
+    @classmethod
+    def parse(cls, text: str, source: str = "--world") -> World:
+        """The world written by :meth:`to_arg`.
+
+        Raises:
+            ConfigError: anything but four integers >= 1 joined by ``x``.
+        """
+        parts = text.split("x")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise ConfigError(f"{source} {text!r}: expected PROCESSESxDEVICESxSIMULATEDxBATCH, "
+                              "four integers >= 1 (e.g. 2x1x1x32)")
+        return cls(*(int(p) for p in parts))
+
     def describe(self) -> str:
         """``16 worker(s) x 8 device(s) x 32 images = global batch 4096``."""
         parts = [f"{self.processes} worker(s)"]
@@ -100,16 +126,45 @@ def world_of(cfg: Config, source: str = "<config>") -> World:
                  batch=cfg.data.batch_size)
 
 
+def with_world(cfg: Config, world: World, source: str = "--world") -> Config:
+    """``cfg`` running in ``world`` (a launcher's decision): its ``dist.workers`` and
+    ``dist.simulate_workers`` are the world's, so that ``world_of(with_world(cfg, w)) == w`` and
+    the config a worker records (checkpoints, MLflow) is the one it runs.
+
+    Raises:
+        ConfigError: a world that contradicts what the config fixes: the per-unit batch
+            ``data.batch_size``, ``dist.devices``, or several processes on a one-process store;
+            one the config's own rules refuse (:func:`~mxlarge.config.validate`).
+    """
+    d = cfg.dist
+    for key, fixed, given in (("data.batch_size", cfg.data.batch_size, world.batch),
+                              ("dist.devices", d.devices, world.devices)):
+        if fixed != given:
+            raise ConfigError(f"{source} {world.to_arg()}: {key} = {fixed} in the config, "
+                              f"{given} in the world; expected {fixed} (a world changes only the "
+                              "processes and simulated workers)")
+    if not d.kvstore.startswith("dist") and world.processes != 1:
+        raise ConfigError(f"{source} {world.to_arg()}: {world.processes} processes, expected 1 "
+                          f"with dist.kvstore = {d.kvstore!r} (a local store trains in one "
+                          "process)")
+    run = dataclasses.replace(cfg, dist=dataclasses.replace(
+        d, workers=world.processes, simulate_workers=world.simulated))
+    validate(run, f"{source} {world.to_arg()}")  # the config's cross-field rules hold in it
+    return run
+
+
 def check_processes(world: World, actual: int, source: str = "<config>") -> None:
-    """A launched worker's check that the job has the processes the plan was made for.
+    """A worker's check that the store has the processes of its world (a job started by other
+    means than ``mxlarge launch``, e.g. ``mpirun -n``, may have another number).
 
     Raises:
         ConfigError: naming both numbers and what to change.
     """
     if actual != world.processes:
         raise ConfigError(
-            f"{source}: dist.workers = {world.processes}, but this job has {actual} worker "
-            f"process(es): launch it with -n {world.processes}, or set dist.workers={actual}")
+            f"{source}: the world has {world.processes} worker process(es) (dist.workers), but "
+            f"this job's store has {actual}: launch it with -n {world.processes}, or set "
+            f"dist.workers={actual}")
 
 
 def same_math(a: World, b: World) -> bool:
@@ -260,9 +315,11 @@ def _schedule(cfg: Config, peak: float, warmup_lr: float, warmup: int,
     return schedulers.Join((first, main), (warmup,))
 
 
-def plan_for(cfg: Config, source: str = "<config>", need_data: bool = False) -> Plan:
-    """:func:`plan` of the declared world (:func:`world_of`) and :func:`train_samples`."""
-    world = world_of(cfg, source)
+def plan_for(cfg: Config, source: str = "<config>", need_data: bool = False,
+             world: World | None = None) -> Plan:
+    """:func:`plan` of ``world`` (default: the declared one, :func:`world_of`) and
+    :func:`train_samples`."""
+    world = world if world is not None else world_of(cfg, source)
     samples, samples_from = train_samples(cfg, need_data)
     return plan(cfg, world, samples, samples_from, source)
 

@@ -1,8 +1,10 @@
 """Builds a training run from a config: plan, store, data, net, trainer, hooks; runs it.
 
 The same function runs in one process and inside every worker of a launched job. What the job
-is comes from :func:`mxlarge.plan.plan` (global batch, LR, steps, schedule); the store's real
-number of workers is checked against it, never used to re-derive it.
+is comes from :func:`mxlarge.plan.plan` (global batch, LR, steps, schedule) of its world: the one
+a launcher decided and passed down (``mxlarge train --world``), else the one the config declares
+(:func:`mxlarge.plan.world_of`). The store's real number of workers is checked against it, never
+used to re-derive it.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 
 from mxlarge.config import Config
 from mxlarge.errors import DivergenceError
-from mxlarge.plan import Plan, check_processes, plan, world_of
+from mxlarge.plan import Plan, World, check_processes, plan, with_world, world_of
 
 
 @dataclass
@@ -69,10 +71,11 @@ class Built:
 
 
 def build(cfg: Config, source: str = "<config>", kv: Any = None,
-          heartbeat_dir: Path | None = None) -> Built:
-    """Everything a run needs, in dependency order: world, store (rank; its number of workers
-    checked against the world), plan, data shard, net with Goyal init, trainer (reporting to
-    ``heartbeat_dir``, if given, for a launcher's stall watchdog)."""
+          heartbeat_dir: Path | None = None, world: World | None = None) -> Built:
+    """Everything a run needs, in dependency order: world (``world``, else the config's),
+    store (rank; its number of workers checked against the world), plan, data shard, net with
+    Goyal init, trainer (reporting to ``heartbeat_dir``, if given, for a launcher's stall
+    watchdog)."""
     import mxnet as mx
     import numpy as np
 
@@ -81,7 +84,7 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
     from mxlarge.kvstore import sync
     from mxlarge.trainer import Trainer
 
-    world = world_of(cfg, source)
+    world = world if world is not None else world_of(cfg, source)
     if kv is None and cfg.dist.kvstore.startswith("dist"):
         kv = sync.create(cfg.dist.kvstore)
     if kv is not None:
@@ -119,7 +122,8 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
 
 
 def train(cfg: Config, source: str = "<config>", resume: str | None = None,
-          run_id: str | None = None, heartbeat_dir: Path | None = None) -> RunResult:
+          run_id: str | None = None, heartbeat_dir: Path | None = None,
+          world: World | None = None) -> RunResult:
     """Trains per ``cfg``; tracks in MLflow unless ``tracking.enabled`` is false.
 
     Args:
@@ -131,6 +135,10 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
             :func:`mxlarge.tracking.open_run` decides.
         heartbeat_dir: where a launched worker reports its progress (what the launcher gave the
             process: :func:`mxlarge.protocol.heartbeat.launched_dir`); None: no reports.
+        world: the job's world as a launcher decided it (``mxlarge train --world``): it
+            replaces the config's ``dist.workers`` and ``dist.simulate_workers``
+            (:func:`mxlarge.plan.with_world`, which refuses one that contradicts the config).
+            None: the config's own (:func:`mxlarge.plan.world_of`).
     """
     import mxnet as mx
 
@@ -139,14 +147,18 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     from mxlarge.config import checkpoint_root, dump_yaml
 
     t0 = time.perf_counter()
+    if world is None:
+        world = world_of(cfg, source)
+    else:  # what the checkpoints and MLflow record is the config this world runs
+        cfg = with_world(cfg, world)
     ckpt_root = checkpoint_root(cfg)
     ckpt = meta = None
     if resume is not None:  # verify before anything is built or written
         ckpt = checkpoint.resolve(resume, ckpt_root)
         meta = checkpoint.read_meta(ckpt)
-        checkpoint.check_world(ckpt, meta, world_of(cfg, source))
+        checkpoint.check_world(ckpt, meta, world)
     # Building first validates the model and the data before any file is written.
-    b = build(cfg, source, heartbeat_dir=heartbeat_dir)
+    b = build(cfg, source, heartbeat_dir=heartbeat_dir, world=world)
     trainer, data, p, rank = b.trainer, b.data, b.plan, b.rank
     start_epoch = 0
     if ckpt is not None:

@@ -25,9 +25,10 @@ MLflow is skipped, so an interrupted sweep is resumed by running it again; faile
 
 Overrides apply in this order, later winning: the sweep's ``overrides``, the run's ``overrides``,
 the command line's ``key=value``, then ``train.seed`` from ``seeds`` (which is why no override may
-set ``train.seed``). In mode ``launch`` the launcher's own overrides (``dist.kvstore=dist_sync``
-for a non-dist config, ``dist.workers``, ``dist.servers``) are applied here too, so that the hash
-is the hash of the config the workers run.
+set ``train.seed``). In mode ``launch`` the config is the launcher's own
+(:func:`mxlarge.launch_cli.launch_config`: ``dist.kvstore=dist_sync`` for a non-dist config,
+``-n`` as ``dist.workers``, ``-s`` as ``dist.servers``), so that the hash is the hash of the
+config the workers run.
 
 The file is read by the config loader (:func:`mxlarge.config.load_dataclass` on :class:`Sweep`),
 with the same messages as an experiment file. Each cell's MLflow run is opened here, passed down
@@ -57,7 +58,7 @@ from mxlarge.config import (
     load_dataclass,
     read_yaml,
 )
-from mxlarge.launch_cli import launch_overrides
+from mxlarge.launch_cli import launch_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -232,16 +233,17 @@ def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
             where = f"{sweep.source}: run '{run.label}' seed {seed}"
             overrides = cell_overrides(sweep, run, cli, seed)
             try:
-                cfg = load_config(path, overrides)
                 if sweep.mode == "launch":
-                    overrides += launch_overrides(cfg, run.workers or sweep.workers,
-                                                  run.servers or sweep.servers)
+                    cfg, _, overrides = launch_config(path, overrides,
+                                                      run.workers or sweep.workers,
+                                                      run.servers or sweep.servers)
+                else:
                     cfg = load_config(path, overrides)
-                elif cfg.dist.kvstore.startswith("dist"):
-                    raise ConfigError(
-                        f"dist.kvstore = {cfg.dist.kvstore!r}: expected a local store in mode "
-                        "train (add dist.kvstore=local dist.workers=1 to the run's overrides, "
-                        "or use mode: launch)")
+                    if cfg.dist.kvstore.startswith("dist"):
+                        raise ConfigError(
+                            f"dist.kvstore = {cfg.dist.kvstore!r}: expected a local store in "
+                            "mode train (add dist.kvstore=local dist.workers=1 to the run's "
+                            "overrides, or use mode: launch)")
                 if not cfg.tracking.enabled:
                     raise ConfigError("tracking.enabled = false: expected true (a sweep is read "
                                       "back from MLflow)")

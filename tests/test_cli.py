@@ -44,3 +44,45 @@ def test_broken_launchers_are_refused_with_the_reason(name, capsys):
 def test_make_clean_removes_mlflow_artifacts():
     clean = (ROOT / "Makefile").read_text().split("clean:", 1)[1].splitlines()[1]
     assert {"mlruns", "mlruns.db"} <= set(clean.split())
+
+
+LOCAL = ["dist.kvstore=local", "dist.workers=1", "dist.check_every=0"]
+
+
+def test_train_world_is_the_world_it_trains_in(tmp_path, capsys):
+    """`train --world 1x1x2x8` (what a launcher passes) trains exactly as the config's own
+    `dist.simulate_workers=2`: bitwise the same weights and per-unit BN statistics."""
+    import glob
+
+    from tests.helpers import BN_CONFIG, load_params
+
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(BN_CONFIG)
+    assert main(["train", str(cfg), *LOCAL, f"train.save_params={tmp_path}/w-{{rank}}.params",
+                 "--world", "1x1x2x8"]) == 0
+    assert ("done: 12 steps on 1 worker(s) x 2 simulated worker(s) x 8 images = global batch "
+            "16") in capsys.readouterr().out
+    assert main(["train", str(cfg), *LOCAL, "dist.simulate_workers=2",
+                 f"train.save_params={tmp_path}/c-{{rank}}.params"]) == 0
+    saved = sorted(glob.glob(f"{tmp_path}/w-*"))
+    assert len(saved) == 4  # 2 units x (weights, own BN statistics)
+    for path in saved:
+        a, b = load_params(path), load_params(path.replace("/w-", "/c-"))
+        assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+@pytest.mark.parametrize("world,message", [
+    ("2x1", "--world '2x1': expected PROCESSESxDEVICESxSIMULATEDxBATCH, four integers >= 1 "
+            "(e.g. 2x1x1x32)"),
+    ("1x1x2x9", "--world 1x1x2x9: data.batch_size = 8 in the config, 9 in the world; expected "
+                "8 (a world changes only the processes and simulated workers)"),
+    ("2x1x1x8", "--world 2x1x1x8: 2 processes, expected 1 with dist.kvstore = 'local' (a local "
+                "store trains in one process)"),
+])
+def test_train_refuses_a_world_that_cannot_run_in_one_line(tmp_path, capsys, world, message):
+    from tests.helpers import EQ_CONFIG
+
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(EQ_CONFIG)
+    assert main(["train", str(cfg), *LOCAL, "--world", world]) == 2
+    assert capsys.readouterr().err == f"mxlarge: error: {message}\n"

@@ -18,6 +18,7 @@ from mxlarge.plan import (
     plan,
     plan_for,
     same_math,
+    with_world,
     world_of,
 )
 
@@ -41,11 +42,67 @@ def test_local_store_with_several_workers_is_refused_saying_what_to_set():
         world_of(cfg, "x.yaml")
 
 
-def test_a_launched_worker_refuses_another_number_of_processes():
-    with pytest.raises(ConfigError, match="dist.workers = 16, but this job has 2 worker process"
-                                          r"\(es\): launch it with -n 16"):
-        check_processes(World(processes=16), 2)
+def test_a_worker_refuses_a_store_of_another_size_naming_both_numbers():
+    with pytest.raises(ConfigError, match=r"^x.yaml: the world has 16 worker process\(es\) "
+                                          r"\(dist.workers\), but this job's store has 2: launch "
+                                          r"it with -n 16, or set dist.workers=2$"):
+        check_processes(World(processes=16), 2, "x.yaml")
     check_processes(World(processes=2), 2)
+
+
+@pytest.mark.parametrize("world", [World(1), World(2, 1, 1, 32), World(16, 8, 1, 32),
+                                   World(1, 1, 128, 32), World(3, 2, 5, 7)])
+def test_a_world_round_trips_through_its_command_line_word(world):
+    assert World.parse(world.to_arg()) == world
+    assert World(2, 1, 1, 32).to_arg() == "2x1x1x32"
+
+
+@pytest.mark.parametrize("text", ["", "2", "2x1x1", "2x1x1x32x1", "0x1x1x32", "2x1x1x-3",
+                                  "2X1X1X32", "2x1.5x1x32", "two", "2x1x1x32 "])
+def test_a_bad_world_word_is_refused_in_one_line_naming_it(text):
+    with pytest.raises(ConfigError) as e:
+        World.parse(text, "--world")
+    assert str(e.value) == (f"--world {text!r}: expected PROCESSESxDEVICESxSIMULATEDxBATCH, four "
+                            "integers >= 1 (e.g. 2x1x1x32)")
+
+
+def test_with_world_sets_the_processes_and_simulated_workers_only():
+    cfg = load_config(ROOT / "experiments/proxy/digits-largebatch.yaml")
+    world = World(1, cfg.dist.devices, 2 * cfg.dist.workers, cfg.data.batch_size)
+    run = with_world(cfg, world)
+    assert world_of(run) == world
+    assert run == dataclasses.replace(cfg, dist=dataclasses.replace(
+        cfg.dist, workers=1, simulate_workers=world.simulated))
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"batch": 33}, "--world 2x1x1x33: data.batch_size = 32 in the config, 33 in the world; "
+                    "expected 32 (a world changes only the processes and simulated workers)"),
+    ({"devices": 2}, "--world 2x2x1x32: dist.devices = 1 in the config, 2 in the world; "
+                     "expected 1 (a world changes only the processes and simulated workers)"),
+])
+def test_with_world_refuses_a_world_that_contradicts_the_config(change, message):
+    cfg = load_config(ROOT / "experiments/proxy/digits-largebatch.yaml", ["data.batch_size=32"])
+    with pytest.raises(ConfigError) as e:
+        with_world(cfg, dataclasses.replace(world_of(cfg), **change))
+    assert str(e.value) == message
+
+
+def test_with_world_keeps_the_configs_own_rules():
+    cfg = load_config(ROOT / "experiments/proxy/digits-largebatch.yaml", ["dist.devices=2"])
+    with pytest.raises(ConfigError, match=r"^--world 1x2x2x\d+: dist.simulate_workers = 2: "
+                                          "expected dist.devices = 1"):
+        with_world(cfg, dataclasses.replace(world_of(cfg), processes=1, simulated=2))
+
+
+def test_with_world_refuses_several_processes_on_a_local_store():
+    cfg = load_config(ROOT / "experiments/proxy/digits-largebatch.yaml",
+                      ["dist.kvstore=local", "dist.workers=1"])
+    assert with_world(cfg, World(1, 1, 4, cfg.data.batch_size)).dist.simulate_workers == 4
+    with pytest.raises(ConfigError, match=r"^--world 2x1x1x\d+: 2 processes, expected 1 with "
+                                          r"dist.kvstore = 'local' \(a local store trains in one "
+                                          r"process\)$"):
+        with_world(cfg, World(2, 1, 1, cfg.data.batch_size))
 
 
 def test_readme_128_gpu_command_prints_4096_and_1_6(capsys, monkeypatch):
@@ -64,17 +121,21 @@ def test_show_refuses_the_old_128_gpu_command(capsys, monkeypatch):
     assert "dist.workers = 16: expected 1 with dist.kvstore = 'local'" in capsys.readouterr().err
 
 
-def test_launch_n_is_the_dist_workers_override():
-    """`launch -n 3` against a file that declares 2 workers runs 3: the command line wins."""
-    from mxlarge.launch_cli import launch_overrides
+def test_launch_n_runs_what_show_prints_with_the_dist_workers_override():
+    """`launch -n 3` against a file that declares 2 workers runs 3: the command line wins, and
+    the world is a value (its workers get no `dist.workers=` text)."""
+    from mxlarge.launch_cli import launch_config
 
     path = ROOT / "experiments/proxy/digits-largebatch.yaml"
-    cfg = load_config(path)
-    assert cfg.dist.workers == 2
-    launched = load_config(path, launch_overrides(cfg, 3, None))
-    shown = load_config(path, ["dist.workers=3"])
-    assert plan_for(launched) == plan_for(shown)
-    assert plan_for(shown).world.processes == 3
+    assert load_config(path).dist.workers == 2
+    launched, world, overrides = launch_config(path, ["train.epochs=30"], 3, None)
+    shown = load_config(path, ["train.epochs=30", "dist.workers=3"])
+    assert launched == shown
+    assert plan_for(launched, world=world) == plan_for(shown)
+    assert world == plan_for(shown).world and world.processes == 3
+    assert overrides == ["train.epochs=30"]  # a dist config: launching adds nothing to it
+    _, _, local = launch_config(path, ["dist.kvstore=local"], None, 2)
+    assert local == ["dist.kvstore=local", "dist.kvstore=dist_sync", "dist.servers=2"]
 
 
 def test_plan_is_pure_and_schedule_follows_it():

@@ -12,6 +12,7 @@ from mxlarge.launcher.job import BACKENDS, JobSpec, firewall_refusal, launcher_c
 from mxlarge.launcher.local import PortInUseError
 from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
 from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
+from mxlarge.plan import World
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -58,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command given (put it after --)")
     if a.max_restarts < 0:
         p.error(f"--max-restarts {a.max_restarts}: expected an integer >= 0")
-    try:
-        spec = JobSpec(a.launcher, command, a.workers,
+    try:  # the world of a command of the user's own is its processes only (no --world added)
+        spec = JobSpec(a.launcher, command, World(processes=a.workers),
                        a.workers if a.servers is None else a.servers, env=dict(a.env),
                        stall_timeout=a.stall_timeout, tuning=not a.no_tuning,
                        firewall=a.firewall, port=a.port, hostfile=a.hostfile,

@@ -19,6 +19,7 @@ from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_run
 from mxlarge.launcher.firewall import local_refusal, refusal
 from mxlarge.launcher.local import run_local
+from mxlarge.plan import World
 
 BACKENDS = ("local", *SUPPORTED)
 
@@ -48,8 +49,9 @@ class JobSpec:
 
     Attributes:
         launcher: the backend (:data:`BACKENDS`).
-        command: argv run for every role.
-        workers: worker processes (>= 1).
+        command: argv run for every role (without the world: :attr:`argv`).
+        world: the job's world, decided once by the front end; its ``processes`` are the
+            worker processes (and ``DMLC_NUM_WORKER``).
         servers: server processes (>= 1).
         env: extra environment for every process (read-only).
         stall_timeout: seconds without progress that stop the job; ``None`` the default rule,
@@ -60,6 +62,8 @@ class JobSpec:
         hostfile: the ssh and mpi backends' hosts.
         host_ip: the address the scheduler of a cluster job binds (dmlc's ``--host-ip``).
         grace: seconds between SIGTERM and SIGKILL during teardown.
+        pass_world: ``command`` is an ``mxlarge train`` command, run with ``--world`` (a
+            user's own command is run as given).
 
     Raises:
         ValueError: an option the backend cannot apply (``port`` on a cluster backend,
@@ -68,7 +72,7 @@ class JobSpec:
 
     launcher: str
     command: tuple[str, ...]
-    workers: int
+    world: World
     servers: int
     env: Mapping[str, str] = field(default_factory=dict)
     stall_timeout: float | None = None
@@ -78,6 +82,7 @@ class JobSpec:
     hostfile: str | None = None
     host_ip: str | None = None
     grace: float = 10.0
+    pass_world: bool = False
 
     def __post_init__(self) -> None:
         try:  # an unknown or broken backend: refused with the reason
@@ -92,17 +97,26 @@ class JobSpec:
             raise ValueError("--port is for the local launcher (dmlc_tracker picks the "
                              "scheduler port)")
 
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """What every role runs: ``command``, and with ``pass_world`` the world as
+        ``--world PxDxSxN`` (:meth:`~mxlarge.plan.World.to_arg`), the one place it is written."""
+        if not self.pass_world:
+            return self.command
+        return (*self.command, "--world", self.world.to_arg())
+
 
 def run_job(spec: JobSpec) -> Outcome:
     """Runs ``spec`` once, supervised until it ends: :func:`run_local` for the local backend,
     :func:`cluster_run` (dmlc_tracker's ssh, mpi or slurm) for the others. Both print the
     outcome's line themselves."""
     if spec.launcher == "local":
-        return run_local(spec.command, workers=spec.workers, servers=spec.servers,
+        return run_local(spec.argv, workers=spec.world.processes, servers=spec.servers,
                          port=spec.port, env=spec.env, grace=spec.grace,
                          stall_timeout=spec.stall_timeout, tuning=spec.tuning)
     extra: dict[str, Any] = {"host_ip": spec.host_ip} if spec.host_ip else {}
-    return cluster_run(spec.launcher, spec.command, workers=spec.workers, servers=spec.servers,
+    return cluster_run(spec.launcher, spec.argv, workers=spec.world.processes,
+                       servers=spec.servers,
                        hostfile=spec.hostfile, env=spec.env, extra=extra, grace=spec.grace,
                        stall_timeout=spec.stall_timeout, tuning=spec.tuning,
                        firewall=spec.firewall)

@@ -43,6 +43,20 @@ def _worker(marker: str, index: int) -> int:
     raise AssertionError(f"no worker {index}")
 
 
+def _worlds(marker: str) -> set[str]:
+    """The ``--world`` of each live worker of the job; no worker may carry the world as
+    override text."""
+    found = set()
+    for pid in dmlc_processes(marker, "worker"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:  # ended meanwhile
+            continue
+        assert not any(a.startswith(("dist.workers=", "dist.simulate_workers=")) for a in argv)
+        found.add(argv[argv.index("--world") + 1])
+    return found
+
+
 @pytest.mark.timeout(400)
 def test_lost_worker_continues_as_one_worker_simulating_two_bitwise(tmp_path):
     cfg = tmp_path / "e.yaml"
@@ -60,8 +74,14 @@ def test_lost_worker_continues_as_one_worker_simulating_two_bitwise(tmp_path):
         deadline = time.time() + 200
         _wait_for(tmp_path / "b/epoch-0001/meta.json", deadline)
         _wait_for_step(str(tmp_path), SPE + 5, deadline)  # mid-epoch 2
+        assert _worlds(str(tmp_path)) == {"2x1x1x16"}  # the job's world, as a value
         lost.write_text("worker-1\n")  # its machine is gone: not coming back
         os.kill(_worker(str(tmp_path), 1), signal.SIGKILL)
+        worlds = {"2x1x1x16"}
+        while worlds <= {"2x1x1x16"} and time.time() < deadline:
+            time.sleep(0.05)
+            worlds = _worlds(str(tmp_path))
+        assert worlds == {"1x1x2x16"}  # the restart's spec: the same command, another world
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

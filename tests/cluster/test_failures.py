@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -313,21 +312,20 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
     link."""
     stall = 15
     job, obs = launch(testbed, work, "ssh", "--stall-timeout", str(stall), hostfile=SSH_HOSTS)
-    ns = testbed.netns("h2")
     try:
         training(obs)
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+        testbed.link("h2", up=False)
         cut = time.monotonic()
         named = wait_line(job, r"^\[launcher\] .*host 198\.18\.0\.12 unreachable \(no answer on "
                                r"port 22 within 2 s\)", cut)
         assert job.wait(30) != 0
         ended = time.monotonic()
         took = wait_gone(work, None, ended)  # the link is still down
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        testbed.link("h2", up=True)
         time.sleep(3)
         assert anything_of(str(work)) == []
     finally:
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=False)
+        testbed.link("h2", up=True)
         finish(job, obs, work)
     print(f"partition: named after {named:.1f} s, cut-off host empty {took:.1f} s after the end")
     assert named < stall + 3, (named, job.text()[-3000:])

@@ -12,7 +12,6 @@ tests/e2e/test_elastic.py.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -64,11 +63,10 @@ def _lose_h2(testbed: Testbed, work: Path, hosts: list[str], workers: int, epoch
     obs = Observer(testbed, str(work / "el"))
     job = start(testbed, "h0", _argv(work, "el", hosts, workers, epochs, decay,
                                      "--max-restarts", "1", "--elastic"), work)
-    ns = testbed.netns("h2")
     try:
         wait_until(lambda: (work / "el/ckpt/epoch-0001/meta.json").exists() or
                    job.proc.poll() is not None, 90, "the first checkpoint")
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+        testbed.link("h2", up=False)
         cut = time.monotonic()
         rc = job.wait(120)
         ended = time.monotonic()
@@ -76,7 +74,7 @@ def _lose_h2(testbed: Testbed, work: Path, hosts: list[str], workers: int, epoch
         procs = obs.stop()
         assert ref.wait(60) == 0, ref.text()[-4000:]
     finally:
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=False)
+        testbed.link("h2", up=True)
         finish(job, obs, work)
         if ref.proc.poll() is None:
             ref.proc.kill()

@@ -1,5 +1,6 @@
 """Failures across hosts, 2 workers + 2 servers over h1, h2 (scheduler on h0): kill -9 of a
-remote worker or server through ssh, mpirun and srun; ``scancel`` of a batch job, SIGTERM to
+remote worker and of a remote server through each of ssh, mpirun and srun (two jobs at once on
+the same hosts, one losing its worker, one its server); ``scancel`` of a batch job, SIGTERM to
 ``salloc``; h2's link going down. Each time the launcher names role, kvstore rank, host and
 cause (the signal, the termination, the unreachable host) within seconds, the job is gone from
 every host within 30 s (no process of it left in any namespace, the cut-off host included), and
@@ -11,9 +12,9 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -133,87 +134,126 @@ def finish(job: Job, obs: Observer, work: Path) -> None:
 SSH_HOSTS = "198.18.0.11\n198.18.0.12\n"
 
 
+@dataclass
+class Killed:
+    """One of :func:`kill_a_worker_and_a_server`'s jobs after the kill."""
+
+    work: Path
+    job: Job
+    victim: Proc
+    line: re.Match[str]  # the launcher's line naming the killed process
+    named: float  # seconds from the kill to that line
+    took: float  # seconds from the kill until nothing of the job is left on any host
+
+
+def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line: str,
+                               hostfile: str | None = None) -> dict[str, Killed]:
+    """Two jobs of ``launcher`` at once on the same hosts, each in its own directory (so its
+    Observer, heartbeats, MLflow store and :func:`anything_of` are its own; ps-lite picks the
+    ports): once both train, the worker on h2 of the one and the server on h2 of the other get
+    ``kill -9`` at the same moment. ``line`` is the pattern of the launcher's line naming the
+    kill, with ``{role}`` (and, for a worker, ``{rank}``: its heartbeat's kvstore rank, ``\\d``
+    for a server) in it. Returns each job by the role killed in it."""
+    jobs: dict[str, tuple[Job, Observer]] = {}
+    try:
+        for role in ("worker", "server"):
+            (work / role).mkdir()
+            jobs[role] = launch(testbed, work / role, launcher, hostfile=hostfile)
+            # dmlc_tracker finds a free port, then the scheduler binds it: the next job starts
+            # once this scheduler holds its port
+            wait_until(lambda o=jobs[role][1]: any(p.listen for p in o.by_role("scheduler")),
+                       150, f"the {role} job's scheduler listening")
+        procs = {role: training(obs) for role, (_, obs) in jobs.items()}
+        assert all(_environ_of(p.pid).get("PYTHONDONTWRITEBYTECODE") == "1"
+                   for p in procs["worker"] + procs["server"] if p.role != "scheduler"), \
+            "the launcher passes PYTHONDONTWRITEBYTECODE=1"
+        victims = {role: next(p for p in procs[role] if p.role == role and p.host == "h2")
+                   for role in jobs}
+        ranks = {"worker": str(beat_rank(work / "worker", victims["worker"].pid)),
+                 "server": r"\d"}
+        patterns = {role: line.format(role=role, rank=ranks[role]) for role in jobs}
+        killed = time.monotonic()
+        for p in victims.values():
+            os.kill(p.pid, signal.SIGKILL)
+        named: dict[str, float] = {}  # seconds from the kill, each job's own
+        took: dict[str, float] = {}
+        while len(took) < len(jobs) or len(named) < len(jobs):
+            now = time.monotonic() - killed
+            for role, (job, _) in jobs.items():
+                if role not in named and re.search(patterns[role], job.text(), re.M):
+                    named[role] = now
+                if role not in took and job.proc.poll() is not None \
+                        and not anything_of(str(work / role)):
+                    took[role] = now
+            assert now < 60, (named, took, {r: j.text()[-3000:] for r, (j, _) in jobs.items()})
+            time.sleep(0.2)
+    finally:
+        for role, (job, obs) in jobs.items():
+            finish(job, obs, work / role)
+    out = {}
+    for role, (job, _) in jobs.items():
+        print(f"{launcher} {role}: named after {named[role]:.1f} s, gone after "
+              f"{took[role]:.1f} s")
+        assert named[role] < 5 and took[role] < 30, (role, named, took, job.text()[-3000:])
+        m = re.search(patterns[role], job.text(), re.M)
+        assert m is not None
+        out[role] = Killed(work / role, job, victims[role], m, named[role], took[role])
+    return out
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("role", ["worker"])  # "server" passes too (0.2 s); left out for time
-def test_kill_9_of_a_remote_ssh_process_is_named_with_the_signal(testbed: Testbed, work: Path,
-                                                                 role: str) -> None:
+def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
+        testbed: Testbed, work: Path) -> None:
     """ssh's status 255 hides the signal; the remote guard (mxlarge/launcher/probe.py) tells
     it. The kvstore rank is the heartbeat's (worker) or the scheduler's assignment (server)."""
-    job, obs = launch(testbed, work, "ssh", hostfile=SSH_HOSTS)
-    try:
-        procs = training(obs)
-        victim = next(p for p in procs if p.role == role and p.host == "h2")
-        assert all(_environ_of(p.pid).get("PYTHONDONTWRITEBYTECODE") == "1" for p in procs
-                   if p.role != "scheduler"), "the launcher passes PYTHONDONTWRITEBYTECODE=1"
-        rank = beat_rank(work, victim.pid) if role == "worker" else None
-        killed = time.monotonic()
-        os.kill(victim.pid, signal.SIGKILL)
-        named = wait_line(job, rf"^\[launcher\] {role} rank (\d) on 198\.18\.0\.12 killed by "
-                               r"SIGKILL; stopping the job$", killed)
-        took = wait_gone(work, job, killed)
-    finally:
-        finish(job, obs, work)
-    print(f"ssh {role}: named after {named:.1f} s, gone after {took:.1f} s")
-    assert named < 5 and took < 30, (named, took, job.text()[-3000:])
-    assert job.proc.returncode == 128 + 9
-    assert "ssh could not connect" not in job.text()
-    said = int(re.search(rf"{role} rank (\d) on 198\.18\.0\.12 killed", job.text()).group(1))
-    assert rank in (None, said)
-    run = the_run(work)
-    assert run.info.status == "FAILED"
-    tags = run.data.tags
-    assert (tags["failed_role"], tags["failed_rank"], tags["failed_kvstore_rank"],
-            tags["failed_host"], tags["failed_status"]) == \
-        (role, str(said), str(said), testbed.addr("h2"), "-9"), tags
-    assert tags["failure"] == f"{role} rank {said} on 198.18.0.12 killed by SIGKILL", tags
+    jobs = kill_a_worker_and_a_server(
+        testbed, work, "ssh", r"^\[launcher\] {role} rank ({rank}) on 198\.18\.0\.12 killed by "
+                              r"SIGKILL; stopping the job$", hostfile=SSH_HOSTS)
+    for role, k in jobs.items():
+        assert k.job.proc.returncode == 128 + 9
+        assert "ssh could not connect" not in k.job.text()
+        said = int(k.line.group(1))  # a worker's: its heartbeat's (the pattern)
+        run = the_run(k.work)
+        assert run.info.status == "FAILED"
+        tags = run.data.tags
+        assert (tags["failed_role"], tags["failed_rank"], tags["failed_kvstore_rank"],
+                tags["failed_host"], tags["failed_status"]) == \
+            (role, str(said), str(said), testbed.addr("h2"), "-9"), tags
+        assert tags["failure"] == f"{role} rank {said} on 198.18.0.12 killed by SIGKILL", tags
 
 
 @pytest.mark.timeout(300)
-def test_kill_9_of_a_remote_mpi_server(testbed: Testbed, work: Path) -> None:
-    job, obs = launch(testbed, work, "mpi", hostfile="h1 slots=1\nh2 slots=1\n")
-    try:
-        victim = next(p for p in training(obs) if p.role == "server" and p.host == "h2")
-        killed = time.monotonic()
-        os.kill(victim.pid, signal.SIGKILL)
-        named = wait_line(job, r"^\[launcher\] server rank \d on h2 \(servers via mpirun, mpi "
-                               r"rank 1\) killed by SIGKILL", killed)
-        took = wait_gone(work, job, killed)
-    finally:
-        finish(job, obs, work)
-    print(f"mpi server: named after {named:.1f} s, gone after {took:.1f} s")
-    assert named < 5 and took < 30, (named, took, job.text()[-3000:])
-    assert job.proc.returncode != 0
-    run = the_run(work)
-    assert run.info.status == "FAILED"
-    tags = run.data.tags
-    # mpirun's report "process rank 1 with PID ... on node h2 exited on signal 9" + the rank
-    # the scheduler assigned to the server on h2
-    assert (tags["failed_role"], tags["failed_host"], tags["failed_status"]) == \
-        ("server", "h2", "-9"), (tags, job.text()[-3000:])
-    assert tags["failed_rank"] in ("0", "1") and "killed by SIGKILL" in tags["failure"], tags
+def test_kill_9_of_a_remote_mpi_server_and_worker(testbed: Testbed, work: Path) -> None:
+    jobs = kill_a_worker_and_a_server(
+        testbed, work, "mpi", r"^\[launcher\] {role} rank ({rank}) on h2 \({role}s via mpirun, "
+                              r"mpi rank 1\) killed by SIGKILL",
+        hostfile="h1 slots=1\nh2 slots=1\n")
+    for role, k in jobs.items():
+        assert k.job.proc.returncode != 0
+        run = the_run(k.work)
+        assert run.info.status == "FAILED"
+        tags = run.data.tags
+        # mpirun's report "process rank 1 with PID ... on node h2 exited on signal 9" + the
+        # rank the scheduler assigned to the process on h2 (a worker's: its heartbeat's)
+        assert (tags["failed_role"], tags["failed_host"], tags["failed_status"]) == \
+            (role, "h2", "-9"), (tags, k.job.text()[-3000:])
+        assert tags["failed_rank"] == k.line.group(1) in ("0", "1"), tags
+        assert "killed by SIGKILL" in tags["failure"], tags
 
 
 @pytest.mark.timeout(300)
-def test_kill_9_of_a_slurm_worker_then_sigterm_to_salloc(testbed: Testbed, work: Path) -> None:
+def test_kill_9_of_a_slurm_worker_and_server_then_sigterm_to_salloc(testbed: Testbed,
+                                                                    work: Path) -> None:
     """srun keeps a step alive when one task dies unless --kill-on-bad-exit; then its
     ``srun: error: h2: task 1: Killed`` names the signal. A SIGTERM to ``salloc`` makes Slurm
     cancel the steps, and the cause is the termination, not a server it cancelled."""
-    job, obs = launch(testbed, work, "slurm")
-    try:
-        victim = next(p for p in training(obs) if p.role == "worker" and p.host == "h2")
-        rank = beat_rank(work, victim.pid)
-        killed = time.monotonic()
-        os.kill(victim.pid, signal.SIGKILL)
-        named = wait_line(job, rf"^\[launcher\] worker rank {rank} on h2 \(workers via srun, "
-                               r"task \d\) killed by SIGKILL", killed)
-        took = wait_gone(work, job, killed)
-    finally:
-        finish(job, obs, work)
-    print(f"slurm worker: named after {named:.1f} s, gone after {took:.1f} s")
-    assert named < 5 and took < 30, (named, took, job.text()[-3000:])
-    tags = the_run(work).data.tags
-    assert (tags["failed_role"], tags["failed_rank"], tags["failed_host"],
-            tags["failed_status"]) == ("worker", str(rank), "h2", "-9"), tags
+    jobs = kill_a_worker_and_a_server(
+        testbed, work, "slurm", r"^\[launcher\] {role} rank ({rank}) on h2 \({role}s via srun, "
+                                r"task \d\) killed by SIGKILL")
+    for role, k in jobs.items():
+        tags = the_run(k.work).data.tags
+        assert (tags["failed_role"], tags["failed_rank"], tags["failed_host"],
+                tags["failed_status"]) == (role, k.line.group(1), "h2", "-9"), tags
 
     work2 = work / "salloc"
     work2.mkdir()
@@ -272,21 +312,20 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
     link."""
     stall = 15
     job, obs = launch(testbed, work, "ssh", "--stall-timeout", str(stall), hostfile=SSH_HOSTS)
-    ns = testbed.netns("h2")
     try:
         training(obs)
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "down"], check=True)
+        testbed.link("h2", up=False)
         cut = time.monotonic()
         named = wait_line(job, r"^\[launcher\] .*host 198\.18\.0\.12 unreachable \(no answer on "
                                r"port 22 within 2 s\)", cut)
         assert job.wait(30) != 0
         ended = time.monotonic()
         took = wait_gone(work, None, ended)  # the link is still down
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
+        testbed.link("h2", up=True)
         time.sleep(3)
         assert anything_of(str(work)) == []
     finally:
-        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=False)
+        testbed.link("h2", up=True)
         finish(job, obs, work)
     print(f"partition: named after {named:.1f} s, cut-off host empty {took:.1f} s after the end")
     assert named < stall + 3, (named, job.text()[-3000:])

@@ -17,6 +17,14 @@ Scheduler address
     We resolve the address once (:func:`guess_host_ip`, or ``extra["host_ip"]``) and make
     ``tracker.submit`` use it for every backend.
 
+Scheduler port (:func:`claimed_scheduler_port`)
+    dmlc's ``PSTracker`` takes the first port from 9091 up that it can bind, closes it, and
+    starts the scheduler, which binds it seconds later (after ``import mxnet``): two jobs
+    launched from one host at once take the same port and the second scheduler dies with
+    ``bind failed``. While a job's tracker picks its port and until its scheduler listens on
+    it, the launcher holds a lock file of this user's on this machine, so the next job's
+    tracker finds the port taken.
+
 Supervision
     Every backend starts its processes with ``subprocess.check_call`` in daemon threads (the
     scheduler locally, then ``ssh``/``mpirun``/``srun`` per role) and never looks at the
@@ -70,9 +78,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
 
@@ -232,6 +242,56 @@ def scheduler_address(tracker: ModuleType, host_ip: str) -> Iterator[None]:
         yield
     finally:
         tracker.submit = original
+
+
+#: Held while a tracker picks its scheduler port and until the scheduler listens on it.
+PORT_LOCK = Path(tempfile.gettempdir()) / f"mxlarge-{os.getuid()}-scheduler-port.lock"
+#: Longest wait for a starting scheduler to listen (it imports MXNet first).
+SCHEDULER_LISTEN_TIMEOUT = 60.0
+
+
+def listening(port: int) -> bool:
+    """Whether a TCP socket of this network namespace listens on ``port`` (any address), read
+    from ``/proc/net/tcp{,6}`` (state 0A), so nothing races the scheduler for the port."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A" and \
+                    int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def claimed_scheduler_port(tracker: ModuleType) -> Iterator[None]:
+    """Make ``tracker.PSTracker`` hold :data:`PORT_LOCK` from choosing its port until its
+    scheduler listens there (or has ended, or :data:`SCHEDULER_LISTEN_TIMEOUT` passed)."""
+    import fcntl
+
+    original = tracker.PSTracker
+
+    class Claimed(original):  # type: ignore[misc, valid-type]
+        def __init__(self, hostIP: str, cmd: str | None, port: int = 9091,  # noqa: N803
+                     port_end: int = 9999, envs: Mapping[str, str] | None = None) -> None:
+            with open(PORT_LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                super().__init__(hostIP, cmd, port, port_end, envs)
+                if cmd is None:
+                    return
+                deadline = time.monotonic() + SCHEDULER_LISTEN_TIMEOUT
+                while self.thread.is_alive() and not listening(self.port) and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+    tracker.PSTracker = Claimed
+    try:
+        yield
+    finally:
+        tracker.PSTracker = original
 
 
 # --------------------------------------------------------------------------- environment
@@ -748,7 +808,8 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
                               f"dmlc_tracker {launcher}")
     try:
         with tracker_compat(), _patched_subprocess([backend, tracker], shim), \
-                scheduler_address(tracker, args.host_ip), termination_signals(stop, received):
+                scheduler_address(tracker, args.host_ip), claimed_scheduler_port(tracker), \
+                termination_signals(stop, received):
             thread.start()
             outcome = supervise(sup, _backend(launcher, sup, thread, errors, stop, received,
                                               shutdown_timeout, explain), watchdog, stop,

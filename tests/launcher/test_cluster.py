@@ -103,3 +103,48 @@ def test_a_cluster_failure_is_one_outcome_and_an_interruption_is_not_restarted()
         (None, "launcher", 0, None, "10.0.0.1")
     for code in (130, 143, 129):
         assert _failed(code, "x", "server", 0, 0, "h1", 128 - code).reason is None
+
+
+def test_listening_reads_the_namespaces_tcp_table() -> None:
+    """What the scheduler-port claim waits for: a listening socket, found without binding."""
+    import socket
+
+    from mxlarge.launcher.cluster import listening
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert not listening(port)  # bound, not listening
+        s.listen()
+        assert listening(port)
+    assert not listening(port)
+
+
+def test_two_trackers_at_once_take_two_ports(tmp_path) -> None:
+    """dmlc's PSTracker closes the port it found free before its scheduler binds it; under the
+    claim a second tracker started meanwhile finds it taken (the real race: five jobs launched
+    at once in tests/cluster/test_jobs.py)."""
+    import threading
+
+    from dmlc_tracker import tracker
+
+    from mxlarge.launcher.cluster import claimed_scheduler_port, tracker_compat
+
+    # a "scheduler" that listens on its DMLC_PS_ROOT_PORT after a delay, as ps-lite's does
+    # after import mxnet, and holds it for a while
+    serve = (f"{sys.executable} -c \"import os, socket, time; time.sleep(0.5); "
+             "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+             "s.bind(('127.0.0.1', int(os.environ['DMLC_PS_ROOT_PORT']))); s.listen(); "
+             "time.sleep(1.5)\"")
+    ports: list[int] = []
+    with tracker_compat(), claimed_scheduler_port(tracker):
+        def one() -> None:
+            t = tracker.PSTracker("127.0.0.1", serve, port=9091, port_end=9999)
+            ports.append(t.port)
+            t.thread.join()
+        threads = [threading.Thread(target=one) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(set(ports)) == 2, ports

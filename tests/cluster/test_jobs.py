@@ -15,6 +15,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +27,13 @@ from mlflow.tracking import MlflowClient
 from mxlarge.data.tiny import make_imagenet
 from mxlarge.launcher.tuning import MALLOC
 from mxlarge.testbed import Testbed
-from tests.cluster.observe import Observer, start
+from tests.cluster.observe import Job, Observer, start
 from tests.helpers import EQ_CONFIG, cli, load_params
 
 PY = sys.executable  # the project venv's absolute path: what every host runs
 REPO = Path(__file__).resolve().parents[2]
 N_WORKERS, N_SERVERS = 2, 2
+pytestmark = pytest.mark.timeout(400)  # the first test's setup runs every job
 
 
 def write_config(work: Path, tracking: bool = True) -> Path:
@@ -103,42 +107,6 @@ def check_run(work: Path, hosts: str | None):  # type: ignore[no-untyped-def]
     return runs[0]
 
 
-def run_job(tb: Testbed, work: Path, argv: list[str], host: str = "h0",
-            timeout: float = 240) -> Observer:
-    obs = Observer(tb, str(work))
-    job = start(tb, host, argv, work)
-    try:
-        rc = job.wait(timeout)
-    finally:
-        obs.stop()
-    assert rc == 0, job.text()[-4000:]
-    assert "ssh could not connect" not in job.text()
-    return obs
-
-
-@pytest.mark.timeout(400)
-def test_mpi_job_spreads_over_three_hosts(testbed: Testbed, work: Path,
-                                          reference: dict[str, list[dict]]) -> None:
-    hosts = work / "hosts"
-    hosts.write_text("h1 slots=1\nh2 slots=1\n")
-    obs = run_job(testbed, work, launch_argv(write_config(work), "mpi", "-H", str(hosts)))
-    check_placement(testbed, obs, "h0", {"h0", "h1", "h2"})
-    check_weights(work, reference)
-    check_run(work, f"{testbed.addr('h0')},h1,h2")
-
-
-@pytest.mark.timeout(400)
-def test_slurm_srun_inside_an_allocation(testbed: Testbed, work: Path,
-                                         reference: dict[str, list[dict]]) -> None:
-    """``salloc -N 2 -w h1,h2 mxlarge launch ... --launcher slurm``: salloc runs the launcher
-    (and so the scheduler) on h0, the worker and server job steps run on h1 and h2."""
-    argv = ["salloc", "-N", "2", "-w", "h1,h2", *launch_argv(write_config(work), "slurm")]
-    obs = run_job(testbed, work, argv)
-    check_placement(testbed, obs, "h0", {"h0", "h1", "h2"})
-    check_weights(work, reference)
-    check_run(work, f"{testbed.addr('h0')},h1,h2")
-
-
 def slurm_job_end(tb: Testbed, work: Path, job_id: str, timeout: float) -> tuple[str, str]:
     """Polls ``scontrol show job`` until the batch job has ended: its (JobState, ExitCode)."""
     deadline = time.monotonic() + timeout
@@ -153,78 +121,157 @@ def slurm_job_end(tb: Testbed, work: Path, job_id: str, timeout: float) -> tuple
         time.sleep(0.5)
 
 
-@pytest.mark.timeout(400)
-def test_slurm_sbatch_of_the_project_batch_script(testbed: Testbed, work: Path,
-                                                  reference: dict[str, list[dict]]) -> None:
-    """``sbatch -N 2 launch/slurm.sbatch CONFIG``: the batch script runs on the first node (h1),
-    scheduler there, steps on h1 and h2."""
-    cfg = write_config(work)
-    argv = ["sbatch", "--parsable", "-N", "2", "-w", "h1,h2", f"--output={work}/slurm-%j.out",
-            str(REPO / "launch" / "slurm.sbatch"), str(cfg),
+@dataclass
+class Launched:
+    """One job of :func:`jobs`: its directory, what was observed, its exit status and output."""
+
+    work: Path
+    obs: Observer
+    rc: int
+    text: str
+
+
+THREE = ["h0", "h1", "h2"]  # h3 is the host outside every job (test_foreign_host.py)
+
+
+def _mpi(tb: Testbed, work: Path) -> list[str]:
+    (work / "hosts").write_text("h1 slots=1\nh2 slots=1\n")
+    return launch_argv(write_config(work), "mpi", "-H", str(work / "hosts"))
+
+
+def _srun(tb: Testbed, work: Path) -> list[str]:
+    return ["salloc", "-N", "2", "-w", "h1,h2", *launch_argv(write_config(work), "slurm")]
+
+
+def _sbatch(tb: Testbed, work: Path) -> list[str]:
+    return ["sbatch", "--parsable", "-N", "2", "-w", "h1,h2", f"--output={work}/slurm-%j.out",
+            str(REPO / "launch" / "slurm.sbatch"), str(write_config(work)),
             f"train.save_params={work}/w-{{rank}}.params"]
-    obs = Observer(testbed, str(work))
-    sub = start(testbed, "h0", argv, work, log_name="sbatch.log",
-                env={"MXLARGE_PYTHON": PY, "MXLARGE_WORKERS": str(N_WORKERS),
-                     "MXLARGE_SERVERS": str(N_SERVERS)})
-    try:
-        assert sub.wait(60) == 0, sub.text()
-        state = slurm_job_end(testbed, work, sub.text().split()[-1], 300)
-    finally:
-        obs.stop()
-    out = "".join(p.read_text() for p in work.glob("slurm-*.out"))
-    # what sbatch --wait would return (it polls every 2-10 s; this polls every 0.5 s)
-    assert state == ("COMPLETED", "0:0"), (state, out[-4000:])
-    check_placement(testbed, obs, "h1", {"h1", "h2"})
-    check_weights(work, reference)
-    check_run(work, f"{testbed.addr('h1')},h1,h2")
 
 
-@pytest.mark.timeout(400)
-def test_mxnet_launch_py_over_ssh(testbed: Testbed, work: Path,
-                                  reference: dict[str, list[dict]]) -> None:
-    """MXNet's tools/launch.py (ssh) through mxlarge.launcher.mxnet_launch, command
-    ``mxlarge train``: the rank-0 worker makes the MLflow run itself (no ``mxlarge launch``)."""
-    hosts = work / "hosts"
-    hosts.write_text(f"{testbed.addr('h1')}\n{testbed.addr('h2')}\n")
+def _launch_py(tb: Testbed, work: Path) -> list[str]:
+    (work / "hosts").write_text(f"{tb.addr('h1')}\n{tb.addr('h2')}\n")
     cfg = write_config(work)
     # Each rank opens the store; two of them creating a fresh sqlite schema at once fail
     # ("duplicate column name"). mxlarge launch creates it first; here the test does.
     MlflowClient(tracking_uri=f"sqlite:///{work}/mlruns.db").search_experiments()
     command = f"{PY} -m mxlarge.cli train {cfg} train.save_params={work}/w-{{rank}}.params"
-    argv = [PY, "-m", "mxlarge.launcher.mxnet_launch", "-n", str(N_WORKERS), "-s",
-            str(N_SERVERS), "--launcher", "ssh", "-H", str(hosts), command]
-    obs = run_job(testbed, work, argv)
-    check_placement(testbed, obs, "h0", {"h0", "h1", "h2"}, tuned=False)
-    check_weights(work, reference)
-    check_run(work, None)
+    return [PY, "-m", "mxlarge.launcher.mxnet_launch", "-n", str(N_WORKERS), "-s",
+            str(N_SERVERS), "--launcher", "ssh", "-H", str(work / "hosts"), command]
 
 
-
-@pytest.mark.timeout(400)
-def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed, work: Path) -> None:
-    """experiments/imagenet/mxnet-128gpu-4k.yaml as its layout runs (one worker process per
-    machine driving several devices, dist_device_sync, one server per machine), shrunk to fit:
-    3 hosts x 2 CPU devices x 2 images of 32 px, generated RecordIO, 3 steps."""
+def _imagenet(tb: Testbed, work: Path) -> list[str]:
     paths = make_imagenet(work, num_train=48, num_val=8, num_classes=4)
-    three = testbed.hosts[:3]  # h3 is the host outside every job (test_foreign_host.py)
-    hosts = work / "hosts"
-    hosts.write_text("".join(f"{testbed.addr(h)}\n" for h in three))
-    argv = [PY, "-m", "mxlarge.cli", "launch",
+    (work / "hosts").write_text("".join(f"{tb.addr(h)}\n" for h in THREE))
+    return [PY, "-m", "mxlarge.cli", "launch",
             str(REPO / "experiments/imagenet/mxnet-128gpu-4k.yaml"), "-n", "3", "-s", "3",
-            "--launcher", "ssh", "-H", str(hosts),
+            "--launcher", "ssh", "-H", str(work / "hosts"),
             f"data.train_rec={paths['train_rec']}", f"data.val_rec={paths['val_rec']}",
             "data.train_samples=null", "data.num_classes=4", "data.batch_size=2",
             "data.image_size=32", "data.resize=36", "data.threads=1", "dist.devices=2",
             "dist.device_type=cpu", "train.max_steps=3", "train.progress=false",
             f"tracking.uri=sqlite:///{work}/mlruns.db"]
-    obs = run_job(testbed, work, argv, timeout=360)
-    workers = obs.by_role("worker")
-    assert sorted(p.host for p in workers) == three  # one worker per host
-    assert sorted(p.host for p in obs.by_role("server")) == three
+
+
+JOBS = {"mpi": _mpi, "srun": _srun, "sbatch": _sbatch, "launch_py": _launch_py,
+        "imagenet": _imagenet}
+
+
+@pytest.fixture(scope="module")
+def jobs(testbed: Testbed) -> Iterator[dict[str, Launched]]:
+    """Every job of this module started at once from h0, each in its own directory (the
+    observers tell their processes apart by it; ps-lite picks its ports per job), then waited
+    for: the hosts run the backends side by side as a cluster runs several jobs. The sbatch job
+    has ended when Slurm says so (:func:`slurm_job_end`; its status is what ``sbatch --wait``
+    would return, polled every 0.5 s instead of 2-10 s)."""
+    started: dict[str, tuple[Path, Observer, Job]] = {}
+    try:
+        for name, argv_of in JOBS.items():
+            work = testbed.root / "work" / f"jobs-{name}-{uuid.uuid4().hex[:6]}"
+            work.mkdir(parents=True)
+            argv = argv_of(testbed, work)
+            sbatch = name == "sbatch"
+            env = {"MXLARGE_PYTHON": PY, "MXLARGE_WORKERS": str(N_WORKERS),
+                   "MXLARGE_SERVERS": str(N_SERVERS)} if sbatch else None
+            obs = Observer(testbed, str(work))
+            started[name] = (work, obs, start(testbed, "h0", argv, work, env=env,
+                                              log_name="sbatch.log" if sbatch else "job.log"))
+        done: dict[str, Launched] = {}
+        for name, (work, obs, job) in started.items():
+            if name == "sbatch":
+                assert job.wait(60) == 0, job.text()
+                state = slurm_job_end(testbed, work, job.text().split()[-1], 300)
+                out = "".join(p.read_text() for p in work.glob("slurm-*.out"))
+                done[name] = Launched(work, obs, 0 if state == ("COMPLETED", "0:0") else 1,
+                                      f"{state}\n{out}")
+            else:
+                rc = job.wait(360)
+                done[name] = Launched(work, obs, rc, job.text())
+    finally:
+        for _, obs, job in started.values():
+            obs.stop()
+            if job.proc.poll() is None:
+                job.proc.kill()
+    yield done
+
+
+def finished(launched: Launched) -> Observer:
+    """The job's observer, after checking that it ended well."""
+    assert launched.rc == 0, launched.text[-4000:]
+    assert "ssh could not connect" not in launched.text
+    return launched.obs
+
+
+def test_mpi_job_spreads_over_three_hosts(testbed: Testbed, jobs: dict[str, Launched],
+                                          reference: dict[str, list[dict]]) -> None:
+    job = jobs["mpi"]
+    check_placement(testbed, finished(job), "h0", {"h0", "h1", "h2"})
+    check_weights(job.work, reference)
+    check_run(job.work, f"{testbed.addr('h0')},h1,h2")
+
+
+def test_slurm_srun_inside_an_allocation(testbed: Testbed, jobs: dict[str, Launched],
+                                         reference: dict[str, list[dict]]) -> None:
+    """``salloc -N 2 -w h1,h2 mxlarge launch ... --launcher slurm``: salloc runs the launcher
+    (and so the scheduler) on h0, the worker and server job steps run on h1 and h2."""
+    job = jobs["srun"]
+    check_placement(testbed, finished(job), "h0", {"h0", "h1", "h2"})
+    check_weights(job.work, reference)
+    check_run(job.work, f"{testbed.addr('h0')},h1,h2")
+
+
+def test_slurm_sbatch_of_the_project_batch_script(testbed: Testbed, jobs: dict[str, Launched],
+                                                  reference: dict[str, list[dict]]) -> None:
+    """``sbatch -N 2 launch/slurm.sbatch CONFIG``: the batch script runs on the first node (h1),
+    scheduler there, steps on h1 and h2."""
+    job = jobs["sbatch"]
+    check_placement(testbed, finished(job), "h1", {"h1", "h2"})
+    check_weights(job.work, reference)
+    check_run(job.work, f"{testbed.addr('h1')},h1,h2")
+
+
+def test_mxnet_launch_py_over_ssh(testbed: Testbed, jobs: dict[str, Launched],
+                                  reference: dict[str, list[dict]]) -> None:
+    """MXNet's tools/launch.py (ssh) through mxlarge.launcher.mxnet_launch, command
+    ``mxlarge train``: the rank-0 worker makes the MLflow run itself (no ``mxlarge launch``)."""
+    job = jobs["launch_py"]
+    check_placement(testbed, finished(job), "h0", {"h0", "h1", "h2"}, tuned=False)
+    check_weights(job.work, reference)
+    check_run(job.work, None)
+
+
+def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed,
+                                                    jobs: dict[str, Launched]) -> None:
+    """experiments/imagenet/mxnet-128gpu-4k.yaml as its layout runs (one worker process per
+    machine driving several devices, dist_device_sync, one server per machine), shrunk to fit:
+    3 hosts x 2 CPU devices x 2 images of 32 px, generated RecordIO, 3 steps."""
+    job = jobs["imagenet"]
+    obs = finished(job)
+    assert sorted(p.host for p in obs.by_role("worker")) == THREE  # one worker per host
+    assert sorted(p.host for p in obs.by_role("server")) == THREE
     for p in obs.procs.values():
         assert p.host is not None and p.listen <= {testbed.addr(p.host), "127.0.0.1"}, p
-    text = (work / "job.log").read_text()
-    assert "done: 3 steps on 3 worker(s) x 2 device(s) x 2 images" in text, text[-3000:]
-    run = check_run(work, ",".join(testbed.addr(h) for h in three))
+    assert "done: 3 steps on 3 worker(s) x 2 device(s) x 2 images" in job.text, job.text[-3000:]
+    run = check_run(job.work, ",".join(testbed.addr(h) for h in THREE))
     assert run.data.params["dist.kvstore"] == "dist_device_sync"
     assert run.data.params["plan.global_batch"] == str(3 * 2 * 2)

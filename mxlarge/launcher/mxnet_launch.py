@@ -2,9 +2,10 @@
 
 ``python -m mxlarge.launcher.mxnet_launch -n 2 -s 1 --launcher local mxlarge train CFG`` runs
 the unmodified launch.py from the installed wheel inside :func:`tracker_compat` (without it the
-tracker crashes on ``Thread.isAlive`` after starting the scheduler and leaves it orphaned). The
-command is the same ``mxlarge train`` as everywhere: its scheduler and server roles start inside
-``import mxnet``.
+tracker crashes on ``Thread.isAlive`` after starting the scheduler and leaves it orphaned) and
+:func:`claimed_scheduler_port` (two jobs started at once from one host would take the same
+scheduler port). The command is the same ``mxlarge train`` as everywhere: its scheduler and
+server roles start inside ``import mxnet``.
 
 ``--launcher local`` keeps every process on loopback. dmlc's local backend calls
 ``tracker.submit`` without an address, so the scheduler would bind (and advertise) the address of
@@ -25,7 +26,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from mxlarge.launcher.cluster import scheduler_address, tracker_compat
+from mxlarge.launcher.cluster import claimed_scheduler_port, scheduler_address, tracker_compat
 from mxlarge.launcher.local import LOOPBACK
 
 
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [str(path), *argv]
     with contextlib.ExitStack() as stack:
         stack.enter_context(tracker_compat())
+        from dmlc_tracker import tracker
+        stack.enter_context(claimed_scheduler_port(tracker))
         if local:
-            from dmlc_tracker import tracker
             stack.enter_context(scheduler_address(tracker, LOOPBACK))
         runpy.run_path(str(path), run_name="__main__")
     return 0

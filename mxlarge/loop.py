@@ -286,10 +286,14 @@ class FinalParamsHook(Hook):
                 loop.net.save_parameters(path)
                 loop.artifacts["final_params"] = path
                 if getattr(loop.net, "_active", False):  # hybridized: a symbol to export
-                    model = Path(self.tmpdir) / "model"
-                    model.mkdir(exist_ok=True)
-                    loop.net.export(str(model / "model"))
-                    loop.artifacts["model"] = str(model)
+                    if getattr(loop.net, "_cached_graph", ()):
+                        model = Path(self.tmpdir) / "model"
+                        model.mkdir(exist_ok=True)
+                        loop.net.export(str(model / "model"))
+                        loop.artifacts["model"] = str(model)
+                    else:  # resumed after the last step: no forward ran, Gluon has no graph
+                        print("mxlarge: no steps left after the resume: the model symbol is "
+                              "not exported (the final parameters are)", flush=True)
             if self.template:
                 for unit in bn.unit_ids():
                     loop.net.save_parameters(self.template.format(rank=unit))

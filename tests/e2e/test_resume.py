@@ -137,3 +137,20 @@ def test_divergence_on_a_launched_job_fails_fast(tmp_path):
     client, runs = _runs(tmp_path)
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
     assert runs[0].data.tags["failed_role"] == "worker"
+
+
+@pytest.mark.timeout(120)
+def test_resume_from_the_last_checkpoint_finishes_with_nothing_left(tmp_path):
+    """A restart right after the final checkpoint (a job killed before it ended) resumes with
+    no step left: it must end cleanly, not fail exporting a graph no forward built."""
+    cfg = tmp_path / "r.yaml"
+    short = CONFIG.replace("epochs: 4", "epochs: 2").replace(
+        "decay: step,\n        decay_epochs: [3]", "decay: none")
+    cfg.write_text(short + f"tracking: {{enabled: true, uri: 'sqlite:///{tmp_path}/mlruns.db'}}\n")
+    a = cli(["train", str(cfg), f"train.checkpoint_dir={tmp_path}/c"], tmp_path)
+    assert a.returncode == 0, a.stdout[-2000:] + a.stderr[-2000:]
+    b = cli(["train", str(cfg), f"train.checkpoint_dir={tmp_path}/c", "--resume"], tmp_path)
+    assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
+    assert "the model symbol is not exported" in b.stdout
+    _, runs = _runs(tmp_path)
+    assert [r.info.status for r in runs] == ["FINISHED"]

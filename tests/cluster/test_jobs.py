@@ -222,42 +222,32 @@ def finished(launched: Launched) -> Observer:
     return launched.obs
 
 
-def test_mpi_job_spreads_over_three_hosts(testbed: Testbed, jobs: dict[str, Launched],
-                                          reference: dict[str, list[dict]]) -> None:
-    job = jobs["mpi"]
-    check_placement(testbed, finished(job), "h0", {"h0", "h1", "h2"})
+# job, where its scheduler runs, the hosts its processes run on, whether mxlarge's launcher
+# started it (its process settings reach every server and worker), the MLflow ``hosts`` tag:
+# - mpi: ``mxlarge launch --launcher mpi`` over h1, h2, scheduler on h0;
+# - srun: ``salloc -N 2 -w h1,h2 mxlarge launch ... --launcher slurm``: salloc runs the launcher
+#   (and so the scheduler) on h0, the worker and server job steps run on h1 and h2;
+# - sbatch: ``sbatch -N 2 launch/slurm.sbatch CONFIG``: the batch script runs on the first node
+#   (h1), scheduler there, steps on h1 and h2;
+# - launch_py: MXNet's tools/launch.py (ssh) through mxlarge.launcher.mxnet_launch, command
+#   ``mxlarge train``: the rank-0 worker makes the MLflow run itself (no ``mxlarge launch``).
+PLACED = [("mpi", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2"),
+          ("srun", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2"),
+          ("sbatch", "h1", {"h1", "h2"}, True, "{h1},h1,h2"),
+          ("launch_py", "h0", {"h0", "h1", "h2"}, False, None)]
+
+
+@pytest.mark.parametrize("name, scheduler, hosts, tuned, tag", PLACED,
+                         ids=[row[0] for row in PLACED])
+def test_a_backend_runs_the_2_plus_2_job_bitwise(testbed: Testbed, jobs: dict[str, Launched],
+                                                 reference: dict[str, list[dict]], name: str,
+                                                 scheduler: str, hosts: set[str], tuned: bool,
+                                                 tag: str | None) -> None:
+    job = jobs[name]
+    check_placement(testbed, finished(job), scheduler, hosts, tuned=tuned)
     check_weights(job.work, reference)
-    check_run(job.work, f"{testbed.addr('h0')},h1,h2")
-
-
-def test_slurm_srun_inside_an_allocation(testbed: Testbed, jobs: dict[str, Launched],
-                                         reference: dict[str, list[dict]]) -> None:
-    """``salloc -N 2 -w h1,h2 mxlarge launch ... --launcher slurm``: salloc runs the launcher
-    (and so the scheduler) on h0, the worker and server job steps run on h1 and h2."""
-    job = jobs["srun"]
-    check_placement(testbed, finished(job), "h0", {"h0", "h1", "h2"})
-    check_weights(job.work, reference)
-    check_run(job.work, f"{testbed.addr('h0')},h1,h2")
-
-
-def test_slurm_sbatch_of_the_project_batch_script(testbed: Testbed, jobs: dict[str, Launched],
-                                                  reference: dict[str, list[dict]]) -> None:
-    """``sbatch -N 2 launch/slurm.sbatch CONFIG``: the batch script runs on the first node (h1),
-    scheduler there, steps on h1 and h2."""
-    job = jobs["sbatch"]
-    check_placement(testbed, finished(job), "h1", {"h1", "h2"})
-    check_weights(job.work, reference)
-    check_run(job.work, f"{testbed.addr('h1')},h1,h2")
-
-
-def test_mxnet_launch_py_over_ssh(testbed: Testbed, jobs: dict[str, Launched],
-                                  reference: dict[str, list[dict]]) -> None:
-    """MXNet's tools/launch.py (ssh) through mxlarge.launcher.mxnet_launch, command
-    ``mxlarge train``: the rank-0 worker makes the MLflow run itself (no ``mxlarge launch``)."""
-    job = jobs["launch_py"]
-    check_placement(testbed, finished(job), "h0", {"h0", "h1", "h2"}, tuned=False)
-    check_weights(job.work, reference)
-    check_run(job.work, None)
+    check_run(job.work, None if tag is None else
+              tag.format(h0=testbed.addr("h0"), h1=testbed.addr("h1")))
 
 
 def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed,

@@ -57,6 +57,7 @@ def _worlds(marker: str) -> set[str]:
     return found
 
 
+@pytest.mark.slow  # two launches and a restart: the fast tier stays <= 10 min
 @pytest.mark.timeout(400)
 def test_lost_worker_continues_as_one_worker_simulating_two_bitwise(tmp_path):
     cfg = tmp_path / "e.yaml"

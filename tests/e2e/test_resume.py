@@ -139,6 +139,7 @@ def test_divergence_on_a_launched_job_fails_fast(tmp_path):
     assert runs[0].data.tags["failed_role"] == "worker"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_resume_from_the_last_checkpoint_finishes_with_nothing_left(tmp_path):
     """A restart right after the final checkpoint (a job killed before it ended) resumes with

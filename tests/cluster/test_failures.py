@@ -158,11 +158,9 @@ def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line
     try:
         for role in ("worker", "server"):
             (work / role).mkdir()
+            # both at once: the launchers claim their scheduler ports themselves
+            # (mxlarge.launcher.cluster.claimed_scheduler_port)
             jobs[role] = launch(testbed, work / role, launcher, hostfile=hostfile)
-            # dmlc_tracker finds a free port, then the scheduler binds it: the next job starts
-            # once this scheduler holds its port
-            wait_until(lambda o=jobs[role][1]: any(p.listen for p in o.by_role("scheduler")),
-                       150, f"the {role} job's scheduler listening")
         procs = {role: training(obs) for role, (_, obs) in jobs.items()}
         assert all(_environ_of(p.pid).get("PYTHONDONTWRITEBYTECODE") == "1"
                    for p in procs["worker"] + procs["server"] if p.role != "scheduler"), \

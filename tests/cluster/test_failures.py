@@ -1,10 +1,10 @@
 """Failures across hosts, 2 workers + 2 servers over h1, h2 (scheduler on h0): kill -9 of a
 remote worker and of a remote server through each of ssh, mpirun and srun (two jobs at once on
-the same hosts, one losing its worker, one its server); ``scancel`` of a batch job, SIGTERM to
-``salloc``; h2's link going down. Each time the launcher names role, kvstore rank, host and
-cause (the signal, the termination, the unreachable host) within seconds, the job is gone from
-every host within 30 s (no process of it left in any namespace, the cut-off host included), and
-its MLflow run is FAILED with those tags.
+the same hosts, one losing its worker, one its server), ``scancel`` of a batch job beside the
+mpirun ones, SIGTERM to ``salloc`` beside the srun ones; h2's link going down. Each time the
+launcher names role, kvstore rank, host and cause (the signal, the termination, the unreachable
+host) within seconds, the job is gone from every host within 30 s (no process of it left in any
+namespace, the cut-off host included), and its MLflow run is FAILED with those tags.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,39 +147,61 @@ class Killed:
     took: float  # seconds from the kill until nothing of the job is left on any host
 
 
+@dataclass
+class Beside:
+    """A third job of :func:`kill_a_worker_and_a_server`: how it starts (in its directory),
+    what is done to it at the moment of the kills; after the kills, ``took``: seconds until
+    nothing of it is left on any host."""
+
+    start: Callable[[Path], tuple[Job, Observer]]
+    act: Callable[[Job], None]
+    work: Path | None = None
+    job: Job | None = None
+    took: float | None = None
+
+
 def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line: str,
-                               hostfile: str | None = None) -> dict[str, Killed]:
-    """Two jobs of ``launcher`` at once on the same hosts, each in its own directory (so its
-    Observer, heartbeats, MLflow store and :func:`anything_of` are its own; ps-lite picks the
-    ports): once both train, the worker on h2 of the one and the server on h2 of the other get
-    ``kill -9`` at the same moment. ``line`` is the pattern of the launcher's line naming the
-    kill, with ``{role}`` (and, for a worker, ``{rank}``: its heartbeat's kvstore rank, ``\\d``
-    for a server) in it. Returns each job by the role killed in it."""
+                               hostfile: str | None = None,
+                               beside: Beside | None = None) -> dict[str, Killed]:
+    """Two jobs of ``launcher`` at once on the same hosts (and ``beside``, if given), each in
+    its own directory (so its Observer, heartbeats, MLflow store and :func:`anything_of` are
+    its own; ps-lite picks the ports): once all train, the worker on h2 of the one and the
+    server on h2 of the other get ``kill -9`` at the same moment (and ``beside.act`` is done).
+    ``line`` is the pattern of the launcher's line naming the kill, with ``{role}`` (and, for a
+    worker, ``{rank}``: its heartbeat's kvstore rank, ``\\d`` for a server) in it. Returns each
+    job by the role killed in it; fills in ``beside``."""
     jobs: dict[str, tuple[Job, Observer]] = {}
     try:
         for role in ("worker", "server"):
             (work / role).mkdir()
-            # both at once: the launchers claim their scheduler ports themselves
+            # all at once: the launchers claim their scheduler ports themselves
             # (mxlarge.launcher.cluster.claimed_scheduler_port)
             jobs[role] = launch(testbed, work / role, launcher, hostfile=hostfile)
+        if beside is not None:
+            beside.work = work / "beside"
+            beside.work.mkdir()
+            jobs["beside"] = beside.start(beside.work)
         procs = {role: training(obs) for role, (_, obs) in jobs.items()}
         assert all(_environ_of(p.pid).get("PYTHONDONTWRITEBYTECODE") == "1"
-                   for p in procs["worker"] + procs["server"] if p.role != "scheduler"), \
+                   for ps in procs.values() for p in ps if p.role != "scheduler"), \
             "the launcher passes PYTHONDONTWRITEBYTECODE=1"
         victims = {role: next(p for p in procs[role] if p.role == role and p.host == "h2")
-                   for role in jobs}
+                   for role in ("worker", "server")}
         ranks = {"worker": str(beat_rank(work / "worker", victims["worker"].pid)),
                  "server": r"\d"}
-        patterns = {role: line.format(role=role, rank=ranks[role]) for role in jobs}
+        patterns = {role: line.format(role=role, rank=ranks[role]) for role in victims}
         killed = time.monotonic()
         for p in victims.values():
             os.kill(p.pid, signal.SIGKILL)
+        if beside is not None:
+            beside.act(jobs["beside"][0])
         named: dict[str, float] = {}  # seconds from the kill, each job's own
         took: dict[str, float] = {}
-        while len(took) < len(jobs) or len(named) < len(jobs):
+        while len(took) < len(jobs) or len(named) < len(patterns):
             now = time.monotonic() - killed
             for role, (job, _) in jobs.items():
-                if role not in named and re.search(patterns[role], job.text(), re.M):
+                if role in patterns and role not in named \
+                        and re.search(patterns[role], job.text(), re.M):
                     named[role] = now
                 if role not in took and job.proc.poll() is not None \
                         and not anything_of(str(work / role)):
@@ -189,13 +212,17 @@ def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line
         for role, (job, obs) in jobs.items():
             finish(job, obs, work / role)
     out = {}
-    for role, (job, _) in jobs.items():
+    for role in victims:
+        job = jobs[role][0]
         print(f"{launcher} {role}: named after {named[role]:.1f} s, gone after "
               f"{took[role]:.1f} s")
         assert named[role] < 5 and took[role] < 30, (role, named, took, job.text()[-3000:])
         m = re.search(patterns[role], job.text(), re.M)
         assert m is not None
         out[role] = Killed(work / role, job, victims[role], m, named[role], took[role])
+    if beside is not None:
+        beside.job, beside.took = jobs["beside"][0], took["beside"]
+        print(f"{launcher} beside: gone after {beside.took:.1f} s")
     return out
 
 
@@ -220,12 +247,38 @@ def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
         assert tags["failure"] == f"{role} rank {said} on 198.18.0.12 killed by SIGKILL", tags
 
 
+def sbatch_job(testbed: Testbed) -> Callable[[Path], tuple[Job, Observer]]:
+    """Starts ``sbatch launch/slurm.sbatch`` (2 + 2 on h1, h2) in a directory; its Job is the
+    ``sbatch --parsable`` that printed the job id (it has exited once the job is queued)."""
+    def start_it(work: Path) -> tuple[Job, Observer]:
+        obs = Observer(testbed, str(work))
+        # --exclusive=user (over the script's --exclusive): it shares h1, h2 with the jobs
+        # beside it
+        sub = start(testbed, "h0", ["sbatch", "--parsable", "-N", "2", "-w", "h1,h2",
+                                    "--exclusive=user", f"--output={work}/slurm-%j.out",
+                                    str(REPO / "launch" / "slurm.sbatch"),
+                                    str(write_config(work))],
+                    work, log_name="sbatch.log",
+                    env={"MXLARGE_PYTHON": PY, "MXLARGE_WORKERS": "2", "MXLARGE_SERVERS": "2"})
+        assert sub.wait(60) == 0, sub.text()
+        return sub, obs
+    return start_it
+
+
 @pytest.mark.timeout(300)
-def test_kill_9_of_a_remote_mpi_server_and_worker(testbed: Testbed, work: Path) -> None:
+def test_kill_9_of_a_remote_mpi_server_and_worker_and_scancel_of_a_batch_job(
+        testbed: Testbed, work: Path) -> None:
+    """Beside the two mpirun jobs, ``scancel`` of an ``sbatch`` of launch/slurm.sbatch: Slurm's
+    SIGTERM reaches the batch step (``mxlarge launch``, exec'd by the script) first, and the
+    job's run names the termination on the first node."""
+    cancel: list[Job] = []
+    batch = Beside(sbatch_job(testbed), lambda sub: cancel.append(start(
+        testbed, "h0", ["scancel", sub.text().split()[-1]], sub.log.parent,
+        log_name="scancel.log")))
     jobs = kill_a_worker_and_a_server(
         testbed, work, "mpi", r"^\[launcher\] {role} rank ({rank}) on h2 \({role}s via mpirun, "
                               r"mpi rank 1\) killed by SIGKILL",
-        hostfile="h1 slots=1\nh2 slots=1\n")
+        hostfile="h1 slots=1\nh2 slots=1\n", beside=batch)
     for role, k in jobs.items():
         assert k.job.proc.returncode != 0
         run = the_run(k.work)
@@ -238,66 +291,43 @@ def test_kill_9_of_a_remote_mpi_server_and_worker(testbed: Testbed, work: Path) 
         assert tags["failed_rank"] == k.line.group(1) in ("0", "1"), tags
         assert "killed by SIGKILL" in tags["failure"], tags
 
+    assert cancel[0].wait(30) == 0, cancel[0].text()
+    assert batch.work is not None and batch.took is not None
+    out = "".join(p.read_text() for p in batch.work.glob("slurm-*.out"))
+    assert batch.took < 30, (batch.took, out[-3000:])
+    run = the_run(batch.work)
+    assert run.info.status == "FAILED", out[-3000:]
+    tags = run.data.tags
+    assert (tags["failed_role"], tags["failed_rank"], tags["failed_host"]) == \
+        ("launcher", "0", testbed.addr("h1")), (tags, out[-3000:])
+    assert tags["failure"] == "launcher received SIGTERM; job torn down"
+
 
 @pytest.mark.timeout(300)
-def test_kill_9_of_a_slurm_worker_and_server_then_sigterm_to_salloc(testbed: Testbed,
-                                                                    work: Path) -> None:
+def test_kill_9_of_a_slurm_worker_and_server_and_sigterm_to_salloc(testbed: Testbed,
+                                                                   work: Path) -> None:
     """srun keeps a step alive when one task dies unless --kill-on-bad-exit; then its
-    ``srun: error: h2: task 1: Killed`` names the signal. A SIGTERM to ``salloc`` makes Slurm
-    cancel the steps, and the cause is the termination, not a server it cancelled."""
+    ``srun: error: h2: task 1: Killed`` names the signal. Beside them, a SIGTERM to ``salloc``
+    makes Slurm cancel the steps, and the cause is the termination, not a server it
+    cancelled."""
+    term = Beside(lambda w: launch(testbed, w, "slurm"),
+                  # the `on` wrapper execs salloc: this is salloc
+                  lambda job: job.proc.send_signal(signal.SIGTERM))
     jobs = kill_a_worker_and_a_server(
         testbed, work, "slurm", r"^\[launcher\] {role} rank ({rank}) on h2 \({role}s via srun, "
-                                r"task \d\) killed by SIGKILL")
+                                r"task \d\) killed by SIGKILL", beside=term)
     for role, k in jobs.items():
         tags = the_run(k.work).data.tags
         assert (tags["failed_role"], tags["failed_rank"], tags["failed_host"],
                 tags["failed_status"]) == (role, k.line.group(1), "h2", "-9"), tags
 
-    work2 = work / "salloc"
-    work2.mkdir()
-    job, obs = launch(testbed, work2, "slurm")
-    try:
-        training(obs)
-        termed = time.monotonic()
-        job.proc.send_signal(signal.SIGTERM)  # the `on` wrapper execs salloc: this is salloc
-        took = wait_gone(work2, job, termed)
-    finally:
-        finish(job, obs, work2)
-    assert took < 30, (took, job.text()[-3000:])
-    tags = the_run(work2).data.tags
-    assert tags["failed_role"] == "launcher", (job.text()[-3000:], tags)
+    assert term.work is not None and term.job is not None and term.took is not None
+    assert term.took < 30, (term.took, term.job.text()[-3000:])
+    tags = the_run(term.work).data.tags
+    assert tags["failed_role"] == "launcher", (term.job.text()[-3000:], tags)
     assert re.fullmatch(r"launcher received SIG(TERM|HUP); job torn down|Slurm ended the "
                         r"allocation \(job \d+ \w+\): the job was cancelled or its allocation "
                         r"revoked; job torn down", tags["failure"]), tags
-
-
-@pytest.mark.timeout(300)
-def test_scancel_of_a_slurm_batch_job(testbed: Testbed, work: Path) -> None:
-    obs = Observer(testbed, str(work))
-    sub = start(testbed, "h0", ["sbatch", "--parsable", "-N", "2", "-w", "h1,h2",
-                                f"--output={work}/slurm-%j.out",
-                                str(REPO / "launch" / "slurm.sbatch"), str(write_config(work))],
-                work, log_name="sbatch.log",
-                env={"MXLARGE_PYTHON": PY, "MXLARGE_WORKERS": "2", "MXLARGE_SERVERS": "2"})
-    assert sub.wait(60) == 0, sub.text()
-    job_id = sub.text().split()[-1]
-    try:
-        training(obs)
-        cancel = start(testbed, "h0", ["scancel", job_id], work, log_name="scancel.log")
-        cancelled = time.monotonic()
-        assert cancel.wait(30) == 0, cancel.text()
-        took = wait_gone(work, None, cancelled)
-    finally:
-        obs.stop()
-    out = (work / f"slurm-{job_id}.out").read_text()
-    assert took < 30, (took, out[-3000:])
-    run = the_run(work)
-    assert run.info.status == "FAILED", out[-3000:]
-    tags = run.data.tags
-    # Slurm's SIGTERM reaches the batch step (mxlarge launch, exec'd by slurm.sbatch) first
-    assert (tags["failed_role"], tags["failed_rank"], tags["failed_host"]) == \
-        ("launcher", "0", testbed.addr("h1")), (tags, out[-3000:])
-    assert tags["failure"] == "launcher received SIGTERM; job torn down"
 
 
 @pytest.mark.timeout(300)

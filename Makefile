@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mxlarge-installed
 
-.PHONY: demo test test-slow test-cluster test-ui bench bench-cluster bench-peers bench-peers-cluster lint clean
+.PHONY: demo test test-slow test-cluster test-cluster-slow test-ui bench bench-cluster bench-peers bench-peers-cluster lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,7 +38,10 @@ test-ui: $(STAMP)
 # Real ssh, Open MPI and Slurm jobs across network-namespace hosts on this machine (root; installs
 # its Debian packages when missing). See mxlarge/testbed.py and launch/README.md.
 test-cluster: $(STAMP)
-	$(BIN)/python -m pytest -q tests/cluster
+	$(BIN)/python -m pytest -q tests/cluster -m "not slow"
+
+test-cluster-slow: $(STAMP)
+	$(BIN)/python -m pytest -q tests/cluster -m slow
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run

@@ -35,6 +35,8 @@ dist: {{kvstore: dist_sync, workers: {workers}, servers: 2}}
 tracking: {{enabled: true, uri: 'sqlite:///{db}/mlruns.db'}}
 """
 H0, H1, H2, H3 = "198.18.0.10", "198.18.0.11", "198.18.0.12", "198.18.0.13"
+# the slower cluster tier (`make test-cluster-slow`): about 100 s on 2 cores
+pytestmark = pytest.mark.slow
 STALL = 5  # s without a step: the cut is noticed by the watchdog (or ssh's keepalive)
 # (--firewall off: the packet filter's removal from the cut-off host would wait 10 s in vain)
 
@@ -120,7 +122,6 @@ def test_a_host_cut_off_for_good_continues_on_the_rest_bitwise(testbed: Testbed,
     _the_run(work, 1400 // 32, 2)
 
 
-@pytest.mark.slow  # ~70 s on 2 shared cores: `-m "not slow"` leaves it out of a short tier
 @pytest.mark.timeout(240)
 def test_three_workers_lose_h2_and_finish_as_one_simulating_three(testbed: Testbed,
                                                                   work: Path) -> None:

@@ -3,10 +3,11 @@
 
 With the packet filter (``--firewall on``) every connection from h3 to a port of the job is
 refused, the job finishes, bitwise equal to an undisturbed run, and the filter's rules are gone
-from every host afterwards (``nft list ruleset`` as before); it is also tests/cluster/
-test_jobs.py's ssh job (placement, weights, the run's hosts). Without it (``--firewall off``)
-the first malformed message aborts the process that gets it: the job fails and the launcher,
-the MLflow run's ``failure`` tag included, names the cause and the port.
+from every host afterwards (``nft list ruleset`` as before); placement, weights and the run's
+hosts are checked as in tests/cluster/test_jobs.py. Without it (``--firewall off``) the first
+malformed message aborts the process that gets it: the job fails and the launcher, the MLflow
+run's ``failure`` tag included, names the cause and the port. In the slower cluster tier
+(``make test-cluster-slow``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from tests.cluster.test_jobs import (
     write_config,
 )
 
+pytestmark = pytest.mark.slow
 FOREIGN = str(Path(__file__).resolve().parents[1] / "foreign.py")
 OUTSIDER = "h3"
 JOB_HOSTS = ("h0", "h1", "h2")

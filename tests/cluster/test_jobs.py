@@ -1,7 +1,7 @@
-"""Real dist_sync jobs across namespace hosts through every backend: ssh, mpirun, Slurm (srun
-inside an allocation and sbatch of launch/slurm.sbatch) and MXNet's own launch.py. The ssh job
-(a hostfile of h1, h2: dmlc puts server i and worker i on line i; scheduler on h0) is
-tests/cluster/test_foreign_host.py's filtered job, which checks all of this too.
+"""Real dist_sync jobs across namespace hosts through every backend: ssh (a hostfile of h1, h2:
+dmlc puts server i and worker i on line i; scheduler on h0), mpirun, Slurm (srun inside an
+allocation and sbatch of launch/slurm.sbatch) and MXNet's own launch.py, all at once; and, in
+the slower cluster tier, the 128-GPU layout.
 
 Each job trains the 12-step equivalence recipe of tests/helpers.py (warmup, a decay, momentum)
 with 2 workers and 2 servers, scheduler on the launching host. Checked per job: every process ran
@@ -134,6 +134,11 @@ class Launched:
 THREE = ["h0", "h1", "h2"]  # h3 is the host outside every job (test_foreign_host.py)
 
 
+def _ssh(tb: Testbed, work: Path) -> list[str]:
+    (work / "hosts").write_text(f"{tb.addr('h1')}\n{tb.addr('h2')}\n")
+    return launch_argv(write_config(work), "ssh", "-H", str(work / "hosts"))
+
+
 def _mpi(tb: Testbed, work: Path) -> list[str]:
     (work / "hosts").write_text("h1 slots=1\nh2 slots=1\n")
     return launch_argv(write_config(work), "mpi", "-H", str(work / "hosts"))
@@ -173,8 +178,7 @@ def _imagenet(tb: Testbed, work: Path) -> list[str]:
             f"tracking.uri=sqlite:///{work}/mlruns.db"]
 
 
-JOBS = {"mpi": _mpi, "srun": _srun, "sbatch": _sbatch, "launch_py": _launch_py,
-        "imagenet": _imagenet}
+JOBS = {"ssh": _ssh, "mpi": _mpi, "srun": _srun, "sbatch": _sbatch, "launch_py": _launch_py}
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +228,7 @@ def finished(launched: Launched) -> Observer:
 
 # job, where its scheduler runs, the hosts its processes run on, whether mxlarge's launcher
 # started it (its process settings reach every server and worker), the MLflow ``hosts`` tag:
+# - ssh: ``mxlarge launch --launcher ssh`` over 198.18.0.11, .12, scheduler on h0;
 # - mpi: ``mxlarge launch --launcher mpi`` over h1, h2, scheduler on h0;
 # - srun: ``salloc -N 2 -w h1,h2 mxlarge launch ... --launcher slurm``: salloc runs the launcher
 #   (and so the scheduler) on h0, the worker and server job steps run on h1 and h2;
@@ -231,7 +236,8 @@ def finished(launched: Launched) -> Observer:
 #   (h1), scheduler there, steps on h1 and h2;
 # - launch_py: MXNet's tools/launch.py (ssh) through mxlarge.launcher.mxnet_launch, command
 #   ``mxlarge train``: the rank-0 worker makes the MLflow run itself (no ``mxlarge launch``).
-PLACED = [("mpi", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2"),
+PLACED = [("ssh", "h0", {"h0", "h1", "h2"}, True, "{h0},{h1},{h2}"),
+          ("mpi", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2"),
           ("srun", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2"),
           ("sbatch", "h1", {"h1", "h2"}, True, "{h1},h1,h2"),
           ("launch_py", "h0", {"h0", "h1", "h2"}, False, None)]
@@ -247,15 +253,21 @@ def test_a_backend_runs_the_2_plus_2_job_bitwise(testbed: Testbed, jobs: dict[st
     check_placement(testbed, finished(job), scheduler, hosts, tuned=tuned)
     check_weights(job.work, reference)
     check_run(job.work, None if tag is None else
-              tag.format(h0=testbed.addr("h0"), h1=testbed.addr("h1")))
+              tag.format(h0=testbed.addr("h0"), h1=testbed.addr("h1"), h2=testbed.addr("h2")))
 
 
-def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed,
-                                                    jobs: dict[str, Launched]) -> None:
+@pytest.mark.slow  # the slower cluster tier (`make test-cluster-slow`)
+def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed, work: Path) -> None:
     """experiments/imagenet/mxnet-128gpu-4k.yaml as its layout runs (one worker process per
     machine driving several devices, dist_device_sync, one server per machine), shrunk to fit:
     3 hosts x 2 CPU devices x 2 images of 32 px, generated RecordIO, 3 steps."""
-    job = jobs["imagenet"]
+    obs = Observer(testbed, str(work))
+    started = start(testbed, "h0", _imagenet(testbed, work), work)
+    try:
+        rc = started.wait(300)
+    finally:
+        obs.stop()
+    job = Launched(work, obs, rc, started.text())
     obs = finished(job)
     assert sorted(p.host for p in obs.by_role("worker")) == THREE  # one worker per host
     assert sorted(p.host for p in obs.by_role("server")) == THREE

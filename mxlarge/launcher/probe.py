@@ -48,6 +48,7 @@ import contextlib
 import errno
 import os
 import re
+import resource
 import select
 import signal
 import socket
@@ -95,10 +96,14 @@ class GuardReport:
         return True
 
 
-def guard_command(command: Sequence[str]) -> list[str]:
+def guard_command(command: Sequence[str], reraise: bool = False,
+                  from_first_byte: bool = False) -> list[str]:
     """``command`` run under the guard by this Python (which must exist at the same path on
-    every host, as the command itself must)."""
-    return [sys.executable, "-m", "mxlarge.launcher.probe", "guard", "--", *command]
+    every host, as the command itself must), with :func:`guard`'s ``reraise`` and
+    ``from_first_byte`` (``--reraise``, ``--from-first-byte``)."""
+    return [sys.executable, "-m", "mxlarge.launcher.probe", "guard",
+            *(["--reraise"] if reraise else []),
+            *(["--from-first-byte"] if from_first_byte else []), "--", *command]
 
 
 def _quiet_terminal(fd: int) -> None:
@@ -127,8 +132,25 @@ def _end_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
-    """Run ``command`` as the module docstring says; returns the exit status to exit with."""
+def _die_of(signum: int) -> None:
+    """End this process by signal ``signum`` (its default action, no core file), as the
+    command would have ended unguarded: mpirun and srun then report the signal itself."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL/SIGSTOP have no handler to reset
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+
+
+def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
+          reraise: bool = False, from_first_byte: bool = False) -> int:
+    """Run ``command`` as the module docstring says; returns the exit status to exit with.
+
+    With ``reraise`` an end by signal n (the command killed by n, or n received by the guard)
+    is not returned as 128 + n: the guard kills itself with n (:func:`_die_of`). With
+    ``from_first_byte`` the lease runs from the first byte received, not from the start (an end
+    of file still ends the command at once).
+    """
     host = socket.gethostname()
     stdin = sys.stdin.fileno()
     with contextlib.suppress(termios.error):
@@ -142,7 +164,7 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
         signal.signal(sig, on_signal)
     child = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True)
     print(f"{TAG} started pid {child.pid} on {host}", flush=True)
-    leased = time.monotonic()
+    leased = float("inf") if from_first_byte else time.monotonic()
     reading = True
     try:
         while True:
@@ -151,6 +173,8 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
                 break
             if received:
                 _end_group(child.pid)
+                if reraise:
+                    _die_of(received[0])
                 return 128 + received[0]
             if reading:
                 with contextlib.suppress(InterruptedError):
@@ -179,6 +203,8 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
     if status < 0:
         print(f"{TAG} pid {child.pid} on {host} killed by {signal.Signals(-status).name}",
               flush=True)
+        if reraise:
+            _die_of(-status)
         return 128 - status
     return status
 
@@ -291,13 +317,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxlarge.launcher.probe",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="verb", required=True)
-    g = sub.add_parser("guard", help="run COMMAND under the guard (the ssh backend does)")
+    g = sub.add_parser("guard", help="run COMMAND under the guard (the cluster backends do)")
+    g.add_argument("--reraise", action="store_true",
+                   help="end by the signal that ended the command (mpirun, srun report it)")
+    g.add_argument("--from-first-byte", action="store_true",
+                   help="the lease runs from the first byte received (mpirun's local ranks "
+                        "get none)")
     g.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("guard: no command")
-    return guard(command)
+    return guard(command, reraise=a.reraise, from_first_byte=a.from_first_byte)
 
 
 if __name__ == "__main__":

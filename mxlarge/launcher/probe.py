@@ -1,9 +1,11 @@
 """What the launcher learns about remote processes and hosts that ssh alone does not tell.
 
-Two tools, both checked on the namespace testbed (``tests/cluster/test_failures.py``).
+Tools checked on the namespace testbed (``tests/cluster/test_failures.py``,
+``tests/cluster/test_partition.py``).
 
-The guard (``python -m mxlarge.launcher.probe guard -- COMMAND...``)
-    The ssh backend runs every remote process under it. ``ssh`` exits with status 255 both when
+The guard (``python -m mxlarge.launcher.probe guard [--reraise] [--from-first-byte] -- CMD...``)
+    Every cluster backend (ssh, mpi, slurm) runs every process under it, the local scheduler
+    too. ``ssh`` exits with status 255 both when
     it cannot connect and when the remote process dies of a signal (sshd reports
     ``exit-signal``, and OpenSSH's client turns that into 255), so the launcher cannot tell a
     ``kill -9`` from a refused connection. The guard runs COMMAND as its child, in a process
@@ -20,11 +22,21 @@ The guard (``python -m mxlarge.launcher.probe guard -- COMMAND...``)
     (SIGTERM, SIGKILL after :data:`GRACE` s) when it gets SIGHUP/SIGTERM/SIGINT (sshd hangs up
     the ``-tt`` terminal when the connection closes) and when the **lease** runs out: after
     the ``started`` line the launcher writes one byte (:data:`LEASE_BYTE`) every
-    :data:`LEASE_EVERY` s to the ssh client's stdin, which ssh carries to the guard's stdin. No
+    :data:`LEASE_EVERY` s to the stdin of the ssh client, of ``mpirun --stdin all`` or of
+    ``srun --input=all``, each of which carries it to the stdin of every guard it started. No
     byte for :data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone
-    (a partitioned host: its sshd notices nothing until the link is back and it has something
-    to send), and the guard ends the command. Echo and line mode of the remote terminal are
-    switched off first, so the bytes never show in the output.
+    (a partitioned host: its sshd, orted or slurmstepd notices nothing until the link is back),
+    and the guard ends the command. Echo and line mode are switched off first where stdin is a
+    terminal (ssh's ``-tt``), so the bytes never show in the output; under mpirun and srun it
+    is a pipe.
+
+    ``--reraise`` (mpi, slurm): a guard that ends by signal n (its command killed by n, or n
+    received) kills itself with n instead of exiting 128 + n, so that mpirun's ``exited on
+    signal 9`` and srun's ``task 1: Killed``, which the launcher parses, stay what they would
+    be unguarded. ``--from-first-byte`` (mpi): the lease runs from the first byte, not from the
+    start, because Open MPI 4.1's ``--stdin all`` forwards nothing to ranks on mpirun's own
+    host (measured with 4.1.4: they read nothing, and get no end of file either); those ranks
+    are mpirun's own children, which it ends itself.
 
 The probe (:func:`unreachable`)
     A TCP connect to a host's ssh port with a short timeout. An answer, even a refusal (no

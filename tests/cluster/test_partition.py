@@ -85,10 +85,13 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
             testbed.link("h2", up=True)
         for b, (job, obs) in jobs.items():
             finish(job, obs, work / b)
-    for b in jobs:
+    for b, (job, _) in jobs.items():
         print(f"partition, {b}: h2 named after {named.get(b, float('nan')):.1f} s, launcher "
               f"exited after {ended[b]:.1f} s, nothing left {gone[b]:.1f} s after the cut "
-              f"({gone[b] - ended[b]:.1f} s after the end)")
+              f"({gone[b] - ended[b]:.1f} s after the end); "
+              f"{[line for line in job.text().splitlines() if 'mxlarge: job failed' in line]}")
+    print(f"partition: the test took {time.monotonic() - jobs['ssh'][0].started:.1f} s from "
+          f"the first launch")
     for b, (job, _) in jobs.items():
         text = job.text()
         assert b in named and named[b] < STALL + 3, (b, named, text[-3000:])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,3 +185,34 @@ def test_from_first_byte_waits_for_the_lease_to_begin(started):
     out = _ended(proc)
     assert "launcher connection lost" in out, out
     assert proc.returncode == 1 and not _group_alive(pgid)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+@pytest.mark.parametrize("from_first_byte", [False, True])
+def test_mpirun_stdin_all_gives_a_local_rank_no_byte(from_first_byte):
+    """The Open MPI 4.1 fact ``--from-first-byte`` exists for, with the real mpirun: a rank on
+    mpirun's own host gets none of the lease bytes written to ``mpirun --stdin all`` (and no end
+    of file), so a lease from the start ends it; one from the first byte lets it run to its
+    end (mpirun, its parent here, ends it on teardown)."""
+    code = _SHORT_LEASE.replace("reraise=True", f"reraise=True, from_first_byte={from_first_byte}")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.Popen(
+        ["mpirun", "--stdin", "all", "-n", "1", sys.executable, "-c", code, "sleep", "3"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, start_new_session=True)
+    stop = threading.Event()
+    _lease(proc, stop)
+    try:
+        out = _ended(proc)
+    finally:
+        stop.set()
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
+    if from_first_byte:
+        assert proc.returncode == 0, out
+    else:
+        assert "launcher connection lost (no word from it for 1 s)" in out, out
+        assert proc.returncode != 0

@@ -128,13 +128,15 @@ def _quiet_terminal(fd: int) -> None:
     termios.tcsetattr(fd, termios.TCSANOW, attrs)
 
 
-def _end_group(pgid: int) -> None:
-    """SIGTERM the group, SIGKILL it if anything is left after :data:`GRACE` s."""
+def _end_group(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``child``'s group, SIGKILL it if anything is left after :data:`GRACE` s."""
+    pgid = child.pid
     for sig in (signal.SIGTERM, signal.SIGCONT):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
     deadline = time.monotonic() + GRACE
     while time.monotonic() < deadline:
+        child.poll()  # reaped: a dead leader left as a zombie would keep its group "alive"
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
@@ -184,7 +186,7 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
             if status is not None:
                 break
             if received:
-                _end_group(child.pid)
+                _end_group(child)
                 if reraise:
                     _die_of(received[0])
                 return 128 + received[0]
@@ -206,7 +208,7 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
             if time.monotonic() - leased > lease_timeout:
                 print(f"{TAG} launcher connection lost (no word from it for "
                       f"{lease_timeout:g} s); ending pid {child.pid} on {host}", flush=True)
-                _end_group(child.pid)
+                _end_group(child)
                 return 1
     finally:
         # whatever the command left behind in its group goes with it

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mxlarge.launcher.probe import GRACE, LEASE_BYTE, TAG, guard_command
+from mxlarge.launcher.probe import LEASE_BYTE, TAG, guard_command
 
 # A guard with a 1 s lease (the real one is LEASE_TIMEOUT): the claims are the same.
 _SHORT_LEASE = ("import sys; from mxlarge.launcher.probe import guard; "
@@ -124,7 +124,9 @@ def test_reraise_of_a_signal_the_guard_received_ends_the_group_first(started):
         pgid = _started(proc)
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
+        termed = time.monotonic()
         assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert time.monotonic() - termed < 2.0
         assert not _group_alive(pgid)
     finally:
         stop.set()
@@ -152,7 +154,7 @@ def test_a_lease_over_a_pipe_keeps_the_command_and_its_expiry_ends_the_group(sta
                      rf"pid {pgid} on \S+$", out, re.M), out
     assert proc.returncode == 1
     assert not _group_alive(pgid)
-    assert 1.0 <= took < 1.0 + GRACE + 2, took
+    assert 1.0 <= took < 3.0, took  # sh and sleep end on SIGTERM: not GRACE s later
 
 
 def test_end_of_file_on_the_pipe_ends_the_group_at_once(started):
@@ -165,7 +167,7 @@ def test_end_of_file_on_the_pipe_ends_the_group_at_once(started):
     took = time.monotonic() - closed
     assert "launcher connection lost" in out, out
     assert not _group_alive(pgid)
-    assert took < GRACE + 2, took
+    assert took < 2.0, took
 
 
 def test_from_first_byte_waits_for_the_lease_to_begin(started):

@@ -33,8 +33,10 @@ Supervision
     shim whose ``check_call`` starts the command in its own process group under a
     :class:`~mxlarge.launcher._supervise.Supervisor` (output prefixed, exit watched). The first
     non-zero exit, or SIGINT/SIGTERM/SIGHUP to the launcher, tears down every local process the
-    backend started, which ends the tracker too. Remote processes started through ``ssh`` do
-    not get a signal when their ssh client dies (no tty); see ``launch/README.md``.
+    backend started, which ends the tracker too. A remote process cut off from the launcher
+    (a partitioned host, a launcher killed with SIGKILL) ends itself: every process runs under
+    the guard of :mod:`mxlarge.launcher.probe`, whose lease the launcher writes to the stdin of
+    each ``ssh``, ``mpirun`` and ``srun`` it starts.
 
 Command-line fixes (checked on real sshd/Open MPI/Slurm, ``tests/cluster``)
     * ``ssh`` runs with ``-tt``: sshd signals a command only through its terminal, so without
@@ -45,6 +47,14 @@ Command-line fixes (checked on real sshd/Open MPI/Slurm, ``tests/cluster``)
       (``unrecognized option '--share'``), and without ``--overlap`` the server step waits for
       the worker step to end, which never happens. Where srun knows ``--overlap``, the two
       flags become ``--overlap``: both steps run side by side in the allocation.
+      ``--kill-on-bad-exit=1``: a task that dies ends its step (else srun waits on);
+      ``--input=all``: the guards' lease reaches every task.
+    * ``mpirun --stdin all``: the lease reaches every rank, not only rank 0; and, unless the
+      user set ``OMPI_MCA_plm_rsh_agent``/``plm_rsh_args``, ``--mca plm_rsh_args`` with the
+      ssh backend's keepalive: the ssh clients mpirun starts its remote daemons with escape
+      the launcher's teardown (process groups of their own), and one talking to a cut-off host
+      would otherwise stay after the job; with it, it gives up within ~10 s, mpirun exits and
+      the launcher probes the hosts (``... exited with status 255; host h2 unreachable``).
 
 Failure report
     :func:`cluster_run` returns an :class:`~mxlarge.launcher._supervise.Outcome` naming the
@@ -80,7 +90,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -150,6 +160,18 @@ _SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
 # ssh: the client gives up on a silent server after 3 x 3 s (a partitioned host; the probe then
 # names it), instead of waiting for TCP's own timeout (minutes to hours).
 _SSH_FLAGS = "ssh -tt -o ServerAliveInterval=3 -o ServerAliveCountMax=3 "
+# mpirun forwards its stdin (the guards' lease) to rank 0 only unless told otherwise; the
+# other ranks' stdin is /dev/null, an end of file that would end their guards at once.
+_MPIRUN_FLAGS = "mpirun --stdin all "
+# The ssh clients mpirun starts its remote daemons (orted) with sit in process groups of their
+# own, out of the launcher's teardown: without a keepalive, one talking to a partitioned host
+# outlives the job (measured: still there 28 s after its end, 75 s after the cut). Same
+# keepalive as the ssh backend's; not added when the user chose mpirun's remote agent or its
+# arguments.
+_MPIRUN_SSH_KEEPALIVE = '--mca plm_rsh_args "-o ServerAliveInterval=3 -o ServerAliveCountMax=3" '
+_MPIRUN_AGENT_VARS = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_rsh_agent")
+# srun: a failed task ends its step; stdin (the lease) to every task (srun's default, stated)
+_SRUN_FLAGS = "--kill-on-bad-exit=1 --input=all "
 # What mpirun (Open MPI 4) and srun print about the rank that failed (a signal; an exit code).
 # srun says what happened in strsignal(3)'s words ("Killed") or "Exited with exit code N".
 _TOOL_REPORTS = {
@@ -467,11 +489,11 @@ class _SubprocessShim:
         if isinstance(args, str):
             args = self._fix_command(args)
         try:
-            # ssh: every process runs under the guard (mxlarge.launcher.probe), the scheduler
-            # here too (same command), and every guard needs its lease
+            # every process runs under the guard (mxlarge.launcher.probe), the scheduler here
+            # too (same command), and every guard needs its lease: through the ssh client's,
+            # mpirun's or srun's stdin, which each forwards to its remote processes
             child = self._sup.spawn(role, index, args, env=env, shell=shell,
-                                    executable=executable, label=label,
-                                    lease=self._launcher == "ssh")
+                                    executable=executable, label=label, lease=True)
         except RuntimeError:
             return 0  # teardown has begun; starting more would only be killed again
         target = _SSH_TARGET.match(args) if isinstance(args, str) else None
@@ -483,13 +505,17 @@ class _SubprocessShim:
         return 0
 
     def _fix_command(self, command: str) -> str:
-        """The ``-tt``, keepalive, ``--overlap`` and ``--kill-on-bad-exit`` fixes of the module
-        docstring."""
+        """The ``-tt``, keepalive, ``--stdin all``, ``--overlap``, ``--kill-on-bad-exit`` and
+        ``--input=all`` fixes of the module docstring."""
         if self._launcher == "ssh" and command.startswith("ssh "):
             return _SSH_FLAGS + command[len("ssh "):]
+        if self._launcher == "mpi" and command.startswith("mpirun "):
+            chosen = any(v in os.environ for v in _MPIRUN_AGENT_VARS)
+            return (_MPIRUN_FLAGS + ("" if chosen else _MPIRUN_SSH_KEEPALIVE) +
+                    command[len("mpirun "):])
         if self._launcher == "slurm":
             flags = "srun --overlap " if self._srun_overlap else _SRUN_DMLC_FLAGS
-            return command.replace(_SRUN_DMLC_FLAGS, flags + "--kill-on-bad-exit=1 ")
+            return command.replace(_SRUN_DMLC_FLAGS, flags + _SRUN_FLAGS)
         return command
 
     def _describe(self, args: Any, env: Mapping[str, str] | None) -> tuple[str, int | None, str]:
@@ -706,7 +732,12 @@ def cluster_run(launcher: str, command: Sequence[str], *, workers: int, servers:
         beats = os.path.abspath(heartbeat_dir or os.path.join(
             ".mxlarge-heartbeat", job_env["MXLARGE_JOB_ID"]))
         job_env[HEARTBEAT_ENV] = beats
-    words = render_command(guard_command(command) if launcher == "ssh" else command, job_env)
+    # every process under the guard (mxlarge.launcher.probe); mpirun/srun report a signal
+    # only if the guard dies of it (ssh's client turns any signal into 255 anyway)
+    # (Open MPI 4.1's "--stdin all" gives ranks on mpirun's own host no byte: their lease
+    # runs from the first one, and mpirun, here, ends them itself)
+    words = render_command(guard_command(command, reraise=launcher != "ssh",
+                                         from_first_byte=launcher == "mpi"), job_env)
     if launcher == "ssh":
         bad = next((w for w in words if "'" in w), None)
         if bad is not None:
@@ -801,7 +832,8 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             errors.append(e)
 
-    explain = _Explainer(launcher, args.host_ip, sup, sink, shim, watchdog, ports)
+    explain = _Explainer(launcher, args.host_ip, sup, sink, shim, watchdog, ports,
+                         lambda: unreachable_hosts(remote))
     thread = threading.Thread(target=run_backend, name=f"dmlc-{launcher}-submit", daemon=True)
     sup.sink.emit("launcher", f"job {job_id}: scheduler here at {args.host_ip}, "
                               f"{args.num_servers} server(s), {args.num_workers} worker(s) via "
@@ -856,10 +888,10 @@ class _Explainer:
     role, kvstore rank, host and what happened to it, in one line."""
 
     def __init__(self, launcher: str, host_ip: str, sup: Supervisor, sink: _ReportSink,
-                 shim: _SubprocessShim, watchdog: Watchdog | None, ports: Mapping[str, int]
-                 ) -> None:
+                 shim: _SubprocessShim, watchdog: Watchdog | None, ports: Mapping[str, int],
+                 probe: Callable[[], Mapping[str, str]]) -> None:
         self.launcher, self.host_ip, self.sup, self.sink = launcher, host_ip, sup, sink
-        self.shim, self.watchdog, self.ports = shim, watchdog, ports
+        self.shim, self.watchdog, self.ports, self.probe = shim, watchdog, ports, probe
 
     def _assigned(self) -> dict[str, tuple[str, int]]:
         """The scheduler's assignments, ``"ip:port" -> (role, kvstore rank)``."""
@@ -867,8 +899,10 @@ class _Explainer:
 
     def _rank(self, child: Child, host: str | None, remote_pid: int | None) -> int | None:
         assigned = self._assigned()
-        # ssh: one process per client, its own Bind line names its address
-        for address in child.pslog.bound if child.guard.pid is not None else ():
+        # ssh: one process per client, its own Bind line names its address (mpirun's and
+        # srun's output holds the lines of every rank of the role)
+        ssh = self.launcher == "ssh" and child.guard.pid is not None
+        for address in child.pslog.bound if ssh else ():
             if address in assigned and assigned[address][0] == child.role:
                 return assigned[address][1]
         if host is not None:  # mpirun/srun: the host they named, if one rank of the role is there
@@ -899,8 +933,14 @@ class _Explainer:
             return self._ssh(child)
         report = self.sink.reports.get(child.label)
         if report is None:
-            return _failed(exit_code_for(child.status), failure_message(child), child.role,
-                           None, None, None, child.status, child)
+            # no rank reported: mpirun lost a daemon (its ssh's keepalive gave up on a host),
+            # srun a node; the probe tells whether a host is cut off, as for ssh's 255
+            cut = self.probe()
+            line = failure_message(child) + "".join(
+                f"; host {h} unreachable ({why})" for h, why in sorted(cut.items()))
+            host = next(iter(cut)) if len(cut) == 1 else None
+            return _failed(exit_code_for(child.status), line, child.role, None, None, host,
+                           child.status, child)
         rank = self._rank(child, report.host, None)
         status = report.status if report.status is not None else child.status
         what = who(child.role, rank, report.rank, report.host)

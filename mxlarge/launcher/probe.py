@@ -1,9 +1,11 @@
 """What the launcher learns about remote processes and hosts that ssh alone does not tell.
 
-Two tools, both checked on the namespace testbed (``tests/cluster/test_failures.py``).
+Tools checked on the namespace testbed (``tests/cluster/test_failures.py``,
+``tests/cluster/test_partition.py``).
 
-The guard (``python -m mxlarge.launcher.probe guard -- COMMAND...``)
-    The ssh backend runs every remote process under it. ``ssh`` exits with status 255 both when
+The guard (``python -m mxlarge.launcher.probe guard [--reraise] [--from-first-byte] -- CMD...``)
+    Every cluster backend (ssh, mpi, slurm) runs every process under it, the local scheduler
+    too. ``ssh`` exits with status 255 both when
     it cannot connect and when the remote process dies of a signal (sshd reports
     ``exit-signal``, and OpenSSH's client turns that into 255), so the launcher cannot tell a
     ``kill -9`` from a refused connection. The guard runs COMMAND as its child, in a process
@@ -20,11 +22,21 @@ The guard (``python -m mxlarge.launcher.probe guard -- COMMAND...``)
     (SIGTERM, SIGKILL after :data:`GRACE` s) when it gets SIGHUP/SIGTERM/SIGINT (sshd hangs up
     the ``-tt`` terminal when the connection closes) and when the **lease** runs out: after
     the ``started`` line the launcher writes one byte (:data:`LEASE_BYTE`) every
-    :data:`LEASE_EVERY` s to the ssh client's stdin, which ssh carries to the guard's stdin. No
+    :data:`LEASE_EVERY` s to the stdin of the ssh client, of ``mpirun --stdin all`` or of
+    ``srun --input=all``, each of which carries it to the stdin of every guard it started. No
     byte for :data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone
-    (a partitioned host: its sshd notices nothing until the link is back and it has something
-    to send), and the guard ends the command. Echo and line mode of the remote terminal are
-    switched off first, so the bytes never show in the output.
+    (a partitioned host: its sshd, orted or slurmstepd notices nothing until the link is back),
+    and the guard ends the command. Echo and line mode are switched off first where stdin is a
+    terminal (ssh's ``-tt``), so the bytes never show in the output; under mpirun and srun it
+    is a pipe.
+
+    ``--reraise`` (mpi, slurm): a guard that ends by signal n (its command killed by n, or n
+    received) kills itself with n instead of exiting 128 + n, so that mpirun's ``exited on
+    signal 9`` and srun's ``task 1: Killed``, which the launcher parses, stay what they would
+    be unguarded. ``--from-first-byte`` (mpi): the lease runs from the first byte, not from the
+    start, because Open MPI 4.1's ``--stdin all`` forwards nothing to ranks on mpirun's own
+    host (measured with 4.1.4: they read nothing, and get no end of file either); those ranks
+    are mpirun's own children, which it ends itself.
 
 The probe (:func:`unreachable`)
     A TCP connect to a host's ssh port with a short timeout. An answer, even a refusal (no
@@ -48,6 +60,7 @@ import contextlib
 import errno
 import os
 import re
+import resource
 import select
 import signal
 import socket
@@ -95,10 +108,14 @@ class GuardReport:
         return True
 
 
-def guard_command(command: Sequence[str]) -> list[str]:
+def guard_command(command: Sequence[str], reraise: bool = False,
+                  from_first_byte: bool = False) -> list[str]:
     """``command`` run under the guard by this Python (which must exist at the same path on
-    every host, as the command itself must)."""
-    return [sys.executable, "-m", "mxlarge.launcher.probe", "guard", "--", *command]
+    every host, as the command itself must), with :func:`guard`'s ``reraise`` and
+    ``from_first_byte`` (``--reraise``, ``--from-first-byte``)."""
+    return [sys.executable, "-m", "mxlarge.launcher.probe", "guard",
+            *(["--reraise"] if reraise else []),
+            *(["--from-first-byte"] if from_first_byte else []), "--", *command]
 
 
 def _quiet_terminal(fd: int) -> None:
@@ -111,13 +128,15 @@ def _quiet_terminal(fd: int) -> None:
     termios.tcsetattr(fd, termios.TCSANOW, attrs)
 
 
-def _end_group(pgid: int) -> None:
-    """SIGTERM the group, SIGKILL it if anything is left after :data:`GRACE` s."""
+def _end_group(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``child``'s group, SIGKILL it if anything is left after :data:`GRACE` s."""
+    pgid = child.pid
     for sig in (signal.SIGTERM, signal.SIGCONT):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
     deadline = time.monotonic() + GRACE
     while time.monotonic() < deadline:
+        child.poll()  # reaped: a dead leader left as a zombie would keep its group "alive"
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
@@ -127,8 +146,25 @@ def _end_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
-    """Run ``command`` as the module docstring says; returns the exit status to exit with."""
+def _die_of(signum: int) -> None:
+    """End this process by signal ``signum`` (its default action, no core file), as the
+    command would have ended unguarded: mpirun and srun then report the signal itself."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL/SIGSTOP have no handler to reset
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+
+
+def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
+          reraise: bool = False, from_first_byte: bool = False) -> int:
+    """Run ``command`` as the module docstring says; returns the exit status to exit with.
+
+    With ``reraise`` an end by signal n (the command killed by n, or n received by the guard)
+    is not returned as 128 + n: the guard kills itself with n (:func:`_die_of`). With
+    ``from_first_byte`` the lease runs from the first byte received, not from the start (an end
+    of file still ends the command at once).
+    """
     host = socket.gethostname()
     stdin = sys.stdin.fileno()
     with contextlib.suppress(termios.error):
@@ -142,7 +178,7 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
         signal.signal(sig, on_signal)
     child = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True)
     print(f"{TAG} started pid {child.pid} on {host}", flush=True)
-    leased = time.monotonic()
+    leased = float("inf") if from_first_byte else time.monotonic()
     reading = True
     try:
         while True:
@@ -150,7 +186,9 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
             if status is not None:
                 break
             if received:
-                _end_group(child.pid)
+                _end_group(child)
+                if reraise:
+                    _die_of(received[0])
                 return 128 + received[0]
             if reading:
                 with contextlib.suppress(InterruptedError):
@@ -170,7 +208,7 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
             if time.monotonic() - leased > lease_timeout:
                 print(f"{TAG} launcher connection lost (no word from it for "
                       f"{lease_timeout:g} s); ending pid {child.pid} on {host}", flush=True)
-                _end_group(child.pid)
+                _end_group(child)
                 return 1
     finally:
         # whatever the command left behind in its group goes with it
@@ -179,6 +217,8 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT) -> int:
     if status < 0:
         print(f"{TAG} pid {child.pid} on {host} killed by {signal.Signals(-status).name}",
               flush=True)
+        if reraise:
+            _die_of(-status)
         return 128 - status
     return status
 
@@ -291,13 +331,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxlarge.launcher.probe",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="verb", required=True)
-    g = sub.add_parser("guard", help="run COMMAND under the guard (the ssh backend does)")
+    g = sub.add_parser("guard", help="run COMMAND under the guard (the cluster backends do)")
+    g.add_argument("--reraise", action="store_true",
+                   help="end by the signal that ended the command (mpirun, srun report it)")
+    g.add_argument("--from-first-byte", action="store_true",
+                   help="the lease runs from the first byte received (mpirun's local ranks "
+                        "get none)")
     g.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("guard: no command")
-    return guard(command)
+    return guard(command, reraise=a.reraise, from_first_byte=a.from_first_byte)
 
 
 if __name__ == "__main__":

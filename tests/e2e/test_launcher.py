@@ -425,8 +425,22 @@ def run_copies(n, cmd, env_for):
                 sys.stdout.buffer.write(line)
                 sys.stdout.buffer.flush()
         stream.close()
-    procs = [subprocess.Popen(cmd, env=env_for(i), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT) for i in range(n)]
+    procs = [subprocess.Popen(cmd, env=env_for(i), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for i in range(n)]
+    def copy_stdin():  # to every copy, as mpirun --stdin all and srun --input=all do
+        for data in iter(lambda: os.read(0, 4096), b""):
+            for p in procs:
+                try:
+                    p.stdin.write(data); p.stdin.flush()
+                except OSError:
+                    pass
+        for p in procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+    threading.Thread(target=copy_stdin, daemon=True).start()
     relays = [threading.Thread(target=relay, args=(p.stdout,)) for p in procs]
     for t in relays:
         t.start()
@@ -472,8 +486,10 @@ while i < len(args):
         n = int(args[i + 1]); i += 2
     elif args[i] == "-x":
         k, _, v = args[i + 1].partition("="); xs[k] = v; i += 2
-    elif args[i] == "--hostfile":
+    elif args[i] in ("--hostfile", "--stdin"):
         i += 2
+    elif args[i] == "--mca":
+        i += 3
     else:
         break
 run_copies(n, args[i:], lambda r: {**CLEAN, **xs, "OMPI_COMM_WORLD_RANK": str(r)})

@@ -10,25 +10,27 @@
 ``python -m mxlarge.launcher -n 2 -s 1 -- CMD ...`` is a small manual front end. Importing this
 package does not import MXNet.
 """
-from mxlarge.launcher.cluster import (
-    SUPPORTED,
-    UNSUPPORTED,
-    cluster_run,
-    cluster_submit,
-    forwarded_env,
-    tracker_compat,
-)
-from mxlarge.launcher.local import Outcome, PortInUseError, free_port, run_local
+from __future__ import annotations
 
-__all__ = [
-    "SUPPORTED",
-    "UNSUPPORTED",
-    "Outcome",
-    "PortInUseError",
-    "cluster_run",
-    "cluster_submit",
-    "forwarded_env",
-    "free_port",
-    "run_local",
-    "tracker_compat",
-]
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562): ``python -m mxlarge.launcher.probe`` (the guard every cluster
+# process runs under) then imports this package without importing ``probe`` first, which runpy
+# would warn about in every job's output, and without the launcher's other modules.
+_FROM = {"SUPPORTED": "cluster", "UNSUPPORTED": "cluster", "cluster_run": "cluster",
+         "cluster_submit": "cluster", "forwarded_env": "cluster", "tracker_compat": "cluster",
+         "Outcome": "local", "PortInUseError": "local", "free_port": "local",
+         "run_local": "local"}
+_SUBMODULES = {"cluster", "local", "firewall", "job", "probe", "restart", "tuning", "watchdog",
+               "mxnet_launch", "pslog", "_supervise"}
+
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM:
+        return getattr(importlib.import_module(f"{__name__}.{_FROM[name]}"), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import errno
 import os
 import re
@@ -77,6 +78,7 @@ LEASE_BYTE = b"."
 LEASE_EVERY = 1.0
 LEASE_TIMEOUT = 10.0
 GRACE = 5.0
+_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 PROBE_TIMEOUT = 2.0
 SSH_PROBE_TIMEOUT = 5.0
 
@@ -136,7 +138,7 @@ def _end_group(child: subprocess.Popen[bytes]) -> None:
             os.killpg(pgid, sig)
     deadline = time.monotonic() + GRACE
     while time.monotonic() < deadline:
-        child.poll()  # reaped: a dead leader left as a zombie would keep its group "alive"
+        _reap(child)
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
@@ -144,6 +146,24 @@ def _end_group(child: subprocess.Popen[bytes]) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _become_subreaper() -> None:
+    """Orphans of the command (children of a shell that died first) become this process's
+    children, not init's (Linux ``PR_SET_CHILD_SUBREAPER``), so that :func:`_reap` can reap
+    them: a zombie counts as a member of its group until somebody reaps it, and init may take
+    seconds to."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap(child: subprocess.Popen[bytes]) -> None:
+    """Reap ``child`` and every other dead child (:func:`_become_subreaper`'s orphans): a dead
+    leader left as a zombie would keep its group "alive" until the grace ran out."""
+    child.poll()
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            pass
 
 
 def _die_of(signum: int) -> None:
@@ -176,6 +196,7 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
 
     for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    _become_subreaper()
     child = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True)
     print(f"{TAG} started pid {child.pid} on {host}", flush=True)
     leased = float("inf") if from_first_byte else time.monotonic()

@@ -105,13 +105,6 @@ def beat_rank(work: Path, pid: int) -> int:
     raise AssertionError(f"no heartbeat of pid {pid}")
 
 
-def wait_line(job: Job, pattern: str, since: float, timeout: float = 60) -> float:
-    """Seconds from ``since`` until the job's output matches ``pattern``."""
-    wait_until(lambda: re.search(pattern, job.text(), re.M), timeout,
-               f"{pattern!r} in the output:\n{job.text()[-3000:]}")
-    return time.monotonic() - since
-
-
 def launch(testbed: Testbed, work: Path, launcher: str, *more: str,
            hostfile: str | None = None) -> tuple[Job, Observer]:
     obs = Observer(testbed, str(work))

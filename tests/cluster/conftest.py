@@ -18,6 +18,13 @@ import pytest
 from mxlarge.testbed import GUARD_ROUTE, PREFIX, Testbed, TestbedError, exclusive
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The testbed's own checks (test_testbed.py) first: every other test relies on what they
+    check, and they must not wait behind the Slurm node test_partition.py cuts off, which
+    slurmctld took 57 s to count as up again after its link was back (one run)."""
+    items.sort(key=lambda item: item.path.name != "test_testbed.py")  # stable: the rest keep order
+
+
 def testbed_processes(tb: Testbed) -> list[int]:
     """Live processes whose argv or environment mentions the testbed's directory (every job of
     these tests runs from under it; other jobs on a shared machine do not)."""

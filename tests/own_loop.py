@@ -12,6 +12,9 @@ Options:
     the worker of kvstore rank R raises ``RuntimeError`` before step S.
 ``--sleep-from S --sleep SECONDS``
     every worker sleeps before each step from S on (a window to stop or kill one).
+``--busy-at S --busy SECONDS``
+    every worker spends SECONDS in ``trainer.busy("evaluating")`` before step S (a long
+    evaluation: the watchdog's busy allowance).
 ``--ckpt DIR --save-every K``
     the resume hook of the README: ``mxlarge.resume.restore`` at the start, ``save`` every K
     steps.
@@ -42,6 +45,8 @@ def main() -> None:
     p.add_argument("--raise-step", type=int, default=-1)
     p.add_argument("--sleep-from", type=int, default=-1)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--busy-at", type=int, default=-1)
+    p.add_argument("--busy", type=float, default=0.0)
     p.add_argument("--ckpt", default=None)
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--raise-once", default=None)
@@ -67,6 +72,9 @@ def main() -> None:
                 raise RuntimeError(f"own_loop raising at step {step}")
         if 0 <= a.sleep_from <= step:
             time.sleep(a.sleep)
+        if step == a.busy_at:
+            with trainer.busy("evaluating"):
+                time.sleep(a.busy)
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mxlarge.protocol.heartbeat import read_all
+from mxlarge.protocol.heartbeat import Record, read_all
 from mxlarge.testbed import Testbed
 from tests.cluster.observe import Job, Observer, Proc, start, wait_until
 
@@ -149,6 +149,7 @@ class Beside:
 
     start: Callable[[Path], tuple[Job, Observer]]
     act: Callable[[Job], None]
+    ready: Callable[[Path], bool] = lambda work: True  # waited for (60 s) once it trains
     work: Path | None = None
     job: Job | None = None
     took: float | None = None
@@ -176,6 +177,8 @@ def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line
             beside.work.mkdir()
             jobs["beside"] = beside.start(beside.work)
         procs = {role: training(obs) for role, (_, obs) in jobs.items()}
+        if beside is not None:
+            wait_until(lambda: beside.ready(work / "beside"), 60, "the job beside to be ready")
         assert all(_environ_of(p.pid).get("PYTHONDONTWRITEBYTECODE") == "1"
                    for ps in procs.values() for p in ps if p.role != "scheduler"), \
             "the launcher passes PYTHONDONTWRITEBYTECODE=1"
@@ -220,14 +223,58 @@ def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line
     return out
 
 
+BUSY_STALL = 8  # the busy job's --stall-timeout: its busy allowance would be 10 x that
+
+
+def _h2_worker(work: Path) -> Record | None:
+    """The heartbeat record of the job's worker on h2 (its own hostname), if there is one."""
+    for d in work.glob(".mxlarge-heartbeat/*"):
+        return next((r for r in read_all(d).values() if r.host == "h2"), None)
+    return None
+
+
+def busy_job(testbed: Testbed, stopped: list[tuple[int, float]]) -> Beside:
+    """A user's own loop (tests/own_loop.py under ``python -m mxlarge.launcher``, ssh, 2 + 2
+    on h1, h2) whose workers spend 10 minutes in ``trainer.busy("evaluating")`` from step 10;
+    at the moment of the kills its worker on h2 gets SIGSTOP (``(pid, when)`` into
+    ``stopped``)."""
+    def start_it(work: Path) -> tuple[Job, Observer]:
+        (work / "hosts").write_text(SSH_HOSTS)
+        obs = Observer(testbed, str(work))
+        return start(testbed, "h0", [
+            PY, "-m", "mxlarge.launcher", "-n", "2", "-s", "2", "--launcher", "ssh", "-H",
+            str(work / "hosts"), "--stall-timeout", str(BUSY_STALL), "--", PY,
+            str(REPO / "tests" / "own_loop.py"), "--steps", "100000", "--busy-at", "10",
+            "--busy", "600"], work), obs
+
+    def stop_it(job: Job) -> None:
+        record = _h2_worker(job.log.parent)
+        assert record is not None
+        os.kill(record.pid, signal.SIGSTOP)
+        stopped.append((record.pid, time.monotonic()))
+
+    def busy(work: Path) -> bool:
+        record = _h2_worker(work)
+        return record is not None and record.phase == "evaluating"
+
+    return Beside(start_it, stop_it, busy)
+
+
 @pytest.mark.timeout(300)
 def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
         testbed: Testbed, work: Path) -> None:
     """ssh's status 255 hides the signal; the remote guard (mxlarge/launcher/probe.py) tells
-    it. The kvstore rank is the heartbeat's (worker) or the scheduler's assignment (server)."""
+    it. The kvstore rank is the heartbeat's (worker) or the scheduler's assignment (server).
+
+    Beside them, a worker stopped (SIGSTOP) while its heartbeat says it is evaluating: a
+    stopped worker's heartbeat thread stops ticking, the watchdog calls it "not responding",
+    and it gets no busy allowance (10 stall timeouts): the job stops within the stall
+    timeout, naming it."""
+    stopped: list[tuple[int, float]] = []
+    frozen = busy_job(testbed, stopped)
     jobs = kill_a_worker_and_a_server(
         testbed, work, "ssh", r"^\[launcher\] {role} rank ({rank}) on 198\.18\.0\.12 killed by "
-                              r"SIGKILL; stopping the job$", hostfile=SSH_HOSTS)
+                              r"SIGKILL; stopping the job$", hostfile=SSH_HOSTS, beside=frozen)
     for role, k in jobs.items():
         assert k.job.proc.returncode == 128 + 9
         assert "ssh could not connect" not in k.job.text()
@@ -239,6 +286,16 @@ def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
                 tags["failed_host"], tags["failed_status"]) == \
             (role, str(said), str(said), testbed.addr("h2"), "-9"), tags
         assert tags["failure"] == f"{role} rank {said} on 198.18.0.12 killed by SIGKILL", tags
+
+    assert frozen.job is not None and frozen.took is not None
+    out = frozen.job.text()
+    (pid, when), = stopped
+    assert frozen.job.proc.returncode == 124, out[-3000:]
+    assert re.search(rf"stalled: no worker advanced for \d+ s \(stall timeout {BUSY_STALL} s\); "
+                     rf"behind: worker rank \d at step \d+ on h2 \(pid {pid}\), not responding",
+                     out), out[-3000:]
+    print(f"ssh busy worker stopped: the job gone after {frozen.took:.1f} s")
+    assert frozen.took < BUSY_STALL + 7, (frozen.took, out[-3000:])  # not 10 x BUSY_STALL
 
 
 def sbatch_job(testbed: Testbed) -> Callable[[Path], tuple[Job, Observer]]:

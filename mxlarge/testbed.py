@@ -26,7 +26,6 @@ leftovers down first.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import os
 import shutil
@@ -351,13 +350,6 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
             except (ValueError, IndexError, ProcessLookupError, PermissionError):
                 pass
         namespaces = our_namespaces()
-        # Step daemons too: one whose srun is gone (a host that was cut off) waits on for it,
-        # and slurmd for it.
-        for pids in _pids_in(namespaces).values():
-            for pid in pids:
-                if _cmdline(pid).startswith("slurmstepd"):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGTERM)
         leftovers: list[str] = []
         deadline = time.monotonic() + 15  # slurmd may wait for a step daemon on a loaded box
         while time.monotonic() < deadline and _pids_in(namespaces):

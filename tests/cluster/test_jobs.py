@@ -1,7 +1,7 @@
 """Real dist_sync jobs across namespace hosts through every backend: ssh (a hostfile of h1, h2:
 dmlc puts server i and worker i on line i; scheduler on h0), mpirun, Slurm (srun inside an
-allocation and sbatch of launch/slurm.sbatch) and MXNet's own launch.py, all at once; and, in
-the slower cluster tier, the 128-GPU layout.
+allocation and sbatch of launch/slurm.sbatch) and MXNet's own launch.py, all at once; and the
+128-GPU layout. In the slower cluster tier (``make test-cluster-slow``).
 
 Each job trains the 12-step equivalence recipe of tests/helpers.py (warmup, a decay, momentum)
 with 2 workers and 2 servers, scheduler on the launching host. Checked per job: every process ran
@@ -33,7 +33,8 @@ from tests.helpers import EQ_CONFIG, cli, load_params
 PY = sys.executable  # the project venv's absolute path: what every host runs
 REPO = Path(__file__).resolve().parents[2]
 N_WORKERS, N_SERVERS = 2, 2
-pytestmark = pytest.mark.timeout(400)  # the first test's setup runs every job
+# the first test's setup runs every job; the slower cluster tier (`make test-cluster-slow`)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
 
 def write_config(work: Path, tracking: bool = True) -> Path:
@@ -256,7 +257,6 @@ def test_a_backend_runs_the_2_plus_2_job_bitwise(testbed: Testbed, jobs: dict[st
               tag.format(h0=testbed.addr("h0"), h1=testbed.addr("h1"), h2=testbed.addr("h2")))
 
 
-@pytest.mark.slow  # the slower cluster tier (`make test-cluster-slow`)
 def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed, work: Path) -> None:
     """experiments/imagenet/mxnet-128gpu-4k.yaml as its layout runs (one worker process per
     machine driving several devices, dist_device_sync, one server per machine), shrunk to fit:

@@ -818,9 +818,13 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
     sup = Supervisor(output, sink=sink, hide_ps_verbose=hide_ps_verbose)
     # the hosts a stalled job probes (not this one: the launcher runs here)
     remote = {h: ports.get(h, 22) for h in hosts if h != args.host_ip}
+
+    def probe() -> Mapping[str, str]:  # the watchdog's and the failure report's
+        return unreachable_hosts(remote)
+
     watchdog = None if beats is None else Watchdog(
         beats, args.num_workers, stall_timeout, emit=lambda line: sup.sink.emit("launcher", line),
-        probe=lambda: unreachable_hosts(remote))
+        probe=probe)
     shim = _SubprocessShim(sup, launcher, srun_overlap=launcher == "slurm" and srun_has_overlap())
     stop = threading.Event()
     received: list[int] = []
@@ -832,8 +836,7 @@ def _submit(backend: ModuleType, tracker: ModuleType, args: Any, launcher: str, 
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             errors.append(e)
 
-    explain = _Explainer(launcher, args.host_ip, sup, sink, shim, watchdog, ports,
-                         lambda: unreachable_hosts(remote))
+    explain = _Explainer(launcher, args.host_ip, sup, sink, shim, watchdog, ports, probe)
     thread = threading.Thread(target=run_backend, name=f"dmlc-{launcher}-submit", daemon=True)
     sup.sink.emit("launcher", f"job {job_id}: scheduler here at {args.host_ip}, "
                               f"{args.num_servers} server(s), {args.num_workers} worker(s) via "

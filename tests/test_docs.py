@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "launch/README.md", "benchmarks/README.md"]
+DOCS = ["README.md", "docs/launching.md", "benchmarks/README.md"]
 # `path` in backticks: a repository file or directory (with or without ::test_name)
 PATH = re.compile(r"`((?:mxlarge|tests|benchmarks|experiments|launch|docs)/[\w./*-]+)"
                   r"(?:::([\w\[\]*-]+))?`")

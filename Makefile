@@ -36,7 +36,7 @@ test-ui: $(STAMP)
 	$(BIN)/python -m pytest -q tests/ui
 
 # Real ssh, Open MPI and Slurm jobs across network-namespace hosts on this machine (root; installs
-# its Debian packages when missing). See mxlarge/testbed.py and launch/README.md.
+# its Debian packages when missing). See mxlarge/testbed.py and docs/launching.md.
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -q tests/cluster -m "not slow"
 

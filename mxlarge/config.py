@@ -106,7 +106,8 @@ class OptimConfig:
     decay_factor: float = _f(0.1, "step decay: multiplier at each drop", gt=0, le=1)
     poly_power: float = _f(2.0, "poly decay: power", gt=0)
     lars: bool = _f(False, "layer-wise adaptive rate scaling (You et al. 2017); the scheduled LR "
-                           "is then the paper's global LR gamma, not an SGD LR (README, LARS)")
+                           "is then the paper's global LR gamma, not an SGD LR "
+                           "(docs/performance.md, LARS)")
     lars_eta: float = _f(0.001, "LARS trust coefficient eta (the paper's and MXNet's 0.001)",
                          gt=0)
     lars_lr: float | None = _f(None, "LARS: the global LR gamma at reference_batch, used "
@@ -425,8 +426,8 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: optim.lars_lr = None: expected the LARS global LR gamma "
                           "with optim.lars = true (it is not an SGD LR: each layer moves by "
                           f"about gamma x lars_eta = gamma x {o.lars_eta:g} of its norm per step, "
-                          "so gamma is far above base_lr; 5 trains the digits proxy; README, "
-                          "LARS)")
+                          "so gamma is far above base_lr; 5 trains the digits proxy; "
+                          "docs/performance.md, LARS)")
     if o.lars_lr is not None and not o.lars:
         raise ConfigError(f"{source}: optim.lars_lr = {o.lars_lr}: expected it unset with "
                           "optim.lars = false (base_lr is the LR without LARS)")

@@ -282,7 +282,7 @@ def plan(cfg: Config, world: World, train_samples: int, samples_from: str = "dat
         raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: the gradient noise "
                           "scale needs 2 or more workers, devices or simulated workers")
     o = cfg.optim
-    base = o.lars_lr if o.lars else o.base_lr  # LARS's LR is its own global LR γ (README)
+    base = o.lars_lr if o.lars else o.base_lr  # LARS: its own global LR γ (docs/performance.md)
     peak = schedulers.scaled_lr(base, o.reference_batch, world.global_batch, o.scaling)
     warmup_lr = o.warmup_lr if o.warmup_lr is not None else base
     warmup = schedulers.epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0

@@ -109,6 +109,17 @@ class World:
                 f"{self.global_batch}")
 
 
+def precision(cfg: Config) -> dict[str, str]:
+    """What runs in which type: ``compute`` (the ops; AMP's target type or float32), ``weights``
+    (and optimizer states) and ``wire`` (gradients between workers and servers)."""
+    amp = cfg.train.amp
+    return {"compute": f"{amp} (MXNet AMP, dynamic loss scaling)" if amp != "none"
+            else "float32",
+            "weights": "float32",
+            "wire": ("float16 (summed in float32 by the servers)"
+                     if cfg.dist.wire_dtype == "float16" else "float32")}
+
+
 def world_of(cfg: Config, source: str = "<config>") -> World:
     """The world ``cfg`` declares, refused where it cannot be the one that runs.
 

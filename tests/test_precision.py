@@ -259,3 +259,22 @@ def test_the_16_bit_wire_is_within_its_bound_of_the_exact_sum_on_every_rank(tmp_
     assert worst["float16"] <= 1.0 and worst["float32"] <= 1.0, worst
     # the bound is tight: float16's rounding shows (measured 0.96 of it)
     assert worst["float16"] > 0.25, worst
+
+
+def test_amps_loss_scale_is_in_the_states_file(tmp_path):
+    """A resume continues AMP's dynamic loss scale (scale, next scale, steps since overflow)."""
+    from mxnet.contrib.amp.loss_scaler import LossScaler
+
+    net = _net()
+    trainer = mxlarge.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    trainer._amp_loss_scaler = LossScaler()  # what amp.init_trainer sets
+    trainer._amp_loss_scaler._loss_scale = 2.0**13
+    trainer._amp_loss_scaler._next_loss_scale = 2.0**12
+    trainer._amp_loss_scaler._unskipped = 7
+    saved = trainer.state_arrays()
+    again = mxlarge.Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1})
+    again._amp_loss_scaler = LossScaler()
+    mx.nd.save(str(tmp_path / "s.nd"), saved)
+    again.load_states(str(tmp_path / "s.nd"))
+    s = again._amp_loss_scaler
+    assert (s._loss_scale, s._next_loss_scale, s._unskipped) == (2.0**13, 2.0**12, 7)

@@ -511,10 +511,11 @@ class Trainer(mx.gluon.Trainer):
               "part_index=trainer.rank))", file=sys.stderr, flush=True)
 
     def update(self, batch_size: int, step: int | None = None,
-               ignore_stale_grad: bool = False) -> None:
+               ignore_stale_grad: bool = False) -> bool:
         """Applies update ``step`` (default :attr:`num_update`) to already-reduced gradients,
         with rescale s/(k·n); then ``num_update = step + 1``. Under AMP, a step whose summed
         gradients overflowed is skipped on every rank and the count stays (Gluon's rule).
+        Returns whether the update was applied.
 
         Args:
             batch_size: images this worker processed in the step, over all its devices (n per
@@ -542,20 +543,21 @@ class Trainer(mx.gluon.Trainer):
         scaler = getattr(self, "_amp_loss_scaler", None)
         # the summed gradients are bitwise the same on every rank, so is this decision
         if scaler is not None and scaler.has_overflow(self._params):
-            return
+            return False
         rescale = self._scale / (batch_size * self.num_workers)
         for weights, grads, states in self._update_args:
             self.updater.apply(t, self.pushed, weights, grads, states, rescale)
         if beat is not None and self._update_args:
             self._last_update = self._update_args[0][0][0]
         self.num_update = t + 1
+        return True
 
     def step(self, batch_size: int, step: int | None = None,
-             ignore_stale_grad: bool = False) -> None:
-        """``allreduce_grads()`` then ``update(batch_size, step)``."""
+             ignore_stale_grad: bool = False) -> bool:
+        """``allreduce_grads()`` then ``update(batch_size, step)``; whether it was applied."""
         step = _explicit_step(step, ignore_stale_grad)  # refused before anything is pushed
         self.allreduce_grads()
-        self.update(batch_size, step)
+        return self.update(batch_size, step)
 
     @contextmanager
     def busy(self, what: str) -> Iterator[None]:
@@ -608,7 +610,13 @@ class Trainer(mx.gluon.Trainer):
         self._check_ready()
         if not self._masters_current:
             self._refresh_masters()
-        return states_file.state_arrays(self.states, self.pushed)
+        out = states_file.state_arrays(self.states, self.pushed)
+        scaler = getattr(self, "_amp_loss_scaler", None)
+        if scaler is not None:  # AMP's dynamic loss scale, so a resume continues it exactly
+            out[states_file.AMP_KEY] = mx.nd.array(
+                [scaler._loss_scale, scaler._next_loss_scale, scaler._unskipped],
+                dtype="float64")
+        return out
 
     def save_states(self, fname: str) -> None:
         """Writes :meth:`state_arrays` and the update count (``num_update``, an int64 array) as
@@ -629,6 +637,12 @@ class Trainer(mx.gluon.Trainer):
         are kept, and checked and set once the shapes are known.
         """
         loaded, count = states_file.read(fname, self.names)
+        amp_state = loaded.pop(states_file.AMP_KEY, None)
+        scaler = getattr(self, "_amp_loss_scaler", None)
+        if amp_state is not None and scaler is not None:
+            scale, following, unskipped = amp_state.asnumpy().tolist()
+            scaler._loss_scale, scaler._next_loss_scale = scale, following
+            scaler._unskipped = int(unskipped)
         if self._pending:
             self._loaded = loaded
         else:

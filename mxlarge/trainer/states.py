@@ -4,7 +4,8 @@
 mxlarge's file holds, by parameter *position* (Gluon 1.x names parameters with process-global
 counters, so the same net built twice in one process gets other names): ``momentum:<i>`` (the
 velocity, MXNet's eq. (10) quantity), ``master:<i>`` (the float32 master copy of a float16
-weight under ``multi_precision``) and ``num_update`` (an int64 array).
+weight under ``multi_precision``), ``num_update`` (an int64 array) and, under AMP,
+``amp_loss_scaler`` (its dynamic loss scale, so a resume continues it).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import mxnet as mx
 
 #: The update count's key in mxlarge's states files.
 NUM_UPDATE_KEY = "num_update"
+#: AMP's dynamic loss scaler (loss scale, next loss scale, steps since the last overflow).
+AMP_KEY = "amp_loss_scaler"
 
 
 class _GluonStates(pickle.Unpickler):

@@ -52,3 +52,14 @@ def test_precision_settings_that_cannot_work_are_refused(tmp_path, overrides, me
     cfg.write_text(BN_CONFIG)
     r = cli(["show", cfg, *overrides], tmp_path)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+
+
+def test_the_128_gpu_setting_takes_float16_amp_and_the_16_bit_wire(tmp_path):
+    """What its comment says to add on GPUs is accepted (and refused on CPU, above)."""
+    from pathlib import Path
+
+    cfg = Path(__file__).resolve().parents[2] / "experiments/imagenet/mxnet-128gpu-4k.yaml"
+    r = cli(["show", cfg, "train.amp=float16", "dist.wire_dtype=float16"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "precision compute: float16 (MXNet AMP, dynamic loss scaling)" in r.stdout
+    assert "train.amp=float16" in cfg.read_text()

@@ -54,6 +54,7 @@ def test_precision_settings_that_cannot_work_are_refused(tmp_path, overrides, me
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_128_gpu_setting_takes_float16_amp_and_the_16_bit_wire(tmp_path):
     """What its comment says to add on GPUs is accepted (and refused on CPU, above)."""
     from pathlib import Path

@@ -37,7 +37,7 @@ TITLES = {
     "input_pipeline": "5. Input pipeline: RecordIO decode vs training speed",
     "scale_model": "6. Scale model vs MXNet's published 128-GPU table",
     "gns_cost": "7. Cost of the gradient-noise-scale estimator",
-    "compression": "8. Bytes on the wire per step with 2-bit gradient compression",
+    "compression": "8. Bytes on the wire per step with 2-bit compression and the 16-bit wire",
     "heartbeat_cost": "9. Cost of the stall watchdog's heartbeat",
     "cluster_link": "10. Push/pull against a shaped link on the namespace testbed",
     "update_kernels": "11. The optimizer update alone (mxlarge vs Gluon's SGD)",
@@ -78,7 +78,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "input_pipeline": (2 * rt, lambda log, bar: input_pipeline.run(reps=rt, bar=bar)),
         "scale_model": (1, lambda log, bar: scale_model.run()),
         "gns_cost": (3 * rt, lambda log, bar: gns_cost.run(reps=rt, bar=bar)),
-        "compression": (2 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
+        "compression": (3 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
         "heartbeat_cost": (2 * r1, lambda log, bar: heartbeat_cost.run(
             reps=r1, log=log, bar=bar)),
         "update_kernels": (3 * rt, lambda log, bar: update_kernels.run(reps=rt, bar=bar)),

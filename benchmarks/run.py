@@ -86,7 +86,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
             reps=rt, bar=bar)),
         "cluster_link": (len(cluster_link.CONFIGS) * rb, lambda log, bar: cluster_link.run(
             reps=rb, log=log, bar=bar)),
-        "wire16": (len(wire16.CONFIGS) * rt, lambda log, bar: wire16.run(
+        "wire16": (2 * len(wire16.CONFIGS) * rt, lambda log, bar: wire16.run(
             reps=rt, log=log, bar=bar)),
     }
 

@@ -1,11 +1,12 @@
 """A user's Gluon AMP script (MXNet's ``mxnet.contrib.amp``, bfloat16 on this CPU; float16 on a
 GPU is the same code with ``target_dtype='float16'``), changed only in its Trainer line.
 
-Argv: OUT_DIR TRAINER [--inf-at STEP --inf-rank R]. TRAINER is ``gluon`` (the script as its
-author wrote it, one process) or ``mxlarge`` (the Trainer line replaced; ``kvstore='dist_sync'``
-when launched, else one process). A conv net with BatchNorm, 6 steps. ``--inf-at`` puts an inf
-into rank R's first gradient at that step (an overflow only one rank sees). Each rank writes
-``OUT_DIR/<trainer>-<rank>.params`` and prints ``amp_script rank=R num_update=N scale=S``.
+Argv: OUT_DIR TRAINER [--inf-at STEP --inf-rank R] [--clip NORM]. TRAINER is ``gluon`` (the
+script as its author wrote it, one process) or ``mxlarge`` (the Trainer line replaced;
+``kvstore='dist_sync'`` when launched, else one process). A conv net with BatchNorm, 6 steps.
+``--inf-at`` puts an inf into rank R's first gradient at that step (an overflow only one rank
+sees); ``--clip`` takes Gluon's split step to clip the unscaled summed gradients. Each rank
+writes ``OUT_DIR/<trainer>-<rank>.params`` and prints ``amp_script rank=R num_update=N scale=S``.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def main() -> int:
     p.add_argument("trainer", choices=["gluon", "mxlarge"])
     p.add_argument("--inf-at", type=int, default=-1)
     p.add_argument("--inf-rank", type=int, default=0)
+    p.add_argument("--clip", type=float, default=0.0,
+                   help="allreduce_grads(), amp.unscale, clip_global_norm to this, update()")
     opts = p.parse_args()
     import mxnet as mx  # a scheduler/server serves its role inside this import, then exits
     from mxnet import autograd, gluon
@@ -56,7 +59,14 @@ def main() -> int:
                 autograd.backward(scaled)
         if step == opts.inf_at and rank == opts.inf_rank:
             net[0].weight.grad()[:] = float("inf")
-        trainer.step(x.shape[0])
+        if opts.clip:  # Gluon's documented way to touch the summed, unscaled gradients
+            trainer.allreduce_grads()
+            amp.unscale(trainer)
+            gluon.utils.clip_global_norm([q.grad() for q in net.collect_params().values()
+                                          if q.grad_req != "null"], opts.clip)
+            trainer.update(x.shape[0])
+        else:
+            trainer.step(x.shape[0])
     mx.nd.waitall()
     net.save_parameters(f"{opts.out_dir}/{opts.trainer}-{rank}.params")
     print(f"amp_script rank={rank} num_update={trainer.optimizer.num_update} "

@@ -75,11 +75,13 @@ def _run(args, cwd):
     return proc.stdout
 
 
-def test_amp_bfloat16_through_mxlarge_equals_gluon_trainer_with_amp(tmp_path):
+@pytest.mark.parametrize("clip", ["0", "0.5"])
+def test_amp_bfloat16_through_mxlarge_equals_gluon_trainer_with_amp(tmp_path, clip):
     """MXNet's AMP (bfloat16: amp.init, amp.init_trainer, amp.scale_loss) on a conv net with
-    BatchNorm, 6 steps, one process each (AMP patches MXNet for the whole process)."""
+    BatchNorm, 6 steps, one process each (AMP patches MXNet for the whole process); with
+    ``clip``, Gluon's split step: allreduce_grads(), amp.unscale, clip_global_norm, update()."""
     for trainer in ("gluon", "mxlarge"):
-        out = _run([HERE / "amp_script.py", tmp_path, trainer], tmp_path)
+        out = _run([HERE / "amp_script.py", tmp_path, trainer, "--clip", clip], tmp_path)
         assert "num_update=6 scale=65536.0" in out
     ours = load_params(tmp_path / "mxlarge-0.params")
     ref = load_params(tmp_path / "gluon-0.params")

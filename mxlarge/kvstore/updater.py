@@ -39,9 +39,10 @@ that case stays on the multi-tensor kernel.
 
 **Mixed precision** (``multi_precision=True``, as MXNet's SGD): a float16 weight keeps a float32
 master copy and float32 momentum in its state ``(momentum, master)``; the kernels are MXNet's
-multi-precision ones (``multi_mp_sgd_mom_update``, ``mp_nag_mom_update``,
-``preloaded_multi_mp_sgd_mom_update``), which update the master copy in float32 and write the
-float16 weight as its rounding, with the same momentum correction and per-role decay.
+multi-precision ones (``multi_mp_sgd_mom_update``, ``preloaded_multi_mp_sgd_mom_update``; NAG
+runs its float32 kernel on the master copy), which update the master copy in float32 and write
+the float16 weight as its rounding, with the same momentum correction and per-role decay: the
+master copies follow the float32 update exactly (``tests/test_updater.py``).
 
 Every attribute is a plain Python value so the object survives MXNet's protocol-0 pickle.
 """
@@ -225,6 +226,8 @@ class LargeBatchSGD(mxopt.Optimizer):
         moms = [s[0] for s in states]
         masters = [s[1] for s in states]
         if self.nesterov:
+            # the float32 path on the master copy (its NAG kernel, written to a temporary:
+            # in place it would read the updated weight in its decay term), then rounded
             ratio = momentum / self.momentum if self.momentum > 0 else 1.0
             for w, g, m, w32, wd in zip(weights, grads, moms, masters, wds):
                 if m is None:
@@ -232,8 +235,10 @@ class LargeBatchSGD(mxopt.Optimizer):
                     continue
                 if ratio != 1.0:
                     m *= ratio
-                nd.mp_nag_mom_update(w, g, m, w32, out=w, lr=lr, wd=wd,
-                                     momentum=self.momentum, rescale_grad=rescale_grad)
+                fresh = nd.nag_mom_update(w32, g.astype(np.float32), m, lr=lr, wd=wd,
+                                          momentum=self.momentum, rescale_grad=rescale_grad)
+                fresh.copyto(w32)
+                nd.cast(w32, dtype=np.float16, out=w)
             return
         if self.lars:
             self._apply_lars(indices, weights, grads, states, lr, momentum, wds, rescale_grad)

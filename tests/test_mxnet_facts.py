@@ -181,3 +181,23 @@ def test_a_dist_store_outside_a_launched_job_is_mxnets_dmlc_num_worker_check():
     assert r.returncode == 1 and line in r.stderr, r.stderr[-2000:]
     doc = (Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md").read_text()
     assert f"`{line}`" in doc
+
+
+def test_bfloat16_amp_writes_no_accumulated_gradient_of_its_bfloat16_layers():
+    """Why ``train.amp=bfloat16`` refuses ``dist.simulate_workers > 1`` (which accumulates with
+    ``grad_req='add'``): under bfloat16 AMP the convolution's and dense layer's gradients stay
+    zero with 'add' (BatchNorm's, in float32, accumulate). AMP patches MXNet for the whole
+    process, so the script runs in its own (tests/amp_add_fact.py)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "amp_add_fact.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    write = [float(v) for v in rows["write"].split(",")]
+    add = [float(v) for v in rows["add"].split(",")]
+    # conv weight, conv bias, BN gamma, BN beta, dense weight, dense bias
+    assert all(v > 0 for v in write)
+    assert add[0] == add[1] == add[4] == add[5] == 0.0
+    assert add[2:4] == write[2:4]

@@ -280,3 +280,15 @@ def test_amps_loss_scale_is_in_the_states_file(tmp_path):
     again.load_states(str(tmp_path / "s.nd"))
     s = again._amp_loss_scaler
     assert (s._loss_scale, s._next_loss_scale, s._unskipped) == (2.0**13, 2.0**12, 7)
+
+
+def test_simulated_workers_under_amp_are_refused():
+    from mxnet.contrib.amp.loss_scaler import LossScaler
+
+    net = _net()
+    trainer = mxlarge.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                              simulate_workers=2)
+    trainer._amp_loss_scaler = LossScaler()  # what amp.init_trainer sets
+    trainer._amp_original_scale = 1.0
+    with pytest.raises(ValueError, match="simulate_workers with AMP is not supported"):
+        _train(net, trainer, 1)

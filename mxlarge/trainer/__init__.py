@@ -541,6 +541,10 @@ class Trainer(mx.gluon.Trainer):
         if not self._masters_current:
             self._refresh_masters()
         scaler = getattr(self, "_amp_loss_scaler", None)
+        if scaler is not None and self.simulated_workers > 1:
+            raise ValueError("simulate_workers with AMP is not supported: MXNet 1.9.1's "
+                             "bfloat16 convolution and dense kernels write no gradient when "
+                             "it accumulates (grad_req='add'; docs/mxnet-facts.md)")
         # the summed gradients are bitwise the same on every rank, so is this decision
         if scaler is not None and scaler.has_overflow(self._params):
             return False

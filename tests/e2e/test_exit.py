@@ -1,0 +1,58 @@
+"""A finished script exits (issue 42): real scheduler, server and workers on 127.0.0.1.
+
+A script that ends right after its last ``trainer.step()`` (no ``mx.nd.waitall()``) used to hang
+in MXNet's shutdown in about half of the runs (mxlarge/kvstore/shutdown.py)."""
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "exit_script.py")
+NORMAL = 60.0  # seconds: a 2+1 job takes ~6 s here unloaded, ~15 s at a load of 7 on 2 cores
+
+
+def launch(cwd, *script_args, stall_timeout=30, timeout=120):
+    """``python -m mxlarge.launcher -n 2 -s 1 -- python exit_script.py ARGS``: the result and
+    its wall time."""
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
+                        "--stall-timeout", str(stall_timeout), "--", sys.executable, SCRIPT,
+                        *script_args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - start
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3000)
+def test_a_script_ending_right_after_its_last_step_exits_20_times_in_20(tmp_path):
+    """The issue's script (conv net with BN, inference forward, mxlarge.Trainer on dist_sync, 5
+    steps, no waitall) 20 times in a row: every job exits 0 on its own (every process exited
+    0, no worker ended by the launcher) within the normal time. Before the fix: 4 hangs in 8
+    (each stopped by the stall watchdog, exit 124)."""
+    times = []
+    for i in range(20):
+        r, took = launch(tmp_path)
+        assert r.returncode == 0, f"run {i + 1}: exit {r.returncode} after {took:.0f} s\n" \
+                                  f"{r.stdout[-3000:]}"
+        assert "job finished: 2 worker(s), 1 server(s) and the scheduler exited 0" in r.stdout
+        assert "[launcher] warning" not in r.stdout, r.stdout[-3000:]
+        assert r.stdout.count("done 5 steps") == 2
+        assert took < NORMAL, f"run {i + 1} took {took:.0f} s"
+        times.append(took)
+    print(f"20 runs: {min(times):.1f}-{max(times):.1f} s")
+
+
+@pytest.mark.timeout(180)
+def test_a_script_raising_after_its_last_step_on_a_store_of_mxlarges_fails_at_once(tmp_path):
+    """``gluon.Trainer`` on a store from ``mxlarge.kvstore.sync.create`` (no mxlarge.Trainer):
+    rank 1 raises right after its last step. It does not wait at exit (its peer may be waiting
+    for it in push/pull): the store comes with fail-fast, so it exits 1 at once with its
+    traceback and the job fails naming it, instead of hanging in MXNet's exit barrier."""
+    r, took = launch(tmp_path, "--trainer", "gluon-sync", "--raise-at-end")
+    assert r.returncode == 1, r.stdout[-3000:]
+    assert "RuntimeError: exit_script raising after its last step" in r.stdout
+    assert re.search(r"\[launcher\] worker \d exited with status 1", r.stdout), r.stdout
+    assert took < NORMAL, f"{took:.0f} s"
+

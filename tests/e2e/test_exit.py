@@ -1,7 +1,9 @@
 """A finished script exits (issue 42): real scheduler, server and workers on 127.0.0.1.
 
 A script that ends right after its last ``trainer.step()`` (no ``mx.nd.waitall()``) used to hang
-in MXNet's shutdown in about half of the runs (mxlarge/kvstore/shutdown.py)."""
+in MXNet's shutdown in about half of the runs (mxlarge/kvstore/shutdown.py); a worker that hangs
+in its exit after its work is done is ended by the launcher and the job reported finished
+(mxlarge/launcher/watchdog.py, "Finished")."""
 import re
 import subprocess
 import sys
@@ -9,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from mxlarge.launcher.watchdog import EXIT_GRACE
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "exit_script.py")
 NORMAL = 60.0  # seconds: a 2+1 job takes ~6 s here unloaded, ~15 s at a load of 7 on 2 cores
@@ -42,6 +46,43 @@ def test_a_script_ending_right_after_its_last_step_exits_20_times_in_20(tmp_path
         assert took < NORMAL, f"run {i + 1} took {took:.0f} s"
         times.append(took)
     print(f"20 runs: {min(times):.1f}-{max(times):.1f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_worker_hanging_in_its_exit_after_its_work_is_done_ends_the_job_finished(tmp_path):
+    """Rank 1 hangs in an atexit handler after mxlarge's has reported it finished (rank 0 then
+    waits for it in MXNet's exit barrier): once every worker has reported finished, the launcher
+    ends them after the exit grace, with one warning line naming them, and the job is
+    finished: exit 0, no stall, no failure."""
+    lines = []
+    proc = subprocess.Popen([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
+                             "--stall-timeout", "60", "--", sys.executable, SCRIPT,
+                             "--hang-in-exit"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    out = "\n".join(line for _, line in lines)
+    assert proc.returncode == 0, out
+    warnings = [(t, line) for t, line in lines if line.startswith("[launcher] warning")]
+    assert len(warnings) == 1, out
+    at, warning = warnings[0]
+    assert warning.startswith("[launcher] warning: ") and "worker rank 1 on " in warning
+    assert re.search(f"finished (its|their) work but did not exit within {EXIT_GRACE:g} s",
+                     warning)
+    assert "stalled" not in out and "FAILED" not in out
+    assert lines[-1][1].startswith("[launcher] job finished: every worker reported its work done")
+    done = max(t for t, line in lines if "done 5 steps" in line)
+    assert EXIT_GRACE - 0.5 <= at - done < EXIT_GRACE + 3.0, f"{at - done:.1f} s\n{out}"
+    print(f"warning {at - done:.1f} s after the last worker's last line; launcher exited "
+          f"{lines[-1][0] - done:.1f} s after it")
 
 
 @pytest.mark.timeout(180)

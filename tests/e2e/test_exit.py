@@ -15,7 +15,8 @@ import pytest
 from mxlarge.launcher.watchdog import EXIT_GRACE
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "exit_script.py")
-NORMAL = 60.0  # seconds: a 2+1 job takes ~6 s here unloaded, ~15 s at a load of 7 on 2 cores
+# seconds: 20 jobs took 4.1-12.3 s each at a load of 5-8 on 2 cores, 14.1-24.4 s at 14
+NORMAL = 60.0
 
 
 def launch(cwd, *script_args, stall_timeout=30, timeout=120):

@@ -37,6 +37,36 @@ def _nag(inplace: bool):
     return w0, g.asnumpy(), out.asnumpy(), v.asnumpy()
 
 
+def test_mxnets_exit_skips_queued_operations_and_an_atexit_after_import_runs_first():
+    """Why a script ending right after ``trainer.step()`` hung (mxlarge/kvstore/shutdown.py):
+    ``import mxnet`` registers an ``atexit`` handler (``MXNotifyShutdown``) after which every
+    queued engine operation is skipped: of 50 increments queued behind a chain of products
+    (seconds of work) hardly any run; a handler registered after ``import mxnet`` runs before
+    it (``atexit`` is last in, first out), and a ``waitall`` there runs them all."""
+    script = textwrap.dedent("""
+        import atexit, sys
+        import mxnet as mx
+        from mxnet.base import _LIB, check_call
+        big, acc = mx.nd.ones((600, 600)), mx.nd.zeros((1,))
+        mx.nd.waitall()
+        for _ in range(50):
+            big = mx.nd.dot(big, big) / 600.0
+            acc += big[0, 0:1] * 0 + 1  # after this product
+        if sys.argv[1] == "shutdown":
+            check_call(_LIB.MXNotifyShutdown())
+            print("acc", acc.asnumpy()[0])
+        else:
+            atexit.register(lambda: print("acc", (mx.nd.waitall(), acc.asnumpy()[0])[1]))
+    """)
+    done = {}
+    for how in ("shutdown", "atexit"):
+        r = subprocess.run([sys.executable, "-c", script, how], capture_output=True, text=True,
+                           timeout=100)
+        assert r.returncode == 0 and r.stdout.startswith("acc "), (how, r.stderr[-2000:])
+        done[how] = float(r.stdout.split()[1])
+    assert done["shutdown"] < 25 and done["atexit"] == 50, done
+
+
 def test_nag_mom_update_is_eq10_whatever_its_docstring_says():
     """v ← m·v − η(g + λw); w ← w + m·v − η(g + λw): the LR inside the velocity (Goyal eq. 10),
     not the docstring's v ← γv + η∇J(w − γv), w ← w − v."""

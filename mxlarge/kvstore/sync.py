@@ -91,6 +91,7 @@ import numpy as np
 from mxlarge.errors import InputError, ReplicaMismatch
 from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.roles import ParamRole
+from mxlarge.kvstore.shutdown import leave_together
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
 WIRE_DTYPES = ("float32", "float16")
@@ -207,11 +208,12 @@ def create(kind: str) -> mx.kv.KVStore:
                          "(dist.kvstore=local)")
     live = live_dist_store()
     if live is None:
-        return mx.kv.create(kind)
+        live = mx.kv.create(kind)
     if live.type != kind:
         raise InputError(f"kvstore {kind!r}: this process already has a {live.type!r} store "
                          "and MXNet hangs creating a second one; pass that store "
                          f"(kvstore=kv) or create it as {kind!r}")
+    leave_together(live)  # its pending pushes run before MXNet's exit (kvstore/shutdown.py)
     return live
 
 

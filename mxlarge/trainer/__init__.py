@@ -126,7 +126,7 @@ class Trainer(mx.gluon.Trainer):
         compression: e.g. ``{'type': '2bit', 'threshold': 0.5}`` (dist only).
         fusion_bytes: gradients of tensors smaller than this travel packed in buckets of up
             to this many bytes, one push/pull per bucket, bitwise the same sums
-            (:func:`mxlarge.kvstore.sync.fuse`); 0: one key per tensor.
+            (:func:`mxlarge.kvstore.fusion.fuse`); 0: one key per tensor.
         bn_stats: BN statistics for evaluation/checkpoints: ``local``, ``broadcast``, ``reduce``
             (owned by :attr:`bn`, a :class:`~mxlarge.bnstats.BNStats`).
         simulate_workers: K > 1 reproduces K dist_sync workers in this process: the loop runs

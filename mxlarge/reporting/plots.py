@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mxlarge.reporting.runs import RunData
+from mxlarge.reporting.runs import RunData, by_label
 from mxlarge.reporting.study import StudyRow
 from mxlarge.reporting.summary import NO_ESTIMATE, mean_curve, mean_std, run_final_error
 
@@ -51,18 +51,11 @@ def plot_training_curves(history: list[dict[str, float]], path: str | Path,
     save(fig, path)
 
 
-def _by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
-    out: dict[str, list[RunData]] = {}
-    for r in runs:
-        out.setdefault(r.label, []).append(r)
-    return out
-
-
 def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
     """Validation top-1 error vs epoch, mean over seeds, one curve per label (Goyal Fig. 2)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for i, (label, group) in enumerate(_by_label(runs).items()):
+    for i, (label, group) in enumerate(by_label(runs).items()):
         curve = mean_curve([[(x["train/epoch"], 100 * x["val/error_top1"]) for x in r.rows
                              if "train/epoch" in x and "val/error_top1" in x] for r in group])
         if curve:
@@ -85,7 +78,7 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
     """
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    groups = _by_label(runs)
+    groups = by_label(runs)
     for i, (label, group) in enumerate(groups.items()):
         dodge = 2 ** (0.05 * (i - (len(groups) - 1) / 2))
         pts = [(r.global_batch * dodge, 100 * e) for r in group
@@ -110,7 +103,7 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
 def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
     """Per label, for its lowest seed: training loss and the LR, as logged per step, vs step."""
     plt = pyplot()
-    groups = _by_label(runs)
+    groups = by_label(runs)
     cols = min(3, max(1, len(groups)))
     nrows = -(-len(groups) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.3 * nrows), squeeze=False)
@@ -138,7 +131,7 @@ def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "")
     """B_simple over steps (one seed per label) with each label's global batch as a line."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, group in _by_label(runs).items():
+    for label, group in by_label(runs).items():
         r = next((x for x in group if x.gns), None)
         # the estimate is negative or infinite while |G|² is still estimated <= 0
         pts = sorted((s, v) for s, v in (r.gns if r else ()) if 0 < v < NO_ESTIMATE)
@@ -167,10 +160,7 @@ def plot_study(study: Sequence[StudyRow], path: str | Path, title: str = "") -> 
     of the recipe runs (median) is a dotted vertical line (where the batch stops paying: far above
     it, a larger batch saves few steps).
     """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax_err, ax_steps) = plt.subplots(1, 2, figsize=(13, 4.8), sharex=True)
     recipe = sorted((r for r in study if r.label.endswith("recipe") and r.global_batch),
                     key=lambda r: r.global_batch)
@@ -229,6 +219,4 @@ def plot_study(study: Sequence[StudyRow], path: str | Path, title: str = "") -> 
     ax_steps.legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)

@@ -82,6 +82,14 @@ class RunData:
 
 
 
+def by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
+    """``{label: its runs}``, labels and runs in the order given."""
+    out: dict[str, list[RunData]] = {}
+    for r in runs:
+        out.setdefault(r.label, []).append(r)
+    return out
+
+
 def select_runs(runs: Sequence[RunData]) -> tuple[list[RunData], list[str]]:
     """The newest FINISHED run per (label, seed), and notes on every run left out.
 

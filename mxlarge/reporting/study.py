@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mxlarge import stats
-from mxlarge.reporting.runs import RunData
-
-_NO_ESTIMATE = 1e300
+from mxlarge.reporting.runs import RunData, by_label
+from mxlarge.reporting.summary import common, run_final_error, settled_b_simple
 
 
 @dataclass(frozen=True)
@@ -60,15 +59,8 @@ def target_from_runs(runs: Sequence[RunData]) -> Target | None:
     return Target(parsed["reference"], float(parsed["tolerance"]), error)
 
 
-def run_final_error(rows: Sequence[Mapping[str, float]]) -> float | None:
-    """:func:`mxlarge.stats.final_error` of a run's evaluated epochs; None without any."""
-    errors = [r["val/error_top1"] for r in rows if "val/error_top1" in r]
-    return stats.final_error(errors) if errors else None
-
-
 def _run_b_simple(run: RunData) -> float | None:
-    values = [v for _, v in sorted(run.gns) if 0 < v < _NO_ESTIMATE]
-    values = values[len(values) // 10:]
+    values = settled_b_simple(run.gns)
     return float(statistics.median(values)) if values else None
 
 
@@ -88,10 +80,8 @@ def _versus(label: str, batch: int | None, batches: dict[str, int | None],
 def rows(runs: Sequence[RunData], target: Target, order: Sequence[str]) -> list[StudyRow]:
     """One :class:`StudyRow` per label, by global batch (the recipe first at each batch), then
     in ``order`` (labels not in it follow)."""
-    groups: dict[str, list[RunData]] = {}
-    for r in runs:
-        groups.setdefault(r.label, []).append(r)
-    batches = {name: _common([r.global_batch for r in g]) for name, g in groups.items()}
+    groups = by_label(runs)
+    batches = {name: common([r.global_batch for r in g]) for name, g in groups.items()}
     listed = list(dict.fromkeys([*(o for o in order if o in groups), *groups]))
     # grouped by global batch, the recipe first in each group, then in the given order
     labels = sorted(listed, key=lambda n: (batches[n] is None, batches[n] or 0,
@@ -108,7 +98,7 @@ def rows(runs: Sequence[RunData], target: Target, order: Sequence[str]) -> list[
         b_simple = [b for b in map(_run_b_simple, group) if b is not None]
         out.append(StudyRow(
             label=label, global_batch=batches[label],
-            peak_lr=_common([r.peak_lr for r in group]), seeds=tuple(r.seed for r in group),
+            peak_lr=common([r.peak_lr for r in group]), seeds=tuple(r.seed for r in group),
             final_errors=tuple(errors[label]), interval=stats.t_interval(errors[label]),
             versus=versus,
             test=stats.welch(errors[label], errors[versus]) if versus in errors else None,
@@ -119,7 +109,3 @@ def rows(runs: Sequence[RunData], target: Target, order: Sequence[str]) -> list[
             b_simple=float(statistics.median(b_simple)) if b_simple else None,
             diverged=sum(bool(r.diverged) for r in group)))
     return out
-
-
-def _common(values: Sequence) -> object:
-    return values[0] if values and len(set(values)) == 1 else None

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mxlarge.reporting.runs import RunData
+from mxlarge.reporting.runs import RunData, by_label
 from mxlarge.stats import final_error
 
 
@@ -22,6 +22,11 @@ def run_final_error(rows: Sequence[Mapping[str, float]], last: int = 5) -> float
     """:func:`final_error` over the evaluated epochs (all of them if fewer than ``last``)."""
     errors = [r["val/error_top1"] for r in rows if "val/error_top1" in r]
     return final_error(errors, last) if errors else None
+
+
+def best_accuracy(rows: Sequence[Mapping[str, float]]) -> float | None:
+    """The highest ``val/accuracy`` over a run's evaluated epochs; None without any."""
+    return max((r["val/accuracy"] for r in rows if "val/accuracy" in r), default=None)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
@@ -103,14 +108,17 @@ FAR_ABOVE = 10.0
 NO_ESTIMATE = 1e300
 
 
-def noise_scale_stages(points: Sequence[tuple[int, float]]) -> tuple[float, float, float] | None:
-    """Median B_simple over the first, middle and last third of training (by step).
-
-    The first 10% of the measurements are skipped: at initialisation |G|² is tiny and the
-    estimate swings wildly.
-    """
+def settled_b_simple(points: Sequence[tuple[int, float]]) -> list[float]:
+    """A run's B_simple measurements by step, without the first 10% (at initialisation |G|² is
+    tiny and the estimate swings wildly) and without those logged before it had an estimate."""
     values = [v for _, v in sorted(points) if 0 < v < NO_ESTIMATE]
-    values = values[len(values) // 10:]
+    return values[len(values) // 10:]
+
+
+def noise_scale_stages(points: Sequence[tuple[int, float]]) -> tuple[float, float, float] | None:
+    """Median B_simple over the first, middle and last third of training (by step), of the
+    :func:`settled_b_simple` measurements."""
+    values = settled_b_simple(points)
     if len(values) < 3:
         return None
     third = len(values) // 3
@@ -149,7 +157,7 @@ class Summary:
     rows: tuple[LabelRow, ...]
 
 
-def _common(values: Sequence[Any]) -> Any:
+def common(values: Sequence[Any]) -> Any:
     """The value all runs of a label share, or None if they differ."""
     distinct = set(values)
     return values[0] if len(distinct) == 1 else None
@@ -174,9 +182,7 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
     best = max(((r["val/accuracy"], run) for run in runs for r in run.rows
                 if "val/accuracy" in r), key=lambda t: t[0], default=(None, None))
     target = best[0] * target_fraction if best[0] is not None else None
-    labels: dict[str, list[RunData]] = {}
-    for run in runs:
-        labels.setdefault(run.label, []).append(run)
+    labels = by_label(runs)
     stats = {}
     for label, group in labels.items():
         group = sorted(group, key=lambda r: r.seed)
@@ -184,8 +190,8 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
         ips = [v for v in (median_throughput(r.rows) for r in group) if v is not None]
         stats[label] = dict(
             group=group, ttt=ttt, ips=statistics.fmean(ips) if ips else None,
-            workers=_common([r.workers for r in group]),
-            fingerprint=_common([r.fingerprint for r in group]))
+            workers=common([r.workers for r in group]),
+            fingerprint=common([r.fingerprint for r in group]))
     rows = []
     names = list(dict.fromkeys([*order, *labels, *(missing or {})]))
     for label in names:
@@ -216,8 +222,8 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
         rows.append(LabelRow(
             label=label, seeds=tuple(r.seed for r in group),
             missing_seeds=tuple(sorted((missing or {}).get(label, ()))),
-            workers=s["workers"], global_batch=_common([r.global_batch for r in group]),
-            peak_lr=_common([r.peak_lr for r in group]), final_errors=tuple(errors),
+            workers=s["workers"], global_batch=common([r.global_batch for r in group]),
+            peak_lr=common([r.peak_lr for r in group]), final_errors=tuple(errors),
             epochs_to_target=tuple(t[0] if t else None for t in s["ttt"]),
             seconds_to_target=tuple(t[1] if t else None for t in s["ttt"]),
             images_per_sec=s["ips"], reference=ref, speedup=speedup, efficiency=efficiency,
@@ -248,8 +254,9 @@ def label_metrics(summary: Summary, runs: Sequence[RunData]) -> dict[str, float]
                   "speedup": row.speedup, "efficiency": row.efficiency}
         if row.final_errors:
             values["final_error"], values["final_error_std"] = mean_std(row.final_errors)
-        values["best_accuracy"] = max((x["val/accuracy"] for r in runs if r.label == row.label
-                                       for x in r.rows if "val/accuracy" in x), default=None)
+        values["best_accuracy"] = max(
+            (b for r in runs if r.label == row.label if (b := best_accuracy(r.rows)) is not None),
+            default=None)
         out.update({f"{key}/{k}": float(v) for k, v in values.items() if v is not None})
     return out
 

@@ -19,6 +19,7 @@ from mxlarge.reporting.summary import (
     LabelRow,
     Summary,
     all_reached,
+    best_accuracy,
     mean_std,
     median_throughput,
     noise_scale_stages,
@@ -132,7 +133,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
             "| epoch to target | train s to target | images/s |", "|" + "---|" * 8]
     for r in runs:
         fe = run_final_error(r.rows)
-        best = max((x["val/accuracy"] for x in r.rows if "val/accuracy" in x), default=None)
+        best = best_accuracy(r.rows)
         t = time_to_target(r.rows, s.target) if s.target is not None else None
         ips = median_throughput(r.rows)
         secs = "not reached" if t is None else (f"{t[1]:.1f}" if t[1] is not None else "n/a")
@@ -237,8 +238,7 @@ def study_markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
            "| train s to target |", "|" + "---|" * 13]
     for r in study:
         if r.final_errors:
-            mean, sd = (statistics.fmean(r.final_errors),
-                        statistics.stdev(r.final_errors) if len(r.final_errors) > 1 else None)
+            mean, sd = mean_std(r.final_errors)
             err = f"{100 * mean:.2f} ± {100 * sd:.2f}" if sd is not None else f"{100 * mean:.2f}"
         else:
             err = "n/a"

@@ -25,7 +25,10 @@ def pyplot() -> Any:
     return plt
 
 
-def save(fig: Any, path: str | Path) -> None:
+def save(fig: Any, path: str | Path, suptitle: str = "") -> None:
+    """Writes ``fig`` (titled ``suptitle`` if given) to ``path`` at 100 dpi and closes it."""
+    if suptitle:
+        fig.suptitle(suptitle)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     pyplot().close(fig)
@@ -46,9 +49,18 @@ def plot_training_curves(history: list[dict[str, float]], path: str | Path,
         ax.set_xlabel("epoch")
         ax.set_title(label)
         ax.grid(alpha=0.3)
+    save(fig, path, title)
+
+
+def _log_panel(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    """The finish of a one-panel sweep plot: log y axis, labels, grid, legend, title."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     if title:
-        fig.suptitle(title)
-    save(fig, path)
+        ax.set_title(title)
 
 
 def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
@@ -61,12 +73,8 @@ def plot_val_error(runs: Sequence[RunData], path: str | Path, title: str = "") -
         if curve:
             ax.plot(*zip(*curve), label=f"{label} (n={len(group)})", lw=2.2 if i == 0 else 1.4,
                     color="black" if i == 0 else None)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation top-1 error (%), mean over seeds")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    ax.set_title(title or "validation error")
+    _log_panel(ax, "epoch", "validation top-1 error (%), mean over seeds",
+               title or "validation error")
     save(fig, path)
 
 
@@ -91,12 +99,9 @@ def plot_error_vs_batch(runs: Sequence[RunData], path: str | Path, title: str = 
         ax.errorbar([statistics.median(xs)], [mean], yerr=[std or 0.0], fmt="o", capsize=4,
                     color=dots.get_facecolor()[0], label=label)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")  # a diverged label at 60 % must not flatten the 1-4 % differences
-    ax.set_xlabel("global batch (param plan.global_batch)")
-    ax.set_ylabel("final top-1 error (%)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    ax.set_title(title or "final error vs global batch")
+    # log y: a diverged label at 60 % must not flatten the 1-4 % differences
+    _log_panel(ax, "global batch (param plan.global_batch)", "final top-1 error (%)",
+               title or "final error vs global batch")
     save(fig, path)
 
 
@@ -121,10 +126,7 @@ def plot_loss_lr(runs: Sequence[RunData], path: str | Path, title: str = "") -> 
             twin.plot(*zip(*sorted(dict(run.lr).items())), color="tab:red", lw=1)
         twin.set_ylabel("learning rate", color="tab:red")
         ax.set_title(f"{label}, seed {run.seed}", fontsize=9)
-    if title:
-        fig.suptitle(title)
-    save(fig, path)
-
+    save(fig, path, title)
 
 
 def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "") -> None:
@@ -142,13 +144,7 @@ def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "")
         if r.global_batch:
             ax.axhline(r.global_batch, ls="--", color=line.get_color(), lw=1,
                        label=f"{label}: global batch {r.global_batch}")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("batch size (images)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title)
+    _log_panel(ax, "step", "batch size (images)", title)
     save(fig, path)
 
 
@@ -217,6 +213,4 @@ def plot_study(study: Sequence[StudyRow], path: str | Path, title: str = "") -> 
         ax_steps.set_yscale("log")
     ax_err.legend(fontsize=7)
     ax_steps.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    save(fig, path)
+    save(fig, path, title)

@@ -608,6 +608,11 @@ def find_runs(uri: str, experiment: str, tags: dict[str, str],
             return out
 
 
+def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """``{key: latest value}`` of every metric of one run."""
+    return dict(client(uri).get_run(run_id).data.metrics)
+
+
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     """``[(step, value)]`` of one metric, ordered by step then logging time."""
     hist = client(uri).get_metric_history(run_id, key)

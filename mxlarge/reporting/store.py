@@ -17,7 +17,7 @@ from mxlarge.stats import final_error
 
 def run_final_error_of(uri: str, run_id: str) -> float | None:
     """:func:`final_error` of a run in the store, whichever names it was written with."""
-    names = metric_names(tracking.client(uri).get_run(run_id).data.metrics)
+    names = metric_names(tracking.latest_metrics(uri, run_id))
     errors = [v for _, v in tracking.metric_history(uri, run_id, names["val/error_top1"])]
     return final_error(errors) if errors else None
 
@@ -36,14 +36,11 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
         if tags.get("summary") == "true" or "sweep_label" not in tags or "seed" not in tags:
             continue
         finished = rec["status"] == "FINISHED"
-        rows: list[dict[str, float]] = []
         series: dict[str, list[tuple[int, float]]] = {}
         if finished:
-            names = metric_names(rec["metrics"])
-            rows = epoch_rows({k: tracking.metric_history(uri, rec["run_id"], names[k])
-                               for k in EPOCH_KEYS})
-            series = {k: tracking.metric_history(uri, rec["run_id"], names[k])
-                      for k in ("train/loss", "train/lr", "gns/b_simple")}
+            series = {k: tracking.metric_history(uri, rec["run_id"], stored)
+                      for k, stored in metric_names(rec["metrics"]).items()}
+        rows = epoch_rows({k: series[k] for k in EPOCH_KEYS}) if finished else []
         peak_lr = _plan_value(params, tags, "peak_lr")
         out.append(RunData(
             run_id=rec["run_id"], label=tags["sweep_label"], seed=int(tags["seed"]),

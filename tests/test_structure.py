@@ -139,6 +139,21 @@ def test_report_does_not_import_mxnet():
     assert r.stdout.strip() == "False"
 
 
+def test_reporting_is_one_room():
+    """Every plot is drawn in ``reporting/plots.py`` (the only matplotlib import), and of the
+    reporting modules only the MLflow reads (``store``) and the verb (``cli``) reach
+    ``mxlarge.tracking``: the arithmetic, the tables and the plots work on plain records."""
+    users = sorted(_module(p) for p in PKG.rglob("*.py")
+                   if re.search(r"^\s*(import matplotlib|from matplotlib)", p.read_text(), re.M))
+    assert users == ["mxlarge.reporting.plots"]
+    g = import_graph()
+    room = sorted(m for m in g if m.startswith("mxlarge.reporting."))
+    assert {f"mxlarge.reporting.{m}" for m in ("runs", "store", "summary", "study", "tables",
+                                               "plots", "cli")} <= set(room)
+    reading = sorted(m for m in room if "mxlarge.tracking" in reachable(g, m))
+    assert reading == ["mxlarge.reporting.cli", "mxlarge.reporting.store"]
+
+
 def test_mlflow_is_imported_in_one_module_only():
     users = sorted(_module(p) for p in PKG.rglob("*.py")
                    if re.search(r"^\s*(import mlflow|from mlflow)", p.read_text(), re.M))

@@ -43,6 +43,13 @@ def epoch_rows(histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[dic
             for s in steps]
 
 
+def metric_names(logged: Mapping[str, float]) -> dict[str, str]:
+    """``{name: key it is stored under}`` of a run whose latest metrics are ``logged``: the
+    current names, or :data:`LEGACY_METRICS`' for a run written before them."""
+    legacy = "train/epoch" not in logged and "epoch" in logged
+    return {k: LEGACY_METRICS.get(k, k) if legacy else k
+            for k in (*EPOCH_KEYS, "train/loss", "train/lr", "gns/b_simple")}
+
 
 def config_fingerprint(params: Mapping[str, str]) -> str:
     """sha256 of the params that define what is trained (world size, store, seed excluded;
@@ -78,8 +85,6 @@ class RunData:
     sweep_target: str = ""  # the sweep's target (JSON tag), see mxlarge.reporting.study
     commit: str = ""  # the git commit the run was made at (tag ``git_commit``)
     diverged: str = ""  # a FAILED run stopped by divergence: the message (tag ``diverged``)
-
-
 
 
 def by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
@@ -122,13 +127,3 @@ def diverged_runs(runs: Sequence[RunData]) -> list[RunData]:
         if (r.label, r.seed) not in finished and (r.label, r.seed) not in newest:
             newest[(r.label, r.seed)] = r
     return sorted((r for r in newest.values() if r.diverged), key=lambda r: r.start_time)
-
-
-
-def metric_names(logged: Mapping[str, float]) -> dict[str, str]:
-    """``{name: key it is stored under}`` of a run whose latest metrics are ``logged``: the
-    current names, or :data:`LEGACY_METRICS`' for a run written before them."""
-    legacy = "train/epoch" not in logged and "epoch" in logged
-    return {k: LEGACY_METRICS.get(k, k) if legacy else k
-            for k in (*EPOCH_KEYS, "train/loss", "train/lr", "gns/b_simple")}
-

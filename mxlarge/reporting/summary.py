@@ -93,10 +93,15 @@ def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[fl
     """Pointwise mean of ``[(x, y)]`` curves over the x present in every curve."""
     if not curves:
         return []
-    common = set.intersection(*({x for x, _ in c} for c in curves))
+    shared = set.intersection(*({x for x, _ in c} for c in curves))
     maps = [dict(c) for c in curves]
-    return [(x, statistics.fmean(m[x] for m in maps)) for x in sorted(common)]
+    return [(x, statistics.fmean(m[x] for m in maps)) for x in sorted(shared)]
 
+
+def common(values: Sequence[Any]) -> Any:
+    """The value all runs of a label share, or None if they differ."""
+    distinct = set(values)
+    return values[0] if len(distinct) == 1 else None
 
 
 # "Far above" the noise scale: with McCandlish et al.'s model, steps S = S_min·(1 + B_noise/B)
@@ -124,7 +129,6 @@ def noise_scale_stages(points: Sequence[tuple[int, float]]) -> tuple[float, floa
     third = len(values) // 3
     parts = (values[:third], values[third:2 * third], values[2 * third:])
     return tuple(float(statistics.median(p)) for p in parts)  # type: ignore[return-value]
-
 
 
 @dataclass(frozen=True)
@@ -157,23 +161,18 @@ class Summary:
     rows: tuple[LabelRow, ...]
 
 
-def common(values: Sequence[Any]) -> Any:
-    """The value all runs of a label share, or None if they differ."""
-    distinct = set(values)
-    return values[0] if len(distinct) == 1 else None
-
-
 def summarize(runs: Sequence[RunData], target_fraction: float,
               missing: Mapping[str, Sequence[int]] | None = None,
               order: Sequence[str] = ()) -> Summary:
-    """Per-label numbers of a sweep's selected runs (see :func:`render_markdown` for the rules).
+    """Per-label numbers of a sweep's selected runs (the rules are stated in report.md,
+    :func:`~mxlarge.reporting.tables.render_markdown`).
 
     target = ``target_fraction`` × max over runs and epochs of ``val_accuracy``. The reference
     of a label is the first label in sweep order with world size 1 and the same
-    :func:`config_fingerprint` (the label itself when it has world size 1).
+    :func:`~mxlarge.reporting.runs.config_fingerprint` (the label itself when it has world size 1).
 
     Args:
-        runs: the selected FINISHED runs (:func:`select_runs`).
+        runs: the selected FINISHED runs (:func:`~mxlarge.reporting.runs.select_runs`).
         target_fraction: the target as a fraction of the best accuracy.
         missing: label -> seeds without a FINISHED run; a label whose every seed failed still
             gets a row (with no numbers), so a failure is visible in the table.
@@ -230,7 +229,6 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
             conv_speedup=conv, configs=len({r.fingerprint for r in group})))
     return Summary(best_accuracy=best[0], best_run=best[1].run_id if best[1] else None,
                    target_fraction=target_fraction, target=target, rows=tuple(rows))
-
 
 
 def metric_key(text: str) -> str:

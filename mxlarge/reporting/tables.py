@@ -149,7 +149,6 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
     return "\n".join(out)
 
 
-
 def noise_scale_verdict(global_batch: int, stages: tuple[float, float, float]) -> str:
     """Where the global batch stands against B_simple over training."""
     far = [name for name, b in zip(("early", "middle", "late"), stages)
@@ -183,7 +182,6 @@ def noise_scale_markdown(runs: Sequence[RunData]) -> list[str]:
             "9% of the steps while each example buys 11× less.", "",
             "| label | seed | global batch | B_simple early | middle | late | verdict |",
             "|" + "---|" * 7, *rows, ""]
-
 
 
 def parent_description(name: str, summary: Summary) -> str:

@@ -6,7 +6,9 @@ For a sweep with a ``target`` (see :mod:`mxlarge.sweep`), every label (configura
   sample std and a 95% t interval over seeds;
 * Welch's t-test of its final errors against its comparison label: an ablation ``"<k>x ..."``
   against the recipe at the same global batch (the label ending in ``recipe``), a recipe at
-  k > 1 against the target's reference (the small batch);
+  k > 1 against the target's reference (the small batch), a label with no recipe at its batch
+  against the reference if that is at its batch (variants of one job: ``16-bit wire`` against
+  ``float32`` in experiments/sweeps/mnist1d-precision.yaml);
 * steps, epochs and training seconds to the target the MLPerf way (:func:`mxlarge.stats.
   mlperf_mean`), with the number of runs that reached it;
 * B_simple (gradient noise scale): per run the median of its ``gns/b_simple`` measurements
@@ -92,10 +94,16 @@ def _points(run: RunData) -> list[tuple[float, float, float, float | None]]:
 
 def _versus(label: str, batch: int | None, batches: dict[str, int | None],
             reference: str) -> str | None:
+    """A recipe is compared with the reference; another label with the recipe at its batch,
+    else with the reference if that is at its batch (a variant of the reference itself, such as
+    a precision setting of the same job)."""
     if label.endswith("recipe"):
         return reference if label != reference else None
     same = [name for name, b in batches.items() if name.endswith("recipe") and b == batch]
-    return same[0] if same else None
+    if same:
+        return same[0]
+    at_batch = label != reference and batch is not None and batches.get(reference) == batch
+    return reference if at_batch else None
 
 
 def rows(runs: Sequence[RunData], target: Target, order: Sequence[str]) -> list[StudyRow]:
@@ -148,13 +156,14 @@ def largest_within(study: Sequence[StudyRow], target: Target) -> list[str]:
 
     Recipe rows (labels ending in ``recipe``) by global batch; a batch *holds* if
     mean(recipe at B) − mean(reference) ≤ tolerance. Returns the lines stating every batch's Δ
-    and the largest batch up to which every recipe batch holds ([] without a target).
+    and the largest batch up to which every recipe batch holds ([] without a target or without
+    a recipe label).
     """
-    if target.error is None:
-        return []
-    ref_mean = target.error - target.tolerance
     recipe = sorted((r for r in study if r.label.endswith("recipe") and r.global_batch
                      and r.final_errors), key=lambda r: r.global_batch)
+    if target.error is None or not recipe:
+        return []
+    ref_mean = target.error - target.tolerance
     held, largest, all_so_far = [], None, True
     for r in recipe:
         delta = statistics.fmean(r.final_errors) - ref_mean
@@ -207,7 +216,8 @@ def markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
             "- **final error**: per run the median of the last 5 epochs' validation error; mean "
             "± sample std (n − 1) over seeds; **95% interval** x̄ ± t(0.975, n−1)·s/√n.",
             "- **vs / Δ / Welch p**: an ablation against the recipe at the same global batch, "
-            "a recipe against the small-batch reference; Δ = mean(label) − mean(vs) in points; "
+            "a recipe against the small-batch reference, a label with no recipe at its batch "
+            "against the target's reference at that batch; Δ = mean(label) − mean(vs) in points; "
             "two-sided Welch t-test (t CDF from SciPy); ** p < 0.01, * p < 0.05, ns otherwise.",
             "- **to target**: per run the first evaluated epoch at or below the target (steps = "
             "updates at its end; train s = cumulative training time, evaluation excluded); "

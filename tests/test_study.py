@@ -1,6 +1,7 @@
 """The study section of `mxlarge report`: target from the sweep file, Welch marks, MLPerf."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -224,6 +225,31 @@ def test_largest_batch_within_the_tolerance_is_stated():
     # the reference missing: no statement
     assert largest_within(rows, study.Target("1x recipe", 0.003, None)) == []
 
+
+
+def test_variants_of_the_reference_are_compared_with_it():
+    """Labels without a recipe at their batch (precision variants of one job) get their Welch
+    test against the reference at the same batch, and no 'where the recipe holds' line."""
+    ref = json.dumps({"reference": "float32", "tolerance": 0.003})
+    runs = []
+    for label, base in (("float32", 0.007), ("16-bit wire", 0.0072), ("bfloat16 AMP", 0.009),
+                        ("at 1x", 0.005)):
+        for s in range(5):
+            run = _run(label, s, 32 if label == "at 1x" else 512,
+                       [0.5, 0.2] + [base + 0.0005 * (s % 3)] * 5, 7)
+            runs.append(dataclasses.replace(run, sweep_target=ref))
+    target = study.target_from_runs(runs)
+    rows = {r.label: r for r in study.rows(runs, target, [])}
+    errors = {k: r.final_errors for k, r in rows.items()}
+    assert rows["float32"].versus is None and rows["float32"].test is None
+    for label in ("16-bit wire", "bfloat16 AMP"):
+        assert rows[label].versus == "float32"
+        assert rows[label].test == stats.welch(errors[label], errors["float32"])
+    assert rows["at 1x"].versus is None  # another batch: nothing to compare with
+    assert largest_within(list(rows.values()), target) == []
+    text = "\n".join(study_markdown(list(rows.values()), target))
+    assert "| 16-bit wire | 512 | n/a | 0.8 | 5 |" in text and "| float32 | +0.02 |" in text
+    assert "Where the recipe holds" not in text
 
 def test_diverged_runs_count_as_never_reaching_the_target(tmp_path):
     import dataclasses

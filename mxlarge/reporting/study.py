@@ -5,7 +5,9 @@ epochs and seconds to the target the MLPerf way, and B_simple (the gradient nois
 The target error is the reference label's mean final error plus a tolerance, both fixed in the
 sweep file before any run (not a fraction of the best run), so no configuration moves its own
 goal. An ablation ``"<k>x ..."`` is compared with the recipe at the same global batch (the label
-ending in ``recipe``), a recipe at k > 1 with the reference; a run stopped by divergence (tag
+ending in ``recipe``), a recipe at k > 1 with the reference, a label with no recipe at its batch
+with the reference if that is at its batch (``16-bit wire`` against ``float32`` in
+experiments/sweeps/mnist1d-precision.yaml); a run stopped by divergence (tag
 ``diverged``) never reaches the target and has no final error. The section's text, with where
 the recipe holds, is :func:`mxlarge.reporting.tables.study_markdown`; its plot
 :func:`mxlarge.reporting.plots.plot_study`.
@@ -71,10 +73,16 @@ def _points(run: RunData) -> list[tuple[float, float, float, float | None]]:
 
 def _versus(label: str, batch: int | None, batches: dict[str, int | None],
             reference: str) -> str | None:
+    """A recipe is compared with the reference; another label with the recipe at its batch,
+    else with the reference if that is at its batch (a variant of the reference itself, such as
+    a precision setting of the same job)."""
     if label.endswith("recipe"):
         return reference if label != reference else None
     same = [name for name, b in batches.items() if name.endswith("recipe") and b == batch]
-    return same[0] if same else None
+    if same:
+        return same[0]
+    at_batch = label != reference and batch is not None and batches.get(reference) == batch
+    return reference if at_batch else None
 
 
 def rows(runs: Sequence[RunData], target: Target, order: Sequence[str]) -> list[StudyRow]:

@@ -202,13 +202,14 @@ def largest_within(study: Sequence[StudyRow], target: Target) -> list[str]:
 
     Recipe rows (labels ending in ``recipe``) by global batch; a batch *holds* if
     mean(recipe at B) − mean(reference) ≤ tolerance. Returns the lines stating every batch's Δ
-    and the largest batch up to which every recipe batch holds ([] without a target).
+    and the largest batch up to which every recipe batch holds ([] without a target or without
+    a recipe label).
     """
-    if target.error is None:
-        return []
-    ref_mean = target.error - target.tolerance
     recipe = sorted((r for r in study if r.label.endswith("recipe") and r.global_batch
                      and r.final_errors), key=lambda r: r.global_batch)
+    if target.error is None or not recipe:
+        return []
+    ref_mean = target.error - target.tolerance
     held, largest, all_so_far = [], None, True
     for r in recipe:
         delta = statistics.fmean(r.final_errors) - ref_mean
@@ -260,7 +261,8 @@ def study_markdown(study: Sequence[StudyRow], target: Target) -> list[str]:
             "- **final error**: per run the median of the last 5 epochs' validation error; mean "
             "± sample std (n − 1) over seeds; **95% interval** x̄ ± t(0.975, n−1)·s/√n.",
             "- **vs / Δ / Welch p**: an ablation against the recipe at the same global batch, "
-            "a recipe against the small-batch reference; Δ = mean(label) − mean(vs) in points; "
+            "a recipe against the small-batch reference, a label with no recipe at its batch "
+            "against the target's reference at that batch; Δ = mean(label) − mean(vs) in points; "
             "two-sided Welch t-test (t CDF from SciPy); ** p < 0.01, * p < 0.05, ns otherwise.",
             "- **to target**: per run the first evaluated epoch at or below the target (steps = "
             "updates at its end; train s = cumulative training time, evaluation excluded); "

@@ -1,7 +1,7 @@
 """The 16-bit wire against the exact sum, as a launched dist_sync worker.
 
 Every rank's gradients are drawn from a generator seeded by the rank, so each worker knows all
-ranks' values and their exact (float64) sum. Tensors: one large enough to travel alone (and be
+ranks' values and their exact (float64) sum. Tensors: a 2-D one large enough to travel alone (and be
 sliced over the servers), several small ones fused into a bucket, values over six decades
 (subnormal float16 range included) and signs mixed. Argv: OUT_DIR WIRE PRESCALE. Each rank
 writes ``OUT_DIR/<wire>-<rank>.npz``: the pulled sums, the exact sums and Σ|x|.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-SHAPES = [(1_100_000,), (64, 3), (17,), (5, 5, 3), (40,), (2_000,)]
+SHAPES = [(1_100, 1_000), (64, 3), (17,), (5, 5, 3), (40,), (2_000,)]
 
 
 def values(rank: int, step: int):

@@ -344,8 +344,10 @@ class SyncStore:
         for b in self.buckets:
             dtype = kinds[b.members[0]]
             wired = self.wire16 and dtype == "float32"
+            # a bucket travels flat; a lone gradient in its own shape (it is cast in and out)
+            shape = (b.size,) if b.fused else tuple(self.params[b.key].shape)
             if wired:
-                self._wire[b.key] = [mx.nd.zeros((b.size,), ctx=c, dtype="float16")
+                self._wire[b.key] = [mx.nd.zeros(shape, ctx=c, dtype="float16")
                                      for c in contexts]
             if b.fused:
                 self._flat[b.key] = [mx.nd.zeros((b.size,), ctx=c, dtype=dtype)
@@ -357,7 +359,7 @@ class SyncStore:
                     self._adopt(b, copy_in=True)
             if b.fused or wired:
                 keys.append(self._wire_key(b))
-                values.append(mx.nd.zeros((b.size,), dtype="float16" if wired else dtype))
+                values.append(mx.nd.zeros(shape, dtype="float16" if wired else dtype))
         if self.distributed:  # gather keys (module docstring); one process needs none
             for i in self.stats:
                 keys.append(STAT_KEY + i)

@@ -1,7 +1,8 @@
 """Worker script of the peers benchmark (:mod:`benchmarks.peers`): one trainer, one net, one job.
 
 Started as every role of a local (or testbed) dist_sync job for the peers ``mxlarge``,
-``gluon_kv`` and ``gluon``, or as every rank of a ``horovodrun`` job for ``horovod``. A
+``mxlarge_fp16``, ``gluon_kv`` and ``gluon``, or as every rank of a ``horovodrun`` job for
+``horovod`` and ``horovod_fp16``. A
 scheduler or server serves its role inside ``import mxnet`` (the first non-stdlib import below)
 and exits there; only a worker gets to :func:`work`.
 
@@ -37,12 +38,19 @@ Phases, in this order, in one launch:
    of w_{t+1} against eq. (10) evaluated in float64 from float32 w_t, w_{t−1}, g_r, within the
    float32 bound of :func:`update_bound`. The cross-peer |Δw_S| is still reported. The check
    also reports the smallest relative LR error it would catch (``lr_detect``).
+
+   The 16-bit wire peers (:data:`WIRE16`) cannot agree with float32 weights elementwise at any
+   k: every gradient is rounded to float16. For them the closed form decides at every k, with
+   the float16 error of the summed gradient added to the bound (:func:`wire16_error`: how the
+   sum is formed differs, mxlarge's servers add float16 pushes in float32 and round once,
+   Horovod's ring adds in float16), and |Δw_S| against mxlarge's float32 weights is reported.
 2. **Timing** (unless ``--blocks 0``: the check only): 2 warm-up steps, then ``--blocks``
    blocks of ``--steps`` steps, each timed from the first forward to ``mx.nd.waitall()`` after
    the last update. Then ``--split-steps`` steps with ``mx.nd.waitall()`` after backward, timed
    in two parts: forward+backward, and communication+update (``trainer.step`` to its end),
    nothing overlapping: which term a peer spends its step in.
-3. **The engine's exchange alone** (``--floor-steps`` F, dist_sync peers): F exchanges of the
+3. **The engine's exchange alone** (``--floor-steps`` F, mxlarge's launches; in float16 in
+   ``mxlarge_fp16``'s): F exchanges of the
    same tensors with nothing else, timed each to ``mx.nd.waitall()``, in two layouts alternated
    on the job's own store and servers (keys apart from the trainer's, :data:`FLOOR_KEYS`): bare
    ``kv.pushpull`` (in place, backward order, priority −i, then ``waitall``) of one key per
@@ -73,7 +81,10 @@ from benchmarks.models import build_net, synthetic_batches
 from benchmarks.pushpull_worker import BareKV
 
 #: The peers; how each is built: :func:`make_trainer` (described in ``benchmarks.peers``).
-PEERS = ("mxlarge", "gluon_kv", "gluon", "horovod")
+PEERS = ("mxlarge", "gluon_kv", "gluon", "horovod", "mxlarge_fp16", "horovod_fp16")
+#: The peers whose gradients travel in float16, and where their sum is formed: ``server``
+#: (float16 pushes summed in float32, rounded to float16 once) or ``ring`` (summed in float16).
+WIRE16 = {"mxlarge_fp16": "server", "horovod_fp16": "ring"}
 DRIFT_MARK = "PEERS_DRIFT "
 #: Key offsets of phase 3's two layouts: above a trainer's parameter keys (< KEY_STRIDE for
 #: nets of fewer tensors) and below mxlarge's statistic, bucket and collective keys (≥ 100,000).
@@ -124,22 +135,27 @@ def make_trainer(peer: str, params: Any, opt: dict[str, float],
         ``trainer.step(b(n))`` applies the mean-gradient update above for n images per worker
         (``naive``: Gluon's ``step(n)``).
     """
-    if peer == "horovod":
+    if peer in ("horovod", "horovod_fp16"):
         import horovod.mxnet as hvd
 
         hvd.init()
         hvd.broadcast_parameters(params, root_rank=0)
         # allreduce averages over the k ranks, step(n) rescales by 1/n: the global mean.
-        return (hvd.DistributedTrainer(params, "sgd", opt), hvd.rank(), hvd.size(),
-                lambda n: n, None)
+        # Compression.fp16 casts each gradient to float16 for the allreduce (summed in float16
+        # around the ring) and back.
+        compression = hvd.Compression.fp16 if peer == "horovod_fp16" else hvd.Compression.none
+        return (hvd.DistributedTrainer(params, "sgd", opt, compression=compression),
+                hvd.rank(), hvd.size(), lambda n: n, None)
     kv = mx.kv.create("dist_sync")
     k = kv.num_workers
-    if peer == "mxlarge":
+    if peer in ("mxlarge", "mxlarge_fp16"):
         import mxlarge
 
         # step(n) rescales the summed gradient by 1/(k·n) itself; decay_bn_bias=True decays
         # every tensor, as the peers' SGD does (Goyal's no-decay roles are not what they do).
-        trainer = mxlarge.Trainer(params, "sgd", opt, kvstore=kv, decay_bn_bias=True)
+        # The 16-bit wire pushes float16 (prescale 1 here: no rescale_grad, no AMP).
+        trainer = mxlarge.Trainer(params, "sgd", opt, kvstore=kv, decay_bn_bias=True,
+                                  wire_dtype="float16" if peer == "mxlarge_fp16" else "float32")
         return trainer, kv.rank, k, lambda n: n, kv
     # Servers sum the k pushes and Gluon rescales by 1/b: b = k·n gives the global mean.
     trainer = mx.gluon.Trainer(params, "sgd", opt, kvstore=kv,
@@ -201,8 +217,40 @@ def compare(got: dict[str, Any], ref: dict[str, Any], rtol: float,
 U = 2.0 ** -24
 
 
+#: Unit roundoff of float16, and half its subnormal step (the largest error of rounding a
+#: value below float16's smallest normal 2⁻¹⁴, where the relative bound does not hold).
+U16 = 2.0 ** -11
+T16 = 2.0 ** -25
+
+
+def wire16_error(kind: str, k: int, sum_abs: Any, total: Any) -> Any:
+    """Elementwise bound on |G̃ − Σ_r g_r| for k float32 gradients g_r summed over a float16
+    wire (``sum_abs`` = Σ_r|g_r|, ``total`` = Σ_r g_r, exact); prescale 1 (what the peers run).
+
+    Every g_r is rounded to float16 once: ≤ U16·|g_r| + T16 each. Then
+
+    * ``server`` (mxlarge's 16-bit wire, servers in multi-precision mode): the k float16
+      values are added in float32 (that error, ≤ (k−1)·U·Σ|g_r|, is :func:`update_bound`'s
+      own term) and the sum is rounded to float16 once: ≤ U16·|G̃₃₂| + T16. So
+      E = U16·(Σ|g_r| + |Σ g_r|) + (k + 1)·T16, to first order;
+    * ``ring`` (Horovod's ``Compression.fp16``): the k − 1 additions of the allreduce are
+      float16 roundings of partial sums (in any order or tree: each ≤ U16·Σ|g̃_r|; float16
+      values are multiples of 2⁻²⁴, so a sum below 2⁻¹⁴ is exact and adds no T16):
+      E = k·U16·Σ|g_r| + k·T16, to first order.
+
+    The second-order terms (U16² and U16·T16) are covered by :func:`update_bound`'s factor 2.
+    """
+    import numpy as np
+
+    if kind == "server":
+        return U16 * (sum_abs + np.abs(total)) + (k + 1) * T16
+    if kind == "ring":
+        return k * U16 * sum_abs + k * T16
+    raise ValueError(f"wire16_error: kind {kind!r}: expected 'server' or 'ring'")
+
+
 def update_bound(k: int, lr: float, rescale: float, wd: float, momentum: float, sum_abs: Any,
-                 w: Any, v: Any, w_next: Any) -> Any:
+                 w: Any, v: Any, w_next: Any, wire_error: Any = 0.0) -> Any:
     """Elementwise float32 bound on |w_{t+1} − ref| for eq. (10) with k ranks.
 
     ``ref = w + m·v − η·(s·Σ_r g_r + λ·w)`` exactly (float64), v = w_t − w_{t−1}; a peer adds
@@ -215,21 +263,24 @@ def update_bound(k: int, lr: float, rescale: float, wd: float, momentum: float, 
         B = 2·U·[(k + 1)·η·s·Σ_r|g_r| + 3·(m·|v| + η·s·Σ_r|g_r| + η·λ·|w|) + |w_{t+1}| + m·|w|]
 
     The factor 2 covers the second-order terms (γ_n = nU/(1 − nU) for U) with room to spare;
-    nothing in it grows with the step.
+    nothing in it grows with the step. A 16-bit wire adds its error E of the summed gradient
+    (``wire_error``, :func:`wire16_error`) as it moves the weight, η·s·E, under the same factor.
     """
     import numpy as np
 
     a = lr * rescale * sum_abs
-    return 2 * U * ((k + 1) * a + 3 * (momentum * np.abs(v) + a + lr * wd * np.abs(w))
-                    + np.abs(w_next) + momentum * np.abs(w))
+    return 2 * (U * ((k + 1) * a + 3 * (momentum * np.abs(v) + a + lr * wd * np.abs(w))
+                     + np.abs(w_next) + momentum * np.abs(w))
+                + lr * rescale * wire_error)
 
 
 def formula_check(step: int, k: int, opts: argparse.Namespace, rescale: float,
                   grads: Sequence[Sequence[Any]], before: Sequence[Any], w: Sequence[Any],
-                  after: Sequence[Any]) -> dict[str, Any]:
+                  after: Sequence[Any], wire: str | None = None) -> dict[str, Any]:
     """w_{t+1} of every tensor against eq. (10) with the nominal η (``--lr``, not the scaled
     one), within :func:`update_bound`; ``grads[r][i]``: rank r's gradient of tensor i at w_t,
-    ``before``: w_{t−1} (w_0 at the first step, v = 0).
+    ``before``: w_{t−1} (w_0 at the first step, v = 0); ``wire``: a :data:`WIRE16` kind, whose
+    float16 error (:func:`wire16_error`) the bound then includes.
 
     Returns ``ok``, the worst element as a multiple of its bound (``worst_ratio``, ≤ 1 when
     ok) and its tensor, and ``lr_detect``: the smallest δ for which an η·(1 + δ) would move
@@ -245,7 +296,8 @@ def formula_check(step: int, k: int, opts: argparse.Namespace, rescale: float,
         w64, v = wt.astype(np.float64), wt.astype(np.float64) - wprev.astype(np.float64)
         force = rescale * total + wd * w64
         ref = w64 + m * v - lr * force
-        bound = update_bound(k, lr, rescale, wd, m, sum_abs, w64, v, wn.astype(np.float64))
+        bound = update_bound(k, lr, rescale, wd, m, sum_abs, w64, v, wn.astype(np.float64),
+                             wire16_error(wire, k, sum_abs, total) if wire else 0.0)
         ratio = np.abs(wn.astype(np.float64) - ref) / np.maximum(bound, np.finfo(np.float64).tiny)
         if ratio.size and float(ratio.max()) > worst:
             worst, where = float(ratio.max()), i
@@ -274,7 +326,7 @@ def work(opts: argparse.Namespace) -> None:
                     width=opts.width)
     params = net.collect_params()
     opt = {"learning_rate": opts.lr * opts.lr_scale, "momentum": opts.momentum, "wd": opts.wd}
-    if opts.floor_steps and opts.peer != "mxlarge":
+    if opts.floor_steps and opts.peer not in ("mxlarge", "mxlarge_fp16"):
         raise SystemExit(f"--floor-steps: measured in mxlarge's launches (its buckets are one "
                          f"layout), not with --peer {opts.peer}")
     trainer, rank, k, step_batch, kv = make_trainer(opts.peer, params, opt, opts.naive)
@@ -331,7 +383,7 @@ def work(opts: argparse.Namespace) -> None:
         w_next = snapshot(tensors)
         if grads is not None:
             formulas.append(formula_check(s, k, opts, 1.0 / (k * opts.batch), grads, w_before,
-                                          w_now, w_next))
+                                          w_now, w_next, WIRE16.get(opts.peer)))
         w_before, w_now = w_now, w_next
         if s == 0:
             weights.update({f"w1_{i}": w for i, w in enumerate(w_now)})
@@ -340,13 +392,15 @@ def work(opts: argparse.Namespace) -> None:
         np.savez(opts.save, **weights)
     check: dict[str, Any] = {"peer": opts.peer, "net": opts.net, "rank": rank,
                              "steps": opts.check_steps, "rtol": opts.rtol, "atol": opts.atol,
-                             "naive": opts.naive, "agree": True}
+                             "naive": opts.naive, "agree": True,
+                             "wire16": WIRE16.get(opts.peer)}
     if opts.reference:
         with np.load(opts.reference) as ref:
             check.update(compare(weights, dict(ref), opts.rtol, opts.atol))
-        # with 3+ ranks the summation order differs: the closed form decides, |Δw_S| is
-        # reported (module docstring)
-        check.update(ranks=k, elementwise=check["agree"], agree=check["agree"] or k >= 3)
+        # with 3+ ranks the summation order differs, and a 16-bit wire rounds every gradient:
+        # the closed form decides, |Δw_S| is reported (module docstring)
+        check.update(ranks=k, elementwise=check["agree"],
+                     agree=check["agree"] or k >= 3 or opts.peer in WIRE16)
     if formulas:  # rank 0; also in the reference launch: mxlarge must meet eq. (10) too
         check.update(formula=formulas, formula_ok=all(f["ok"] for f in formulas),
                      lr_detect=max(f["lr_detect"] for f in formulas))
@@ -378,7 +432,8 @@ def work(opts: argparse.Namespace) -> None:
         cores.append((time.process_time() - c0) / wall)
         machine.append(os.cpu_count() * (b1 - b0) / max(j1 - j0, 1))
     split = [split_step(s) for s in range(opts.split_steps)]
-    floor = exchange_floor(kv, tensors, trainer.store.buckets, opts.floor_steps) \
+    floor = exchange_floor(kv, tensors, trainer.store.buckets, opts.floor_steps,
+                           "float16" if opts.peer in WIRE16 else "float32") \
         if opts.floor_steps else {}
     emit_result({**result, "sec_per_step": secs, "cores_busy": cores, "machine_busy": machine,
                  "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
@@ -393,15 +448,18 @@ def even_sizes(total: int, most: int = 64) -> list[tuple[int]]:
 
 
 def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any],
-                   steps: int) -> dict[str, list[float]]:
+                   steps: int, dtype: str = "float32") -> dict[str, list[float]]:
     """Phase 3 (module docstring): layout → seconds of each of ``steps`` bare exchanges, the
-    layouts alternated exchange by exchange, every rank starting each one after a barrier."""
-    layouts = {"per_tensor": BareKV(kv, [p.shape for p in tensors], FLOOR_KEYS["per_tensor"]),
+    layouts alternated exchange by exchange, every rank starting each one after a barrier;
+    arrays of ``dtype`` (float16: the 16-bit wire's bytes, summed in float32 by the servers
+    that its trainer put in multi-precision mode)."""
+    layouts = {"per_tensor": BareKV(kv, [p.shape for p in tensors], FLOOR_KEYS["per_tensor"],
+                                    dtype),
                # reversed: the first layers' bucket last, at priority 0, as the tensors are
                "buckets": BareKV(kv, [(b.size,) for b in reversed(buckets)],
-                                 FLOOR_KEYS["buckets"]),
+                                 FLOOR_KEYS["buckets"], dtype),
                "even": BareKV(kv, even_sizes(sum(p.data().size for p in tensors)),
-                              FLOOR_KEYS["even"])}
+                              FLOOR_KEYS["even"], dtype)}
     for bare in layouts.values():  # warm-up: the servers' buffers of the new keys
         bare.push_pull()
     out: dict[str, list[float]] = {name: [] for name in layouts}

@@ -15,13 +15,19 @@ batch n and number of workers k:
   MXNet's default (True: the servers run the optimizer), as MXNet's 128-GPU benchmark ran;
 * ``gluon``: the same with ``update_on_kvstore=False`` (servers sum, workers update);
 * ``horovod``: Horovod-MXNet's ``hvd.DistributedTrainer`` (ring allreduce over gloo), started
-  by ``horovodrun`` through :mod:`benchmarks.horovodrun_bound` (everything on 127.0.0.1).
+  by ``horovodrun`` through :mod:`benchmarks.horovodrun_bound` (everything on 127.0.0.1);
+* ``mxlarge_fp16``: ``mxlarge.Trainer(..., wire_dtype='float16')`` (the 16-bit wire: float16
+  pushes, summed in float32 by the servers);
+* ``horovod_fp16``: ``hvd.DistributedTrainer(..., compression=hvd.Compression.fp16)`` (float16
+  allreduce: summed in float16 around the ring).
 
 **Same math first.** Per net, a check-only mxlarge launch first writes mxlarge's weights after
 S steps from identical weights on identical data; every timed launch (mxlarge's too) then
 starts with the same S steps and compares: NumPy ``allclose`` with rtol 1e-5, atol 1e-6. A
 peer that drifts ends its job before timing anything, and this program exits 1 naming the
-peer, the net and max |Δw|. Gluon's documented
+peer, the net and max |Δw|. The 16-bit peers are checked against the closed form with the
+float16 wire's error in the bound instead (benchmarks.peer_worker.wire16_error). Gluon's
+documented
 ``step(n)`` on dist_sync is also run once per net with the check reporting instead of failing
 (``--findings``): servers sum, so it applies k× the update (``update_ratio``).
 
@@ -30,7 +36,8 @@ horovodrun is another launcher), so every launch measures ``--blocks`` blocks of
 warm-up, and the launches are repeated in rounds, the peer order reversed every other round
 (A B C D, D C B A, ...). A peer's step time in a round is the median of its blocks (rank 0);
 the ratio of a round is that ÷ mxlarge's of the same round; figures are min / median / max over
-rounds. images/s = k·n ÷ step time.
+rounds. images/s = k·n ÷ step time. The targets (:data:`benchmarks.peers_jobs.TARGETS`) are
+such ratios, peer ÷ base (mxlarge, or mxlarge_fp16 for the 16-bit wire's), median ≥ a bound.
 
 Results: ``benchmarks/results/peers.json`` and ``peers.md`` (one section per part, each with the
 commit it measured); the launched jobs' output goes to ``peers.log`` next to them.
@@ -48,13 +55,16 @@ from typing import Any
 
 from benchmarks.common import BenchmarkError, md_table, median, mmm
 from benchmarks.peers_jobs import (
+    HOROVOD_PEERS,
     NETS,
     PEER_ORDER,
     TARGETS,
     PeerDrift,
+    Target,
     horovod_available,
     loopback_launcher,
     run_timing,
+    target_vs,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,6 +76,10 @@ PEER_LINES = {
     "gluon": "`gluon.Trainer(..., update_on_kvstore=False)`, `step(k·n)`",
     "horovod": "`hvd.DistributedTrainer(params, 'sgd', opt)` after `hvd.broadcast_parameters`, "
                "`step(n)`",
+    "mxlarge_fp16": "`mxlarge` with `wire_dtype='float16'` (float16 pushes summed in float32 "
+                    "by the servers)",
+    "horovod_fp16": "`horovod` with `compression=hvd.Compression.fp16` (float16 allreduce, "
+                    "summed in float16 around the ring)",
 }
 def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
@@ -83,29 +97,60 @@ def _ratio_cell(r: Mapping[str, Any]) -> str:
     return f"{r['median']:.3f} ({r['min']:.2f}–{r['max']:.2f})"
 
 
-def render_timing(part: Mapping[str, Any], target: float) -> str:
-    """One table per net; a peer's ratio PASSes when its median is ≥ ``target``."""
+def _same_cell(checks: Sequence[Mapping[str, Any]]) -> str:
+    """The same-math column: how the peer's weights compare (module docstring)."""
+    worst = max((c["max_abs"] for c in checks), default=None)
+    if worst is None:
+        return "—"
+    if not all(c["agree"] for c in checks):
+        return "NO"
+    if any(c.get("wire16") for c in checks):
+        ratio = max(f["worst_ratio"] for c in checks for f in c.get("formula", []))
+        return (f"closed form within the float16-wire bound (worst {ratio:.2f} of it); "
+                f"max abs(Δw) vs float32 mxlarge {worst:.1g}")
+    return "yes, bitwise" if worst == 0 else f"yes, max abs(Δw) {worst:.1g}"
+
+
+def render_targets(net: Mapping[str, Any]) -> list[str]:
+    """The targets between two peers other than (peer, mxlarge), one row each."""
+    rows = [[t["text"], f"`{t['peer']}` ÷ `{t['base']}`", f"≥ {t['target']:.3g}",
+             _ratio_cell(t), ", ".join(f"{v:.3f}" for v in t["values"]), t["status"]]
+            for t in net.get("targets", []) if t["base"] != "mxlarge"]
+    if not rows:
+        return []
+    return ["Targets between other peers (step time ÷ step time, per round, the same rounds):",
+            "", md_table(["target", "ratio", "bound", "median (min–max)", "per round",
+                          "verdict"], rows), ""]
+
+
+def render_timing(part: Mapping[str, Any], targets: Sequence[Target]) -> str:
+    """One table per net; a peer's ratio PASSes when its median is ≥ its bound in
+    ``targets`` (peers without one vs mxlarge are reported only)."""
     lines = []
     hosts = {peer: ",".join(row["hosts"]) for net in part["nets"].values()
              for peer, row in net["peers"].items()}
     lines += ["Hosts of ranks 0..k−1: " + "; ".join(f"`{p}` {h}" for p, h in hosts.items()), ""]
+    bounds = {t.bound for t in targets if t.base == "mxlarge"}
+    header = "step time ÷ mxlarge (median, min–max; target ≥ " + (
+        f"{bounds.pop():.3g}" if len(bounds) == 1 else "its bound") + ")"
     for net in part["nets"].values():
         rows = []
         for peer, row in net["peers"].items():
-            checks = row["checks"]
-            worst = max((c["max_abs"] for c in checks), default=None)
-            same = ("—" if worst is None else "NO" if not all(c["agree"] for c in checks) else
-                    "yes, bitwise" if worst == 0 else f"yes, max abs(Δw) {worst:.1g}")
-            r = row["ratio"]
-            status = "" if peer == "mxlarge" else \
-                " PASS" if r["median"] >= target else " **MISS**"
+            r, bound = row["ratio"], target_vs(targets, peer)
+            status = "" if bound is None else \
+                " PASS" if r["median"] >= bound else " **MISS**"
             rows.append([f"`{peer}`", mmm([1e3 * s for s in row["sec_per_step"]], "{:.1f}"),
                          f"{median(row['images_per_s']):.0f}",
-                         "1" if peer == "mxlarge" else _ratio_cell(r) + status, same])
-        lines += [f"**{net['title']}**, n = {net['batch']} per worker", "",
+                         "1" if peer == "mxlarge" else _ratio_cell(r) + status,
+                         _same_cell(row["checks"])])
+        measured = net.get("measured")
+        lines += [f"**{net['title']}**, n = {net['batch']} per worker"
+                  + (f" (measured at commit {measured['commit']}, {measured['date']}, load "
+                     f"{measured['load_1min'][0]:.1f} / {measured['load_1min'][1]:.1f}; not "
+                     "re-run with this part's commit)" if measured else ""), "",
                   md_table(["peer", "ms per step (min / median / max)", "images/s (median)",
-                            f"step time ÷ mxlarge (median, min–max; target ≥ {target:.3g})",
-                            "same weights as mxlarge"], rows), ""]
+                            header, "same weights as mxlarge"], rows), ""]
+        lines += render_targets(net)
         split = [[f"`{peer}`", f"{1e3 * median(row['fwd_bwd']):.1f}",
                   f"{1e3 * median(row['comm_update']):.1f}"]
                  for peer, row in net["peers"].items() if row.get("fwd_bwd")]
@@ -114,7 +159,7 @@ def render_timing(part: Mapping[str, Any], target: float) -> str:
                       "every launch's split steps):", "",
                       md_table(["peer", "forward+backward ms", "communication+update ms"],
                                split), ""]
-        lines += floor_lines(net, target)
+        lines += floor_lines(net, targets)
         busy = [f"`{peer}` " + ", ".join(
                     f"{h} {median([r[h] for r in row['host_cores']]):.2f}"
                     for h in sorted(row["host_cores"][0]))
@@ -134,25 +179,32 @@ def render_timing(part: Mapping[str, Any], target: float) -> str:
     return "\n".join(lines)
 
 
-def floor_lines(net: Mapping[str, Any], target: float) -> list[str]:
+def floor_lines(net: Mapping[str, Any], targets: Sequence[Target]) -> list[str]:
     """The engine's exchange alone (peer_worker phase 3) next to the target it bounds: a step
     contains its exchange, so mxlarge's step time cannot go below the faster layout's median,
-    and the target step time is the best peer's median ÷ ``target``."""
-    floor = net.get("floor") or {}
-    if not floor:
-        return []
-    best = min(median(row["sec_per_step"]) for peer, row in net["peers"].items()
-               if peer != "mxlarge")
-    fastest = min(median(v) for v in floor.values())
-    verdict = ("below the engine's exchange floor: no step that exchanges these floats "
-               "through these servers reaches it" if best / target < fastest
-               else "above the engine's exchange floor")
-    cells = ", ".join(f"{LAYOUTS[k]} {1e3 * median(v):.1f} ms" for k, v in floor.items())
-    n = len(next(iter(floor.values())))
-    return [f"The engine's exchange alone, in mxlarge's launches (bare `kv.pushpull` of the "
-            f"same tensors on the same servers, nothing else; medians of {n} exchanges per "
-            f"layout): {cells}. Target step time (best peer ÷ {target:.3g}): "
-            f"{1e3 * best / target:.1f} ms, {verdict}.", ""]
+    and the target step time is the tightest of (peer's median ÷ bound) over ``targets`` on
+    that mxlarge (``floor``: float32 wire, ``floor16``: the 16-bit wire's launches)."""
+    out = []
+    for key, base, what in (("floor", "mxlarge", "mxlarge's launches"),
+                            ("floor16", "mxlarge_fp16", "mxlarge_fp16's launches, float16 "
+                             "arrays summed in float32 by the servers")):
+        floor = net.get(key) or {}
+        goals = [(median(net["peers"][t.peer]["sec_per_step"]) / t.bound, t)
+                 for t in targets if t.base == base and t.peer in net["peers"]]
+        if not floor or not goals:
+            continue
+        goal, t = min(goals, key=lambda g: g[0])
+        fastest = min(median(v) for v in floor.values())
+        verdict = ("below the engine's exchange floor: no step that exchanges these floats "
+                   "through these servers reaches it" if goal < fastest
+                   else "above the engine's exchange floor")
+        cells = ", ".join(f"{LAYOUTS[k]} {1e3 * median(v):.1f} ms" for k, v in floor.items())
+        n = len(next(iter(floor.values())))
+        out += [f"The engine's exchange alone, in {what} (bare `kv.pushpull` of the same "
+                f"tensors on the same servers, nothing else; medians of {n} exchanges per "
+                f"layout): {cells}. Target step time of `{base}` (`{t.peer}` ÷ {t.bound:.3g}): "
+                f"{1e3 * goal:.1f} ms, {verdict}.", ""]
+    return out
 
 
 #: Phase 3's layouts (benchmarks.peer_worker.exchange_floor), for the report.
@@ -209,6 +261,22 @@ def render(data: Mapping[str, Any]) -> str:
                    render_timing(part, TARGETS[key.split("-")[0]]))
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def merge_part(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` (a timing part), followed by the nets of ``old`` it did not measure, each
+    stamped with the commit, date and load it was measured at (``measured``): a run of some
+    nets (``--nets``) replaces those nets only."""
+    if not old:
+        return new
+    kept = {}
+    for key, net in old.get("nets", {}).items():
+        if key in new["nets"]:
+            continue
+        kept[key] = {**net, "measured": net.get("measured") or {
+            "commit": old["commit"], "date": old["versions"]["date"],
+            "load_1min": old.get("load_1min", [float("nan")] * 2)}}
+    return {**new, "nets": {**new["nets"], **kept}}
 
 
 def _rate_order(key: str) -> tuple[int, str]:
@@ -298,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         save(a.out, load(a.out))
         return 0
-    if "horovod" in a.peers and set(a.part) & {"loopback", "testbed"} \
+    if set(a.peers) & set(HOROVOD_PEERS) and set(a.part) & {"loopback", "testbed"} \
             and not horovod_available():
         print("peers: error: horovod is not installed in this venv: `make bench-peers` builds "
               "it (setup.cfg extra `peers`), or pass --peers without horovod", file=sys.stderr)
@@ -315,18 +383,18 @@ def main(argv: list[str] | None = None) -> int:
             if "loopback" in a.part:
                 k = a.workers
                 print(f"peers: loopback, {k} workers", flush=True)
-                data["loopback"] = run_timing(
+                data["loopback"] = merge_part(data.get("loopback"), run_timing(
                     a, loopback_launcher(k), k, log,
                     f"{k} workers on 127.0.0.1 (dist_sync peers: {k} servers and a scheduler "
                     f"too; horovod: {k} ranks), OMP_NUM_THREADS=1 per process; SGD η 0.1, "
-                    "m 0.9, λ 1e-4 on every tensor, constant η.", TARGETS["loopback"])
+                    "m 0.9, λ 1e-4 on every tensor, constant η.", TARGETS["loopback"]))
                 save(a.out, data)
             if "testbed" in a.part:
                 from benchmarks.peers_testbed import run_testbed
 
                 data.pop("testbed", None)  # one part per rate since the 200 Mbit/s rows
                 for rate, part in run_testbed(a, log).items():
-                    data[f"testbed-{rate}"] = part
+                    data[f"testbed-{rate}"] = merge_part(data.get(f"testbed-{rate}"), part)
                     save(a.out, data)
             if "accuracy" in a.part:
                 from benchmarks.peers_accuracy import run_accuracy

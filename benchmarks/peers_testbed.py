@@ -11,8 +11,9 @@ wrapper:
 
 * dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts`` with the
   hosts' addresses: the scheduler on h0, one server and one worker per host;
-* Horovod: ``horovodrun -H h0:1,h1:1,h2:1 --gloo --network-interface eth0`` over the testbed's
-  ssh, its own sockets bound to h0's address (:mod:`benchmarks.horovodrun_bound`).
+* Horovod (both peers): ``horovodrun -H h0:1,h1:1,h2:1 --gloo --network-interface eth0``
+  over the testbed's ssh, its own sockets bound to h0's address
+  (:mod:`benchmarks.horovodrun_bound`).
 
 The testbed is shared with other work: everything here (up, the link measurement, the jobs,
 teardown) runs under :func:`mxlarge.testbed.exclusive` (the lock the cluster tests share),
@@ -87,14 +88,14 @@ def _root() -> str:
 
 def testbed_launcher(tb: Any, work: Path) -> Any:
     """Runs a peer's job from h0 across h0..h2 (module docstring)."""
-    from benchmarks.peers_jobs import WORKER, PeerOutput, check_job, job_env, stream
+    from benchmarks.peers_jobs import HOROVOD_PEERS, WORKER, PeerOutput, check_job, job_env, stream
 
     hostfile = work / "hosts"
     hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in tb.hosts))
 
     def run(peer: str, args: list[str], out: PeerOutput) -> None:
         argv = [sys.executable, "-m", WORKER, "--peer", peer, *args]
-        if peer == "horovod":
+        if peer in HOROVOD_PEERS:
             cmd = [sys.executable, "-m", "benchmarks.horovodrun_bound", "--bind", tb.addr("h0"),
                    "-np", str(WORKERS), "-H", ",".join(f"{h}:1" for h in tb.hosts), "--gloo",
                    "--network-interface", "eth0", "--", *argv]

@@ -86,10 +86,11 @@ class RawTCP:
 class BareKV:
     """MXNet's store alone: one key per tensor under ``offset + i``, no mxlarge code."""
 
-    def __init__(self, kv: Any, shapes: list[tuple[int, ...]], offset: int):
+    def __init__(self, kv: Any, shapes: list[tuple[int, ...]], offset: int,
+                 dtype: str = "float32"):
         self.kv = kv
         self.keys = [offset + i for i in range(len(shapes))]
-        self.arrays = [mx.nd.zeros(s) for s in shapes]
+        self.arrays = [mx.nd.zeros(s, dtype=dtype) for s in shapes]
         kv.init(self.keys, [a.copy() for a in self.arrays])
 
     def push_pull(self) -> None:

@@ -20,7 +20,7 @@ world of the same global batch (the attempt's spec is the job's with that ``worl
 records each world as tags ``world_<attempt>`` (and ``workers_lost``) and the metric
 ``world/workers`` at the step the attempt starts from. An ssh job's restart after a host is
 lost runs from a hostfile of the answering hosts only
-(:func:`~mxlarge.launcher.restart.survivors_hostfile`).
+(:func:`~mxlarge.launcher.backends.ssh.survivors_hostfile`).
 """
 from __future__ import annotations
 
@@ -36,29 +36,22 @@ from typing import Any
 from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
 from mxlarge.launcher._supervise import Outcome
-from mxlarge.launcher.cluster import HostEntry
+from mxlarge.launcher.backends.base import LaunchBackend
+from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.job import JobSpec
-from mxlarge.launcher.restart import (
-    Elastic,
-    Failure,
-    RestartPolicy,
-    local_hosts,
-    local_probe,
-    run_with_restarts,
-    ssh_probe,
-    ssh_slots,
-    survivors_hostfile,
-)
+from mxlarge.launcher.registry import backend_for
+from mxlarge.launcher.restart import Elastic, Failure, RestartPolicy, run_with_restarts
 from mxlarge.plan import World, with_world, world_of
 
 
-def elastic_of(args: argparse.Namespace, world: World, servers: int,
+def elastic_of(args: argparse.Namespace, backend: LaunchBackend, world: World, servers: int,
                lines: list[HostEntry] | None) -> Elastic | None:
     """``--elastic``'s world keeper, or None; options that cannot apply are refused.
 
-    ``lines`` are an ssh job's hostfile lines: its hosts are those of
-    :func:`~mxlarge.launcher.restart.ssh_slots`, probed over ssh; a local job's are its worker
-    processes, probed with ``--local-lost``."""
+    The hosts and their probe are the backend's
+    (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): an ssh job's are its
+    hostfile's ``lines``, probed over ssh; a local job's its worker processes, probed with
+    ``--local-lost``."""
     if not args.elastic:
         for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):
             if value is not None:
@@ -67,22 +60,8 @@ def elastic_of(args: argparse.Namespace, world: World, servers: int,
     if args.max_restarts < 1:
         raise InputError("--elastic: expected --max-restarts N >= 1 (the world changes at a "
                          "restart)")
-    if args.launcher not in ("local", "ssh"):
-        raise InputError(f"--elastic with --launcher {args.launcher}: probing {args.launcher} "
-                         "hosts is not built yet; elastic restarts run on local and ssh "
-                         "launches")
-    if args.launcher == "ssh" and args.local_lost is not None:
-        raise InputError("--local-lost: expected with --launcher local (an ssh job probes its "
-                         "hosts with ssh)")
-    min_workers = args.min_workers or 1
     try:
-        if lines is None:
-            return Elastic(world, local_hosts(world.processes), local_probe(args.local_lost),
-                           min_workers)
-        server_lines, worker_lines = ssh_slots(lines, servers, world.processes)
-        ports = {e.host: int(e.port) for e in lines if e.port}
-        return Elastic(world, [e.host for e in worker_lines], ssh_probe(ports), min_workers,
-                       others=[e.host for e in server_lines])
+        return backend.elastic(world, servers, lines, args.min_workers or 1, args.local_lost)
     except ValueError as exc:
         raise InputError(str(exc)) from None
 
@@ -154,13 +133,12 @@ def launch(args: argparse.Namespace) -> int:
     workers, servers = spec.world.processes, spec.servers
     # Fail on a job that cannot run (world, batch, model) before starting any process.
     plan = plan_for(cfg, args.config, world=spec.world)
-    lines = None
-    if args.launcher in ("ssh", "mpi"):
-        try:
-            lines = launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-    elastic = elastic_of(args, plan.world, servers, lines if args.launcher == "ssh" else None)
+    backend = backend_for(spec.launcher)
+    try:
+        lines = backend.check_hosts(args.hostfile, workers, servers)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    elastic = elastic_of(args, backend, plan.world, servers, lines)
     from mxlarge.nets import build_net
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
@@ -169,11 +147,10 @@ def launch(args: argparse.Namespace) -> int:
     why = firewall_refusal(args.launcher, args.firewall)
     if why:  # before any run is created or process started
         raise InputError(f"--firewall on: {why}")
-    if args.launcher == "local" and args.port is not None:
-        try:  # before any run is created or process started
-            launcher.local.ensure_port_free(args.port)
-        except launcher.PortInUseError as exc:
-            raise InputError(str(exc)) from None
+    try:  # before any run is created or process started
+        backend.preflight(spec)
+    except launcher.PortInUseError as exc:
+        raise InputError(str(exc)) from None
     meta = path = None
     if args.resume is not None:
         from mxlarge import checkpoint
@@ -220,19 +197,12 @@ def launch(args: argparse.Namespace) -> int:
                       f"{', '.join(elastic.lost)})", flush=True)
                 job = dataclasses.replace(job, world=world,
                                           servers=cfg.dist.servers or world.processes)
-                if args.launcher == "local" and not args.no_tuning:
-                    # CPU kernels reduce in an order that depends on the OpenMP team: every
-                    # worker keeps the declared world's (tests/e2e/test_simulate.py)
-                    from mxlarge.launcher.tuning import local_role_env
-                    job = dataclasses.replace(job, env={
-                        **local_role_env("worker", workers, {**os.environ, **spec.env}),
-                        **spec.env})
+                job = dataclasses.replace(job, env=backend.attempt_env(spec, workers))
             worlds.append(world)
         hostfile = spec.hostfile
-        if elastic is not None and lines is not None and elastic.lost:
-            # the answering hosts only, servers re-placed there (restart.survivors_hostfile)
-            text = survivors_hostfile(*ssh_slots(lines, servers, workers), elastic.answering,
-                                      job.servers, job.world.processes)
+        text = None if elastic is None else backend.attempt_hostfile(
+            lines, elastic, servers, job.servers, job.world.processes)
+        if text is not None:
             print(f"mxlarge: restart {number}: hosts " + ", ".join(text.split()) +
                   f" ({job.servers} server(s) first; lost: {', '.join(elastic.lost)})",
                   flush=True)

@@ -1,13 +1,8 @@
 """The restart rules without processes: the local probe, the elastic world of each attempt, and
 run_with_restarts asking for a world before each granted restart."""
+from mxlarge.launcher.backends.local import local_hosts, local_probe
 from mxlarge.launcher.local import Outcome
-from mxlarge.launcher.restart import (
-    Elastic,
-    RestartPolicy,
-    local_hosts,
-    local_probe,
-    run_with_restarts,
-)
+from mxlarge.launcher.restart import Elastic, RestartPolicy, run_with_restarts
 from mxlarge.plan import World
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from mxlarge.launcher.probe import GuardReport, Lease
+from mxlarge.launcher.guard import GuardReport, Lease
 from mxlarge.launcher.pslog import PsLog
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
@@ -201,7 +201,7 @@ class Child:
         self.status: int | None = None
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.pslog = PsLog(hide_ps_verbose)  # what ps-lite said: its address, an abort
-        self.guard = GuardReport()  # what its remote guard said (ssh: mxlarge.launcher.probe)
+        self.guard = GuardReport()  # what its remote guard said (ssh: mxlarge.launcher.guard)
         self._lease = lease
         self._pump = threading.Thread(target=self._pump_lines, args=(sink,),
                                       name=f"pump {label}", daemon=True)
@@ -341,7 +341,7 @@ class Supervisor:
         """Start a child in a new session with stdout and stderr merged into one pipe.
 
         With ``lease``, the child's stdin is a pipe that gets the guard's lease bytes once its
-        guard has started (:class:`mxlarge.launcher.probe.Lease`); else it is ``/dev/null``.
+        guard has started (:class:`mxlarge.launcher.guard.Lease`); else it is ``/dev/null``.
 
         Raises:
             RuntimeError: if teardown has already begun (a late start would escape it).

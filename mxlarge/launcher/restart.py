@@ -18,29 +18,20 @@ worker × 2 simulated workers; 4 → 2 × 2), from the newest checkpoint, which 
 world of the same units (:func:`mxlarge.checkpoint.check_world`). Every attempt probes the
 declared hosts again, so a host that answers again brings its worker back. No world fits (fewer
 live hosts than ``--min-workers``, or no factorisation): the job ends with the failure, as
-without ``--elastic``. A local job's hosts are its worker processes, ``worker-<i>``, and
-:func:`local_probe` takes as lost for good the names listed in a file (``--local-lost FILE``):
-how a test, or a user rehearsing, tells a local job that a machine is gone.
-
-An ssh job's hosts are its hostfile's, placed as dmlc places them (:func:`ssh_slots`: process i,
-the servers first, on line i mod L). Before each restart every host of the job, servers' too,
-is probed with ``ssh host true`` (:func:`ssh_probe`, a few seconds at most); the workers whose
-line's host answers are the live ones, and the attempt runs from a hostfile of answering hosts
-only (:func:`survivors_hostfile`): each live worker on its own line's host, the servers
-re-placed on the declared server hosts that answer (on the workers' hosts if none does).
-mpirun and Slurm jobs are not elastic (``mxlarge launch`` refuses it).
+without ``--elastic``. Which hosts a job has and how they are probed is
+its backend's (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): a local job's are
+its worker processes (:mod:`mxlarge.launcher.backends.local`), an ssh job's its hostfile's,
+placed as dmlc places them and probed with ``ssh host true``
+(:mod:`mxlarge.launcher.backends.ssh`); mpirun and Slurm jobs are not elastic.
 
 Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from mxlarge.launcher._supervise import Outcome
-from mxlarge.launcher.cluster import HostEntry
-from mxlarge.launcher.probe import ssh_silent
 from mxlarge.plan import World, WorldError, elastic_world
 
 
@@ -96,59 +87,6 @@ class RestartPolicy:
 
 #: Which of a job's hosts answer: ``probe(hosts)`` → the live ones, in the given order.
 Probe = Callable[[Sequence[str]], list[str]]
-
-
-def local_hosts(workers: int) -> list[str]:
-    """A local job's hosts: each worker process is its own, ``worker-<i>`` (launch index i)."""
-    return [f"worker-{i}" for i in range(workers)]
-
-
-def local_probe(lost: str | Path | None) -> Probe:
-    """A local job's :data:`Probe`: every host lives but those named in the file ``lost`` (one
-    name a line, read at each probe; a missing file names none)."""
-    def probe(hosts: Sequence[str]) -> list[str]:
-        gone: set[str] = set()
-        if lost is not None and Path(lost).is_file():
-            gone = {line.strip() for line in Path(lost).read_text().splitlines()}
-        return [h for h in hosts if h not in gone]
-    return probe
-
-
-def ssh_probe(ports: Mapping[str, int]) -> Probe:
-    """An ssh job's :data:`Probe`: the hosts (``{host: ssh port}``) that let ``ssh host true``
-    through within :data:`~mxlarge.launcher.probe.SSH_PROBE_TIMEOUT` s, all probed at once."""
-    def probe(hosts: Sequence[str]) -> list[str]:
-        silent = ssh_silent({h: ports.get(h, 22) for h in dict.fromkeys(hosts)})
-        return [h for h in hosts if h not in silent]
-    return probe
-
-
-def ssh_slots(lines: Sequence[HostEntry], servers: int, workers: int
-              ) -> tuple[list[HostEntry], list[HostEntry]]:
-    """Where dmlc's ssh backend puts a job: process i (servers first, then workers) on line
-    i mod L of the hostfile's L lines. Returns (each server's line, each worker's line)."""
-    n = len(lines)
-    return ([lines[i % n] for i in range(servers)],
-            [lines[(servers + i) % n] for i in range(workers)])
-
-
-def survivors_hostfile(server_lines: Sequence[HostEntry], worker_lines: Sequence[HostEntry],
-                       answering: Collection[str], servers: int, workers: int) -> str:
-    """The hostfile of an attempt with ``servers`` servers and ``workers`` workers on the
-    ``answering`` hosts only, as :func:`ssh_slots` lines of the declared job: one line per
-    process, the servers' first, so that dmlc puts process i on line i. The workers take the
-    first ``workers`` declared worker lines whose host answers (in order); the servers go
-    round-robin over the declared server lines that answer, or over the workers' if none does.
-
-    Raises:
-        ValueError: fewer answering worker lines than ``workers`` (the world does not fit).
-    """
-    live = [e for e in worker_lines if e.host in answering]
-    if len(live) < workers:
-        raise ValueError(f"{workers} worker(s) but {len(live)} answering worker line(s)")
-    homes = [e for e in server_lines if e.host in answering] or live[:workers]
-    chosen = [homes[i % len(homes)] for i in range(servers)] + live[:workers]
-    return "".join(f"{e.host}:{e.port}\n" if e.port else f"{e.host}\n" for e in chosen)
 
 
 @dataclass

@@ -170,7 +170,7 @@ def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line
         for role in ("worker", "server"):
             (work / role).mkdir()
             # all at once: the launchers claim their scheduler ports themselves
-            # (mxlarge.launcher.cluster.claimed_scheduler_port)
+            # (mxlarge.launcher.scheduler_port.claimed_scheduler_port)
             jobs[role] = launch(testbed, work / role, launcher, hostfile=hostfile)
         if beside is not None:
             beside.work = work / "beside"
@@ -263,7 +263,7 @@ def busy_job(testbed: Testbed, stopped: list[tuple[int, float]]) -> Beside:
 @pytest.mark.timeout(300)
 def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
         testbed: Testbed, work: Path) -> None:
-    """ssh's status 255 hides the signal; the remote guard (mxlarge/launcher/probe.py) tells
+    """ssh's status 255 hides the signal; the remote guard (mxlarge/launcher/guard.py) tells
     it. The kvstore rank is the heartbeat's (worker) or the scheduler's assignment (server).
 
     Beside them, a worker stopped (SIGSTOP) while its heartbeat says it is evaluating: a

@@ -825,9 +825,12 @@ def test_mxnet_launch_py_local_job_listens_on_loopback_only(marker: str) -> None
 def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     """The lines are what Open MPI 4.1.4 and Slurm 22.05 printed on the namespace testbed
     (tests/cluster) for a rank killed with SIGKILL or exiting 3; the first report counts."""
-    from mxlarge.launcher.cluster import _Report, _ReportSink
+    from mxlarge.launcher.backends.mpi import MpiBackend
+    from mxlarge.launcher.backends.slurm import SlurmBackend
+    from mxlarge.launcher.explain import Report as _Report
+    from mxlarge.launcher.explain import ReportSink
 
-    mpi = _ReportSink(Collector(), "mpi")
+    mpi = ReportSink(Collector(), MpiBackend.report_patterns)
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 1 with PID 0 on node h2 "
                                    "exited on signal 9 (Killed).")
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 0 with PID 0 on node h1 "
@@ -835,7 +838,7 @@ def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     mpi.emit("workers via mpirun", "  Process name: [[37071,1],1]")
     assert mpi.reports == {"servers via mpirun": _Report(1, "h2", -9),
                            "workers via mpirun": _Report(1, None, None)}
-    slurm = _ReportSink(Collector(), "slurm")
+    slurm = ReportSink(Collector(), SlurmBackend.report_patterns)
     slurm.emit("workers via srun", "srun: error: h2: task 1: Killed")
     slurm.emit("servers via srun", "srun: error: h1: tasks 0-1: Exited with exit code 3")
     slurm.emit("other via srun", "srun: error: Unable to create step for job 4: busy")

@@ -7,18 +7,11 @@ import time
 
 import pytest
 
-from mxlarge.launcher.cluster import HostEntry
+from mxlarge.launcher.backends.ssh import ssh_probe, ssh_slots, survivors_hostfile
+from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.local import Outcome
-from mxlarge.launcher.probe import ssh_fails
-from mxlarge.launcher.restart import (
-    Elastic,
-    Failure,
-    RestartPolicy,
-    run_with_restarts,
-    ssh_probe,
-    ssh_slots,
-    survivors_hostfile,
-)
+from mxlarge.launcher.reach import ssh_fails
+from mxlarge.launcher.restart import Elastic, Failure, RestartPolicy, run_with_restarts
 from mxlarge.plan import World
 
 

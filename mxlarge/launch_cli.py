@@ -11,9 +11,10 @@ job's run is decided here before anything starts (:func:`mxlarge.tracking.open_r
 with ``--run-id`` by a caller that ends it, else the resumed checkpoint's, else a new one),
 passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and ended
 FINISHED or FAILED by the job's exit status (:meth:`~mxlarge.tracking.OpenRun.close`), with
-the failure as tags (``failed_role``, ``failed_rank`` (launch index), ``failed_kvstore_rank``,
-``failed_host``, ``failed_step``) and the
-failed process's last lines of output as the artifact ``failure/<role>-<index>.log``.
+the failure as tags (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`: ``failed_role``,
+``failed_kvstore_rank``, ``failed_launch_index``, ``failed_host``, ``failed_status``; and
+``failed_step``) and the failed process's last lines of output as the artifact
+``failure/<role>-<kvstore rank>.log`` (``<role>-launch<index>`` while the rank is not known).
 
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run
@@ -243,20 +244,16 @@ def launch(args: argparse.Namespace) -> int:
             end_tags["hosts"] = ",".join(hosts)
         if not ok:
             end_tags["failure"] = outcome.message
-            if outcome.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM
-                end_tags.update(failed_role=outcome.failed_role,
-                                failed_rank=str(outcome.failed_rank))
-            for key, value in (("failed_step", outcome.step), ("failed_host", outcome.failed_host),
-                               ("failed_kvstore_rank", outcome.failed_kvstore_rank)):
-                if value is not None:
-                    end_tags[key] = str(value)
-            if run is not None and outcome.reason is not None and outcome.failed_role is not None:
-                head = (f"# {outcome.message}; its last {len(outcome.failed_output)} line(s) of "
+            failed = outcome.failure
+            if failed is not None:  # incl. the "launcher": e.g. scancel's SIGTERM
+                end_tags.update(failed.tags())
+            if outcome.step is not None:
+                end_tags["failed_step"] = str(outcome.step)
+            if run is not None and outcome.reason is not None and failed is not None:
+                head = (f"# {outcome.message}; its last {len(failed.output)} line(s) of "
                         "output:")
-                run.log_text("\n".join([head, *outcome.failed_output]) + "\n",
-                             f"failure/{outcome.failed_role}-{outcome.failed_rank}.log")
-            if outcome.failed_status is not None:
-                end_tags["failed_status"] = str(outcome.failed_status)
+                run.log_text("\n".join([head, *failed.output]) + "\n",
+                             f"failure/{failed.name}.log")
             if outcome.reason == "stalled":
                 end_tags.update(failure="stalled", failure_detail=outcome.message)
             print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)

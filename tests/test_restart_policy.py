@@ -1,7 +1,7 @@
 """The restart rules without processes: the local probe, the elastic world of each attempt, and
 run_with_restarts asking for a world before each granted restart."""
 from mxlarge.launcher.backends.local import local_hosts, local_probe
-from mxlarge.launcher.local import Outcome
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.restart import Elastic, RestartPolicy, run_with_restarts
 from mxlarge.plan import World
 
@@ -39,12 +39,12 @@ def test_elastic_refusal_keeps_the_last_world_and_names_the_lost():
 
 
 def _crash(step):
-    return Outcome(137, "worker", 1, None, "worker 1 exited with signal 9 (SIGKILL)", "crashed",
-                   step=step)
+    return Outcome(137, "worker 1 exited with signal 9 (SIGKILL)", "crashed", step,
+                   ProcessFailure("worker", 1, 1))
 
 
 def test_run_with_restarts_asks_for_a_world_before_each_granted_restart():
-    outcomes = [_crash(10), _crash(20), Outcome(0, None, None, None, "", None)]
+    outcomes = [_crash(10), _crash(20), Outcome(0, "")]
     asked: list[int] = []
     got = run_with_restarts(lambda n: outcomes[n], RestartPolicy(3), lambda line: None,
                             replan=lambda: asked.append(1))

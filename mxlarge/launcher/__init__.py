@@ -20,11 +20,13 @@ from typing import Any
 # would warn about in every job's output, and without the launcher's other modules.
 _FROM = {"SUPPORTED": "registry", "UNSUPPORTED": "registry", "cluster_run": "registry",
          "cluster_submit": "registry", "forwarded_env": "environment",
-         "tracker_compat": "dmlc_compat", "Outcome": "local", "PortInUseError": "local",
+         "tracker_compat": "dmlc_compat", "Outcome": "outcome", "ProcessFailure": "outcome",
+         "JobSpec": "job", "run_job": "job", "PortInUseError": "local",
          "free_port": "local", "run_local": "local"}
-_SUBMODULES = {"backends", "cluster", "dmlc_compat", "environment", "firewall", "guard",
-               "hostfile", "job", "local", "mxnet_launch", "pslog", "reach", "registry",
-               "restart", "scheduler_port", "slurm_query", "tuning", "watchdog", "_supervise"}
+_SUBMODULES = {"api", "backends", "cluster", "dmlc_compat", "environment", "explain",
+               "firewall", "guard", "hostfile", "job", "local", "mxnet_launch", "outcome",
+               "pslog", "reach", "registry", "restart", "scheduler_port", "slurm_query",
+               "tuning", "watchdog", "_supervise"}
 
 __all__ = sorted(_FROM)
 

@@ -9,8 +9,8 @@ id, reserved, so ``killpg`` can never hit an unrelated process that happens to r
 Leaders are reaped only at the very end, in :meth:`Supervisor.close`.
 
 Every backend runs the one supervision loop (:func:`supervise`) over what it tells the loop (a
-:class:`Backend`), reports how its job ended as one :class:`Outcome`, and judges a stall with
-one rule (:func:`stall_outcome`).
+:class:`Backend`), reports how its job ended as one :class:`~mxlarge.launcher.outcome.Outcome`,
+and judges a stall with one rule (:func:`stall_outcome`).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from mxlarge.launcher.guard import GuardReport, Lease
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.pslog import PsLog
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 
@@ -47,56 +48,6 @@ _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How a job ended, on any backend (local, ssh, mpi, slurm).
-
-    Attributes:
-        exit_code: 0 on success; the failed process's exit code; 128 + n for a signal n (also
-            when the launcher itself was interrupted by signal n); 124 for a stall.
-        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"`` of the first process seen to
-            fail; ``"launcher"`` when a cluster launcher itself got SIGINT/SIGTERM/SIGHUP first
-            (``scancel`` of a batch job, a SIGTERM to ``salloc``); ``None`` on success, for a
-            stall no worker process can be named for, and when a local launcher was
-            interrupted.
-        failed_rank: the number the launcher's lines and the ``failed_rank`` tag give that
-            process: its launch index within its role (local), its kvstore rank (cluster:
-            from the scheduler's assignments or the heartbeats; 0 for the scheduler and the
-            launcher; ``None`` while not known).
-        failed_status: its Popen-style status as far as known: exit status, or ``-n`` for
-            signal n (for a remote process what the guard, mpirun or srun reported).
-        message: one human-readable line, e.g. ``"worker 1 exited with signal 9 (SIGKILL)"``.
-        reason: ``"crashed"`` (a process failed) or ``"stalled"`` (the stall watchdog stopped
-            the job): what the restart policy restarts; ``None`` on success or when the
-            launcher was interrupted (128 + SIGINT/SIGTERM/SIGHUP of a cluster process is taken
-            as that too: Slurm cancelling the steps).
-        step: on failure, the last step the failed worker (a crash), or every worker (a
-            stall or a server crash), had completed, as far as the heartbeats tell.
-        failed_kvstore_rank: the failed (or first stalled) process's kvstore rank (a worker's
-            from its heartbeat); ``None`` for a scheduler, or while not known.
-        failed_host: where that process ran (for the launcher: the scheduler's address).
-        failed_output: the failed local process's last lines of output (``Child.tail``).
-        failed_launch: its launch index (local, ssh) or task rank (mpirun, srun) within its
-            role.
-        hosts: a cluster job's scheduler address, then the hosts the backend was given (ssh
-            targets used, the mpi hostfile's hosts, the Slurm allocation's nodes), without
-            repeats; empty for a local job.
-    """
-
-    exit_code: int
-    failed_role: str | None
-    failed_rank: int | None
-    failed_status: int | None
-    message: str
-    reason: str | None = None
-    step: int | None = None
-    failed_kvstore_rank: int | None = None
-    failed_host: str | None = None
-    failed_output: tuple[str, ...] = ()
-    failed_launch: int | None = None
-    hosts: tuple[str, ...] = ()
-
-
 def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
     """The watchdog's verdict while training runs, for every backend.
 
@@ -114,11 +65,12 @@ def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outco
     pids = {watchdog.seen[r].record.pid for r in stall.behind}
     child = next((c for c in children if c.role == "worker" and c.pid in pids), None)
     if child is None:
-        return Outcome(STALL_EXIT, None, None, None, stall.message, "stalled", stall.step)
+        return Outcome(STALL_EXIT, stall.message, "stalled", stall.step)
     record = watchdog.record_of_pid(child.pid)
-    return Outcome(STALL_EXIT, "worker", child.index, None, stall.message, "stalled",
-                   stall.step, record.rank if record else None,
-                   record.host if record else None, tuple(child.tail), child.index)
+    return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
+        "worker", record.rank if record else None, child.index,
+        record.host if record else None, child.pid, None, record.done if record else None,
+        tuple(child.tail)))
 
 
 def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:

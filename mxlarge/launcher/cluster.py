@@ -35,7 +35,6 @@ from mxlarge.launcher._supervise import (
     Backend,
     Child,
     LineSink,
-    Outcome,
     Supervisor,
     check_job,
     exit_code_for,
@@ -55,6 +54,7 @@ from mxlarge.launcher.explain import FailureContext, ReportSink, blame, terminat
 from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
 from mxlarge.launcher.guard import guard_command
 from mxlarge.launcher.hostfile import HostEntry, is_ip, is_loopback
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.reach import unreachable_hosts
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
@@ -63,7 +63,7 @@ from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 # dmlc_tracker's submit() raised: no outcome, cluster_run raises (a marker, compared by identity)
-_TRACKER_FAILED = Outcome(1, None, None, None, "")
+_TRACKER_FAILED = Outcome(1, "")
 _RESERVED_EXTRA = frozenset({"cluster", "num_workers", "num_servers", "host_file", "command"})
 _ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")
 
@@ -210,9 +210,9 @@ def explain_failure(backend: DmlcBackend, context: FailureContext, child: Child)
         return early
     if child.role not in ("server", "worker"):
         scheduler = child.role == "scheduler"
-        return blame(exit_code_for(child.status), failure_message(child), child.role,
-                     0 if scheduler else None, child.index,
-                     context.host_ip if scheduler else None, child.status, child)
+        return blame(exit_code_for(child.status), failure_message(child), child.role, None,
+                     child.index, context.host_ip if scheduler else None, child.status, child,
+                     pid=child.guard.pid if scheduler else None)
     child.join_pump(timeout=1.0)  # the guard's/tool's last lines name what happened
     return backend.explain(context, child)
 
@@ -375,14 +375,13 @@ def _loop_backend(backend: DmlcBackend, context: FailureContext, thread: threadi
         if errors:
             return _TRACKER_FAILED
         if not sup.children:
-            return Outcome(1, None, None, None, "dmlc_tracker started no process")
+            return Outcome(1, "dmlc_tracker started no process")
         if sup.all_exited():
-            return Outcome(0, None, None, None,
-                           f"job finished: all {len(sup.children)} processes exited 0")
+            return Outcome(0, f"job finished: all {len(sup.children)} processes exited 0")
         if seconds > shutdown_timeout:
             hung = ", ".join(c.label for c in sup.children if c.status is None)
-            return Outcome(1, None, None, None, f"{hung} still running "
-                           f"{shutdown_timeout:g} s after the scheduler exited")
+            return Outcome(1, f"{hung} still running {shutdown_timeout:g} s after the "
+                              "scheduler exited")
         return None
 
     return Backend(lambda child: explain_failure(backend, context, child),

@@ -12,6 +12,7 @@ backend decides which of these it uses (:meth:`~mxlarge.launcher.cluster.DmlcBac
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -23,11 +24,11 @@ from typing import IO, Any
 from mxlarge.launcher._supervise import (
     Child,
     LineSink,
-    Outcome,
     Supervisor,
     exit_code_for,
     failure_message,
 )
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.watchdog import Watchdog
 
 _STRSIGNAL = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}
@@ -97,23 +98,25 @@ _INTERRUPTED = frozenset(128 + s for s in (signal.SIGINT, signal.SIGTERM, signal
 
 
 def blame(code: int, message: str, role: str, rank: int | None, launch: int | None,
-          host: str | None, status: int | None, child: Child | None = None) -> Outcome:
-    """The :class:`Outcome` blaming one process (``child``: the local process that carried it).
+          host: str | None, status: int | None, child: Child | None = None,
+          pid: int | None = None) -> Outcome:
+    """The :class:`Outcome` blaming one process (``rank``: its kvstore rank, for a server or
+    worker; ``launch``: its launch index or task rank; ``child``: the local process that
+    carried it; ``pid``: its own, where known).
 
     128 + SIGINT/SIGTERM/SIGHUP, or the launcher itself failing first (``scancel``), is the
     launcher having been interrupted: no ``reason``, so not restarted.
     """
     interrupted = code in _INTERRUPTED or role == "launcher"
-    return Outcome(code, role, rank, status, message, None if interrupted else "crashed",
-                   failed_kvstore_rank=rank if role in ("server", "worker") else None,
-                   failed_host=host, failed_output=tuple(child.tail) if child else (),
-                   failed_launch=launch)
+    failure = ProcessFailure(role, rank if role in ("server", "worker") else None, launch, host,
+                             pid, status, None, tuple(child.tail) if child else ())
+    return Outcome(code, message, None if interrupted else "crashed", failure=failure)
 
 
 def terminated(sig: int, host_ip: str) -> Outcome:
     """The launcher received ``sig``: the job was torn down (not restarted)."""
     return blame(128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down",
-                 "launcher", 0, None, host_ip, -sig)
+                 "launcher", None, None, host_ip, -sig, pid=os.getpid())
 
 
 class FailureContext:

@@ -48,8 +48,9 @@ class Failure:
     @classmethod
     def of(cls, outcome: Outcome) -> Failure:
         assert outcome.reason is not None
-        return cls(outcome.reason, outcome.failed_role, outcome.failed_status, outcome.step,
-                   outcome.message)
+        failed = outcome.failure
+        return cls(outcome.reason, failed.role if failed else None,
+                   failed.status if failed else None, outcome.step, outcome.message)
 
     def same_as(self, other: Failure) -> bool:
         """The same way at the same step (a failure without a known step is never the same)."""

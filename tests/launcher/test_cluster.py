@@ -91,16 +91,16 @@ def test_a_cluster_failure_is_one_outcome_and_an_interruption_is_not_restarted()
     from mxlarge.launcher.explain import blame as _failed
 
     crash = _failed(137, "worker rank 1 on h2 killed by SIGKILL", "worker", 1, 0, "h2", -9)
-    assert (crash.reason, crash.failed_role, crash.failed_rank, crash.failed_kvstore_rank,
-            crash.failed_launch, crash.failed_host, crash.failed_status) == \
-        ("crashed", "worker", 1, 1, 0, "h2", -9)
+    f = crash.failure
+    assert (crash.reason, f.role, f.kvstore_rank, f.launch_index, f.host, f.status, f.signal) \
+        == ("crashed", "worker", 1, 0, "h2", -9, 9)
     scheduler = _failed(1, "scheduler exited with status 1", "scheduler", 0, None, "10.0.0.1", 1)
-    assert (scheduler.reason, scheduler.failed_kvstore_rank) == ("crashed", None)
+    assert (scheduler.reason, scheduler.failure.kvstore_rank) == ("crashed", None)
     launcher = _failed(143, "launcher received SIGTERM; job torn down", "launcher", 0, None,
                        "10.0.0.1", -15)
-    assert (launcher.reason, launcher.failed_role, launcher.failed_rank,
-            launcher.failed_kvstore_rank, launcher.failed_host) == \
-        (None, "launcher", 0, None, "10.0.0.1")
+    f = launcher.failure
+    assert (launcher.reason, f.role, f.kvstore_rank, f.launch_index, f.host) == \
+        (None, "launcher", None, None, "10.0.0.1")
     for code in (130, 143, 129):
         assert _failed(code, "x", "server", 0, 0, "h1", 128 - code).reason is None
 

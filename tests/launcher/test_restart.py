@@ -9,7 +9,7 @@ import pytest
 
 from mxlarge.launcher.backends.ssh import ssh_probe, ssh_slots, survivors_hostfile
 from mxlarge.launcher.hostfile import HostEntry
-from mxlarge.launcher.local import Outcome
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.reach import ssh_fails
 from mxlarge.launcher.restart import Elastic, Failure, RestartPolicy, run_with_restarts
 from mxlarge.plan import World
@@ -32,13 +32,13 @@ def test_policy_counts_restarts_and_spots_repeats():
 
 
 def _failed(step, status=1):
-    return Outcome(status, "worker", 0, status, f"worker 0 exited with status {status}",
-                   "crashed", step=step)
+    return Outcome(status, f"worker 0 exited with status {status}", "crashed", step,
+                   ProcessFailure("worker", 0, 0, status=status))
 
 
 def test_attempts_run_until_success_or_the_policy_stops():
     lines, told = [], []
-    outcomes = iter([_failed(3), _failed(5), Outcome(0, None, None, None, "done", None)])
+    outcomes = iter([_failed(3), _failed(5), Outcome(0, "done")])
     numbers = []
 
     def attempt(n):
@@ -66,7 +66,7 @@ def test_the_same_failure_twice_is_not_restarted_and_no_restarts_means_one_attem
 
 def test_an_interrupted_launcher_is_never_restarted():
     calls = []
-    stopped = Outcome(130, None, None, None, "interrupted", None)
+    stopped = Outcome(130, "interrupted")
     out = run_with_restarts(lambda n: calls.append(n) or stopped, RestartPolicy(3), print)
     assert out is stopped and calls == [0]
 

@@ -80,7 +80,7 @@ class SlurmBackend(DmlcBackend):
         ending = allocation_ending()
         if ending is not None:
             return context.failed(128 + signal.SIGTERM, f"{ending}; job torn down", "launcher",
-                                  0, None, context.host_ip, -signal.SIGTERM)
+                                  None, None, context.host_ip, -signal.SIGTERM)
         return None
 
     def explain(self, context: FailureContext, child: Child) -> Outcome:

@@ -163,7 +163,7 @@ class SshBackend(DmlcBackend):
 
         def failed(code: int, line: str, status: int) -> Outcome:
             return context.failed(code, line, child.role, rank, child.index, host, status,
-                                  child)
+                                  child, child.guard.pid)
 
         if child.guard.signal is not None:
             status = -child.guard.signal

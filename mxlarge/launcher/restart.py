@@ -24,12 +24,20 @@ its worker processes (:mod:`mxlarge.launcher.backends.local`), an ssh job's its 
 placed as dmlc places them and probed with ``ssh host true``
 (:mod:`mxlarge.launcher.backends.ssh`); mpirun and Slurm jobs are not elastic.
 
+**What each attempt runs** (:class:`RestartPlan`, :meth:`RestartPlan.attempt`): attempt 0
+the job as declared, from ``--resume``'s checkpoint if one was given; attempt n > 0 from the
+newest checkpoint the job wrote since it started (else where attempt 0 started), in the world
+:class:`Elastic` chose, with the servers of that world, and, when hosts were lost, from the
+hostfile of the answering hosts the backend writes. The front end turns argv into a
+:class:`RestartPlan` and runs it (:meth:`RestartPlan.run`); it decides none of these itself.
+
 Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mxlarge.launcher._supervise import Outcome
 from mxlarge.plan import World, WorldError, elastic_world
@@ -170,3 +178,76 @@ def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
         where = "" if failure.step is None else f" at step {failure.step}"
         emit(f"restart {policy.restarts}/{policy.max_restarts} after: {failure.message}{where}")
 
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt of a job runs (:meth:`RestartPlan.attempt`).
+
+    Attributes:
+        number: 0 for the first, n for the n-th restart.
+        world: its world (the declared one unless ``--elastic`` chose another).
+        servers: its server processes.
+        resume: the checkpoint it resumes from, if any.
+        hostfile: the text of the hostfile it runs from, when the backend wrote one for the
+            answering hosts (an elastic ssh job that lost hosts); ``None``: the job's own.
+        new_world: the world differs from the previous attempt's (or it is an elastic job's
+            first): the run records it.
+        lost: the hosts that did not answer the last probe (elastic jobs).
+    """
+
+    number: int
+    world: World
+    servers: int
+    resume: Path | None = None
+    hostfile: str | None = None
+    new_world: bool = False
+    lost: tuple[str, ...] = ()
+
+
+class RestartPlan:
+    """The restart, elastic and resume choices of one job (module docstring).
+
+    Args:
+        policy: when to restart.
+        declared: the job's world; ``servers`` its servers.
+        elastic: the world keeper of an ``--elastic`` job.
+        resume: the checkpoint the first attempt resumes from (``--resume``).
+        latest: the newest checkpoint the job wrote so far (a restart resumes from it).
+        servers_of: the servers of a world other than the declared one.
+        hostfile_of: the hostfile text of an attempt (``elastic``, servers, workers) after the
+            probe, or ``None`` for the job's own (the backend's
+            :meth:`~mxlarge.launcher.backends.base.LaunchBackend.attempt_hostfile`).
+    """
+
+    def __init__(self, policy: RestartPolicy, declared: World, servers: int, *,
+                 elastic: Elastic | None = None, resume: Path | None = None,
+                 latest: Callable[[], Path | None] = lambda: None,
+                 servers_of: Callable[[World], int] | None = None,
+                 hostfile_of: Callable[[Elastic, int, int], str | None] | None = None) -> None:
+        self.policy, self.declared, self.servers = policy, declared, servers
+        self.elastic, self.resume, self.latest = elastic, resume, latest
+        self.servers_of = servers_of or (lambda world: world.processes)
+        self.hostfile_of = hostfile_of or (lambda elastic, servers, workers: None)
+        self.worlds = [declared]  # each attempt's, after the declared one
+
+    def attempt(self, number: int) -> Attempt:
+        """What attempt ``number`` runs; call once per attempt, in order."""
+        resume = self.resume if number == 0 else (self.latest() or self.resume)
+        if self.elastic is None:
+            return Attempt(number, self.declared, self.servers, resume)
+        world = self.elastic.world
+        new_world = number == 0 or world != self.worlds[-1]
+        self.worlds.append(world)
+        servers = self.servers if world == self.declared else self.servers_of(world)
+        return Attempt(number, world, servers, resume,
+                       self.hostfile_of(self.elastic, servers, world.processes), new_world,
+                       tuple(self.elastic.lost))
+
+    def run(self, attempt: Callable[[Attempt], Outcome], emit: Callable[[str], None],
+            on_failure: Callable[[Failure, int, str | None], None] | None = None) -> Outcome:
+        """:func:`run_with_restarts` of ``attempt`` over :meth:`attempt`'s choices (an elastic
+        job probes its hosts before each granted restart)."""
+        return run_with_restarts(lambda number: attempt(self.attempt(number)), self.policy,
+                                 emit, on_failure,
+                                 self.elastic.replan if self.elastic is not None else None)

@@ -36,7 +36,7 @@ test-ui: $(STAMP)
 	$(BIN)/python -m pytest -q tests/ui
 
 # Real ssh, Open MPI and Slurm jobs across network-namespace hosts on this machine (root; installs
-# its Debian packages when missing). See mxlarge/testbed.py and launch/README.md.
+# its Debian packages when missing). See mxlarge/testbed.py and docs/launching.md.
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -q tests/cluster -m "not slow"
 
@@ -49,7 +49,7 @@ bench: $(STAMP)
 # Push/pull against tc-shaped links on the namespace testbed (root; installs its Debian packages
 # when missing). Results in benchmarks/results/cluster/.
 bench-cluster: $(STAMP)
-	$(BIN)/python -m benchmarks.run --only cluster_link --out benchmarks/results/cluster
+	$(BIN)/python -m benchmarks.run --only cluster_link,wire16 --out benchmarks/results/cluster
 
 # mxlarge against MXNet's own gluon.Trainer on dist_sync and Horovod-MXNet (gloo), same nets and
 # data, 2 workers on 127.0.0.1 -> benchmarks/results/peers.{md,json} (not part of `make test`).

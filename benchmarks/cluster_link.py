@@ -60,6 +60,7 @@ class Config:
     fusion: int | None = None  # bucket bytes (None: mxlarge's default, 0: per key)
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the launcher (forwarded)
     target: float | None = None
+    worker_args: tuple[str, ...] = ()  # extra arguments of benchmarks.pushpull_worker
 
     @property
     def label(self) -> str:
@@ -142,7 +143,7 @@ def _job(tb: Any, work: Path, shapes: Path, c: Config, reps: int, iters: int,
     argv = tb.on("h0", sys.executable, "-m", "mxlarge.launcher", "-n", str(c.workers), "-s",
                  str(c.workers), "--launcher", "ssh", "-H", str(hostfile), "--",
                  sys.executable, "-m", "benchmarks.pushpull_worker", str(shapes), "--no-raw",
-                 "--reps", str(reps), "--iters", str(iters), *fusion)
+                 "--reps", str(reps), "--iters", str(iters), *fusion, *c.worker_args)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DMLC_", "MLFLOW_", "MXLARGE_", "SLURM_"))}
     env.update(PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", **dict(c.env))

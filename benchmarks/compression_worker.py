@@ -1,7 +1,8 @@
 """Worker script of benchmark 8: TCP bytes a worker sends and receives per training step.
 
 Started as every role of a local dist_sync job. Each worker builds a 3-layer MLP of ~1.3 M
-float32 parameters, wraps it in :class:`mxlarge.Trainer` with or without 2-bit compression,
+float32 parameters, wraps it in :class:`mxlarge.Trainer` with or without 2-bit compression (or
+with the 16-bit wire),
 runs warm-up steps, then reads the ``bytes_sent``/``bytes_received`` counters of its own TCP
 sockets (``ss -tinpH``: the kernel's per-connection totals, so every ps-lite message counts,
 headers included), runs ``--steps`` steps, waits for them, and reads the counters again.
@@ -21,6 +22,7 @@ from benchmarks.common import emit_result, worker_main
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--compression", choices=("none", "2bit"), default="none")
+    p.add_argument("--wire", choices=("float32", "float16"), default="float32")
     p.add_argument("--steps", type=int, default=10)
     return p.parse_args(argv)
 
@@ -54,7 +56,7 @@ def _work(opts: argparse.Namespace) -> None:
     net(mx.nd.zeros((1, 256)))
     compression = {"type": "2bit", "threshold": 0.5} if opts.compression == "2bit" else None
     trainer = mxlarge.Trainer(net.collect_params(), lambda step: 0.01, kvstore="dist_sync",
-                              compression=compression)
+                              compression=compression, wire_dtype=opts.wire)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x = mx.nd.random.normal(shape=(32, 256))
     y = mx.nd.array([i % 10 for i in range(32)])

@@ -169,7 +169,7 @@ FINDINGS = """\
 - **`gluon.Trainer(..., update_on_kvstore=False)` needs its store initialised before the first
   forward**: Gluon initialises it lazily inside the first `step()`, where the initial weight
   pull races the first gradient push of the same key (a weight can come back as a gradient
-  sum; README, MXNet facts). The benchmark calls `trainer._init_kvstore()`,
+  sum; docs/mxnet-facts.md). The benchmark calls `trainer._init_kvstore()`,
   `trainer._init_params()` and `mx.nd.waitall()` first; there is no public way.
   With `update_on_kvstore=True` the pull after the server's update makes the race harmless.
 - **Horovod's `step(n)` is the global mean** (its allreduce averages over ranks): bitwise equal

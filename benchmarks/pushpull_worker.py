@@ -55,6 +55,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fusion", default="default",
                    help="comma-separated SyncStore bucket sizes in bytes, each measured as its "
                         "own mode in the same rounds ('default': mxlarge's; 0: per key)")
+    p.add_argument("--wire", default="float32",
+                   help="comma-separated wire types (float32, float16), each bucket size × "
+                        "type its own mode of the same rounds (float16: mode name + '_float16')")
     p.add_argument("--bare", action="store_true",
                    help="also a mode of bare mx.kv pushpull of the same tensors, one key each")
     return p.parse_args(argv)
@@ -108,17 +111,18 @@ def work(opts: argparse.Namespace) -> None:
     rank, k = kv.rank, kv.num_workers
     fusions = [FUSION_BYTES if f == "default" else int(f) for f in opts.fusion.split(",")]
     stores = {}
-    for v, fusion in enumerate(fusions):
+    variants = [(f, w) for f in fusions for w in opts.wire.split(",")]
+    for v, (fusion, wire) in enumerate(variants):
         params = {}
         for i, shape in enumerate(shapes):
             p = mx.gluon.Parameter(f"v{v}_t{i}_weight", shape=shape)
             p.initialize(init=mx.init.Zero(), ctx=mx.cpu())
             params[p.name] = p
         # Each variant's keys in their own range of the one store (see OffsetKV).
-        stores[f"pushpull_{fusion}"] = SyncStore(OffsetKV(kv, KEY_STRIDE * v),
-                                                 list(params.values()), param_roles(params),
-                                                 fusion_bytes=fusion)
-    bare = BareKV(kv, shapes, KEY_STRIDE * len(fusions)) if opts.bare else None
+        name = f"pushpull_{fusion}" + ("" if wire == "float32" else f"_{wire}")
+        stores[name] = SyncStore(OffsetKV(kv, KEY_STRIDE * v), list(params.values()),
+                                 param_roles(params), fusion_bytes=fusion, wire_dtype=wire)
+    bare = BareKV(kv, shapes, KEY_STRIDE * len(variants)) if opts.bare else None
     kv._barrier()
     raw = RawTCP(nbytes) if rank == 0 and not opts.no_raw else None
 

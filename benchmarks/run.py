@@ -3,7 +3,7 @@
 Usage::
 
     make bench                                    # = .venv/bin/python -m benchmarks.run
-    make bench-cluster                            # as root: --only cluster_link (testbed)
+    make bench-cluster                            # as root: --only cluster_link,wire16 (testbed)
     .venv/bin/python -m benchmarks.run --only trainer_overhead,scale_model
     .venv/bin/python -m benchmarks.run --quick    # fewer rounds (a smoke run, noisier)
 
@@ -37,18 +37,21 @@ TITLES = {
     "input_pipeline": "5. Input pipeline: RecordIO decode vs training speed",
     "scale_model": "6. Scale model vs MXNet's published 128-GPU table",
     "gns_cost": "7. Cost of the gradient-noise-scale estimator",
-    "compression": "8. Bytes on the wire per step with 2-bit gradient compression",
+    "compression": "8. Bytes on the wire per step with 2-bit compression and the 16-bit wire",
     "heartbeat_cost": "9. Cost of the stall watchdog's heartbeat",
     "cluster_link": "10. Push/pull against a shaped link on the namespace testbed",
     "update_kernels": "11. The optimizer update alone (mxlarge vs Gluon's SGD)",
+    "amp_cost": "12. A bfloat16 AMP step vs a float32 step on this CPU",
+    "wire16": "13. The 16-bit wire's exchange vs float32's on a shaped testbed link",
 }
 #: Run only when named in ``--only`` (``make bench-cluster``): needs root and the testbed.
-ON_REQUEST = frozenset({"cluster_link"})
+ON_REQUEST = frozenset({"cluster_link", "wire16"})
 
 
 def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
     """name → (progress-bar length, callable(log, bar) → BenchResult)."""
     from benchmarks import (
+        amp_cost,
         bandwidth,
         cluster_link,
         compression,
@@ -59,6 +62,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         scale_model,
         trainer_overhead,
         update_kernels,
+        wire16,
     )
 
     # Rounds: short rounds, many of them, so that each A/B pair sits close in time.
@@ -74,12 +78,16 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "input_pipeline": (2 * rt, lambda log, bar: input_pipeline.run(reps=rt, bar=bar)),
         "scale_model": (1, lambda log, bar: scale_model.run()),
         "gns_cost": (3 * rt, lambda log, bar: gns_cost.run(reps=rt, bar=bar)),
-        "compression": (2 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
+        "compression": (3 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
         "heartbeat_cost": (2 * r1, lambda log, bar: heartbeat_cost.run(
             reps=r1, log=log, bar=bar)),
         "update_kernels": (3 * rt, lambda log, bar: update_kernels.run(reps=rt, bar=bar)),
+        "amp_cost": (2 * len(amp_cost.CASES) * rt, lambda log, bar: amp_cost.run(
+            reps=rt, bar=bar)),
         "cluster_link": (len(cluster_link.CONFIGS) * rb, lambda log, bar: cluster_link.run(
             reps=rb, log=log, bar=bar)),
+        "wire16": (2 * len(wire16.CONFIGS) * rt, lambda log, bar: wire16.run(
+            reps=rt, log=log, bar=bar)),
     }
 
 

@@ -158,7 +158,7 @@ def _explain(key: str) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from mxlarge.config import dump_yaml, to_dict
-    from mxlarge.plan import plan_for
+    from mxlarge.plan import plan_for, precision
 
     if args.explain is not None:
         return _explain(args.explain)
@@ -178,6 +178,7 @@ def _show(args: argparse.Namespace) -> int:
     out = {"config": to_dict(cfg),
            "plan": {**p.summary(), "lr_at": {str(s): p.schedule(s) for s in steps}},
            "param_roles": roles,
+           "precision": precision(cfg),
            "zero_gamma": {"blocks": len(init.zero_gamma),
                           "residual_blocks": init.residual_blocks,
                           "skipped": [f"{name} ({kind})" for name, kind in init.skipped]}}
@@ -195,6 +196,8 @@ def _show(args: argparse.Namespace) -> int:
             print(f"{k}: {v}")
     for k, v in roles.items():
         print(f"params {k}: {v}")
+    for k, v in out["precision"].items():
+        print(f"precision {k}: {v}")
     print(f"zero_gamma: {len(init.zero_gamma)} of {init.residual_blocks} residual blocks"
           + (f" (skipped: {len(init.skipped)})" if init.skipped else ""))
     return 0

@@ -106,7 +106,8 @@ class OptimConfig:
     decay_factor: float = _f(0.1, "step decay: multiplier at each drop", gt=0, le=1)
     poly_power: float = _f(2.0, "poly decay: power", gt=0)
     lars: bool = _f(False, "layer-wise adaptive rate scaling (You et al. 2017); the scheduled LR "
-                           "is then the paper's global LR gamma, not an SGD LR (README, LARS)")
+                           "is then the paper's global LR gamma, not an SGD LR "
+                           "(docs/performance.md, LARS)")
     lars_eta: float = _f(0.001, "LARS trust coefficient eta (the paper's and MXNet's 0.001)",
                          gt=0)
     lars_lr: float | None = _f(None, "LARS: the global LR gamma at reference_batch, used "
@@ -133,6 +134,9 @@ class TrainConfig:
     gns_every: int = _f(0, "estimate the gradient noise scale every N steps (0: off; needs "
                            "2+ workers, devices or simulated workers)", ge=0)
     gns_decay: float = _f(0.9, "EMA factor of the gradient-noise-scale estimates", ge=0, lt=1)
+    amp: str = _f("none", "MXNet AMP (mxnet.contrib.amp) with dynamic loss scaling: bfloat16 "
+                          "(CPU) or float16 (GPU); weights stay float32",
+                  choices=("none", "bfloat16", "float16"))
     save_params: str | None = _f(None, "also write the final parameters here ('{rank}' is "
                                        "replaced by the rank; '.local' copy has the rank's own "
                                        "BN statistics)")
@@ -161,6 +165,9 @@ class DistConfig:
     fusion_bytes: int = _f(FUSION_BYTES, "gradient fusion: tensors smaller than this travel "
                                          "packed in buckets of up to this many bytes, one "
                                          "request each (0: one key per tensor)", ge=0)
+    wire_dtype: str = _f("float32", "the type gradients travel in between workers and servers "
+                                    "(float16: half the bytes, summed in float32 by the "
+                                    "servers)", choices=("float32", "float16"))
 
 
 @dataclass(frozen=True)
@@ -425,8 +432,8 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: optim.lars_lr = None: expected the LARS global LR gamma "
                           "with optim.lars = true (it is not an SGD LR: each layer moves by "
                           f"about gamma x lars_eta = gamma x {o.lars_eta:g} of its norm per step, "
-                          "so gamma is far above base_lr; 5 trains the digits proxy; README, "
-                          "LARS)")
+                          "so gamma is far above base_lr; 5 trains the digits proxy; "
+                          "docs/performance.md, LARS)")
     if o.lars_lr is not None and not o.lars:
         raise ConfigError(f"{source}: optim.lars_lr = {o.lars_lr}: expected it unset with "
                           "optim.lars = false (base_lr is the LR without LARS)")
@@ -454,6 +461,22 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: dist.simulate_workers = {cfg.dist.simulate_workers}: "
                           "expected dist.devices = 1 (simulated workers share one device of "
                           "their process)")
+    if cfg.dist.wire_dtype != "float32" and not cfg.dist.kvstore.startswith("dist"):
+        raise ConfigError(f"{source}: dist.wire_dtype = {cfg.dist.wire_dtype!r}: expected "
+                          f"'float32' with dist.kvstore = {cfg.dist.kvstore!r} (the 16-bit wire "
+                          "is between workers and servers: it needs a dist store)")
+    if cfg.dist.wire_dtype != "float32" and cfg.dist.compression != "none":
+        raise ConfigError(f"{source}: dist.wire_dtype = {cfg.dist.wire_dtype!r}: expected "
+                          f"'float32' with dist.compression = {cfg.dist.compression!r} (2-bit "
+                          "compression quantises float32 pushes; choose one)")
+    if cfg.train.amp == "float16" and cfg.dist.device_type == "cpu":
+        raise ConfigError(f"{source}: train.amp = 'float16': expected 'bfloat16' or 'none' "
+                          "with dist.device_type = 'cpu' (MXNet 1.9.1 has no float16 "
+                          "convolution or GEMM on CPU; float16 AMP is for GPUs)")
+    if cfg.train.amp != "none" and cfg.train.gns_every:
+        raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: expected 0 with "
+                          f"train.amp = {cfg.train.amp!r} (AMP's gradients carry its loss "
+                          "scale, so the noise-scale estimate would be off)")
     if cfg.dist.compression != "none" and not cfg.dist.kvstore.startswith("dist"):
         raise ConfigError(f"{source}: dist.compression = {cfg.dist.compression!r}: expected "
                           f"'none' with dist.kvstore = {cfg.dist.kvstore!r} (compression needs "

@@ -59,3 +59,4 @@ class StepOutput:
     loss: Any               # per-sample losses of this worker's batch (an NDArray, read lazily)
     images: int             # images this worker processed
     metrics: dict[str, float] = field(default_factory=dict)  # declared keys: module docstring
+    skipped: bool = False   # AMP found the summed gradients overflowed: no update was applied

@@ -46,6 +46,7 @@ class TrainLoop:
     max_steps: int | None = None
     gns: Any = None          # a mxlarge.gns.NoiseScale (knows B_small and B_big), or None
     gns_every: int = 0
+    amp: bool = False        # the trainer is under mxnet.contrib.amp (amp.init_trainer)
     step: int = 0
     epoch: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
@@ -71,7 +72,8 @@ class TrainLoop:
             ys = mx.gluon.utils.split_and_load(label, self.ctx, even_split=True)
             with autograd.record():
                 losses = [self.loss_fn(self.net(x), y) for x, y in zip(xs, ys)]
-            autograd.backward(losses)
+                scaled = self._scaled(losses)
+            autograd.backward(scaled)
             if measure:
                 small = [t.grad_sq(d) for d in range(t.num_devices)]
             loss = losses[0]
@@ -85,7 +87,8 @@ class TrainLoop:
                 with t.bn.worker(j):
                     with autograd.record():
                         part = self.loss_fn(self.net(x), y)
-                    part.backward()
+                        scaled = self._scaled([part])
+                    autograd.backward(scaled)
                 if measure:
                     small.append(t.grad_sq(0, minus=before))
                 parts.append(part)
@@ -97,9 +100,25 @@ class TrainLoop:
             sq_small = total / count / self.gns.b_small ** 2
             sq_big = t.grad_sq(0) / self.gns.b_big ** 2
             metrics.update(self.gns.update(sq_small, sq_big))
-        lr = t.lr_at(self.step)
-        t.update(data.shape[0], self.step)
-        return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics)
+        if self.amp:
+            # Gluon's rule under AMP: a skipped step does not count, so the trainer's own
+            # update count (not the batch count) is the schedule's step
+            lr = t.lr_at(t.num_update)
+            applied = t.update(data.shape[0])
+        else:
+            lr = t.lr_at(self.step)
+            applied = t.update(data.shape[0], self.step)
+        return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics,
+                          skipped=not applied)
+
+    def _scaled(self, losses: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
+        """The losses to differentiate (inside ``autograd.record()``): AMP's loss-scaled ones
+        under AMP (which also sets the trainer's rescale to undo the scale)."""
+        if not self.amp:
+            return losses
+        from mxnet.contrib import amp
+        with amp.scale_loss(losses, self.trainer) as scaled:
+            return scaled
 
     def run(self, start_epoch: int = 0) -> None:
         error: BaseException | None = None
@@ -155,7 +174,8 @@ class LossHook(Hook):
         loss = float(out.loss.mean().asscalar())
         grad_sq = loop.trainer.grad_sq(0)
         where = (f"at step {out.step} (epoch {out.epoch + 1}, lr {out.lr:.6g})")
-        if not math.isfinite(loss) or not math.isfinite(grad_sq):
+        # an AMP step skipped for overflow has non-finite gradients by definition
+        if not math.isfinite(loss) or not (out.skipped or math.isfinite(grad_sq)):
             raise DivergenceError(f"training diverged {where}: loss {loss}, gradient norm "
                                   f"{math.sqrt(grad_sq) if grad_sq >= 0 else grad_sq}")
         if self.early is None:

@@ -109,6 +109,17 @@ class World:
                 f"{self.global_batch}")
 
 
+def precision(cfg: Config) -> dict[str, str]:
+    """What runs in which type: ``compute`` (the ops; AMP's target type or float32), ``weights``
+    (and optimizer states) and ``wire`` (gradients between workers and servers)."""
+    amp = cfg.train.amp
+    return {"compute": f"{amp} (MXNet AMP, dynamic loss scaling)" if amp != "none"
+            else "float32",
+            "weights": "float32",
+            "wire": ("float16 (summed in float32 by the servers)"
+                     if cfg.dist.wire_dtype == "float16" else "float32")}
+
+
 def world_of(cfg: Config, source: str = "<config>") -> World:
     """The world ``cfg`` declares, refused where it cannot be the one that runs.
 
@@ -282,7 +293,7 @@ def plan(cfg: Config, world: World, train_samples: int, samples_from: str = "dat
         raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: the gradient noise "
                           "scale needs 2 or more workers, devices or simulated workers")
     o = cfg.optim
-    base = o.lars_lr if o.lars else o.base_lr  # LARS's LR is its own global LR γ (README)
+    base = o.lars_lr if o.lars else o.base_lr  # LARS: its own global LR γ (docs/performance.md)
     peak = schedulers.scaled_lr(base, o.reference_batch, world.global_batch, o.scaling)
     warmup_lr = o.warmup_lr if o.warmup_lr is not None else base
     warmup = schedulers.epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0

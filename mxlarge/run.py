@@ -100,6 +100,9 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
     per_worker = dataclasses.replace(cfg.data, batch_size=world.per_process_batch)
     data = data_mod.build_data(per_worker, rank=rank, num_workers=world.processes,
                                seed=cfg.train.seed)
+    if cfg.train.amp != "none":
+        from mxnet.contrib import amp
+        amp.init(target_dtype=cfg.train.amp)  # before the net exists, as AMP requires
     net = nets.build_net(cfg.model, data.num_classes)
     init_report = nets.initialize(net, cfg.model, seed=cfg.train.seed, ctx=ctx,
                                   input_shape=data.input_shape)
@@ -115,8 +118,11 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
                       decay_bn_bias=o.decay_bn_bias, lars=o.lars, lars_eta=o.lars_eta,
                       kvstore=kv if kv is not None else cfg.dist.kvstore,
                       compression=compression, fusion_bytes=cfg.dist.fusion_bytes,
+                      wire_dtype=cfg.dist.wire_dtype,
                       bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated,
                       heartbeat=heartbeat_dir)
+    if cfg.train.amp != "none":
+        amp.init_trainer(trainer)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,
                  rank=rank)
 
@@ -204,7 +210,8 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     loop = L.TrainLoop(net=b.net, trainer=trainer, train_source=data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=cfg.train.epochs,
                        ctx=b.ctx, hooks=hooks, max_steps=cfg.train.max_steps, gns=gns,
-                       gns_every=cfg.train.gns_every, step=meta["step"] if meta else 0)
+                       gns_every=cfg.train.gns_every, step=meta["step"] if meta else 0,
+                       amp=cfg.train.amp != "none")
     ok = False
     try:
         loop.run(start_epoch)

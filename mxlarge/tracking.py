@@ -60,6 +60,7 @@ from mlflow.tracking import MlflowClient
 from mxlarge.config import Config, applies, dump_yaml, flatten
 from mxlarge.errors import InputError
 from mxlarge.hooks import REPORT, Hook, StepOutput
+from mxlarge.plan import precision
 from mxlarge.stats import final_error
 
 DEFAULT_URI = "sqlite:///mlruns.db"
@@ -185,6 +186,7 @@ def describe_run(cfg: Config, plan: Any, source: str | None = None,
     lines = [f"{what}: {cfg.model.name} on {cfg.data.dataset}, {plan.world.describe()}, "
              f"{cfg.train.epochs} epochs.", "", "| plan | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in plan.summary().items()]
+    lines += [f"| precision ({k}) | {v} |" for k, v in precision(cfg).items()]
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ Options:
     every worker spends SECONDS in ``trainer.busy("evaluating")`` before step S (a long
     evaluation: the watchdog's busy allowance).
 ``--ckpt DIR --save-every K``
-    the resume hook of the README: ``mxlarge.resume.restore`` at the start, ``save`` every K
+    the resume hook of docs/trainer.md: ``mxlarge.resume.restore`` at the start, ``save`` every K
     steps.
 ``--raise-once FILE``
     with ``--raise-rank/--raise-step``: raise only if FILE does not exist yet (creating it),

@@ -1,6 +1,6 @@
 """MXNet 1.9.1 facts mxlarge is built around, pinned against MXNet itself (in one process).
 
-Each test states one fact of README's "MXNet 1.9.1 facts" list and fails if a future MXNet (or
+Each test states one fact of docs/mxnet-facts.md and fails if a future MXNet (or
 another build, e.g. a GPU one) behaves differently; mxlarge's design would then need a second
 look. The facts that need real dist_sync processes are in
 ``tests/e2e/test_mxnet_facts_dist.py``.
@@ -171,7 +171,7 @@ def test_image_record_iter_aborts_the_process_on_a_truncated_rec(ten_records, tm
 
 def test_a_dist_store_outside_a_launched_job_is_mxnets_dmlc_num_worker_check():
     """A script's own ``mx.kv.create('dist_sync')`` with no launcher (no DMLC_* variables):
-    MXNetError naming ``DMLC_NUM_WORKER``, the line README's "When things go wrong" quotes."""
+    MXNetError naming ``DMLC_NUM_WORKER``, the line docs/troubleshooting.md quotes."""
     from pathlib import Path
 
     line = 'MXNetError: Check  notnull: Environment::Get()->find("DMLC_NUM_WORKER")'
@@ -179,5 +179,5 @@ def test_a_dist_store_outside_a_launched_job_is_mxnets_dmlc_num_worker_check():
     r = subprocess.run([sys.executable, "-c", "import mxnet as mx; mx.kv.create('dist_sync')"],
                        capture_output=True, text=True, timeout=100, env=env)
     assert r.returncode == 1 and line in r.stderr, r.stderr[-2000:]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert f"`{line}`" in readme
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md").read_text()
+    assert f"`{line}`" in doc

@@ -23,6 +23,7 @@ from mxlarge.plan import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# the 128-GPU check on one box that docs/trainer.md gives ("Several devices, simulated workers")
 README_128 = ["experiments/imagenet/mxnet-128gpu-4k.yaml", "dist.kvstore=local", "dist.workers=1",
               "dist.devices=1", "dist.device_type=cpu", "dist.simulate_workers=128"]
 

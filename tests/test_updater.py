@@ -214,3 +214,29 @@ def test_cpu_kernel_split_is_bitwise_the_multi_tensor_update(monkeypatch, moment
     for a, b, c in zip(split, multi, single, strict=True):
         assert np.array_equal(a, b) and np.array_equal(a, c)
     assert not np.array_equal(split[0], w0[0])  # the update did something
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_multi_precision_master_copies_follow_the_float32_update(nesterov):
+    """float16 weights with multi_precision: the float32 master copies follow exactly the
+    float32 update (momentum correction through warmup and decays, per-role decay) on the same
+    gradients, and each float16 weight is its master copy rounded."""
+    w0, grads = _problem(2)
+    w0 = [w.astype(np.float16).astype(np.float32) for w in w0]  # representable in float16
+    grads = [[g.astype(np.float16) for g in step] for step in grads]
+    ref = LargeBatchSGD(SCHED, momentum=0.9, wd=1e-2, no_decay=NO_DECAY, nesterov=nesterov)
+    mp = LargeBatchSGD(SCHED, momentum=0.9, wd=1e-2, no_decay=NO_DECAY, nesterov=nesterov,
+                       multi_precision=True)
+    w32 = [mx.nd.array(w) for w in w0]
+    w16 = [mx.nd.array(w, dtype="float16") for w in w0]
+    s32 = [ref.create_state(i, w) for i, w in enumerate(w32)]
+    s16 = [mp.create_state_multi_precision(i, w) for i, w in enumerate(w16)]
+    assert all(isinstance(s, tuple) and s[1].dtype == np.float32 for s in s16)
+    idx = list(range(len(w0)))
+    for t in range(STEPS):
+        ref.apply(t, idx, w32, [mx.nd.array(g.astype(np.float32)) for g in grads[t]], s32,
+                  1 / 32)
+        mp.apply(t, idx, w16, [mx.nd.array(g, dtype="float16") for g in grads[t]], s16, 1 / 32)
+    for a, (_, master), w in zip(w32, s16, w16):
+        np.testing.assert_allclose(master.asnumpy(), a.asnumpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(w.asnumpy(), master.asnumpy().astype(np.float16))

@@ -61,7 +61,20 @@ workers + 2 servers, 1 Gbit/s): push then pull 2.13× the bound |g|/B (one ad ho
 the change), pushpull 1.17× (``make bench-cluster``). MXNet refuses
 pushpull under gradient compression; there it is push then pull.
 
-Keys: parameter ``i`` uses int key ``i``; BN-statistic reductions use ``STAT_KEY + i``; bucket
+The 16-bit wire (``wire_dtype='float16'``, Horovod's ``Compression.fp16`` on a parameter
+server): each float32 bucket or lone gradient is cast to a float16 buffer (after multiplying by
+the trainer's prescale s, so AMP's loss scale does not push it out of float16's range), the
+buffer is pushpulled, and the sum is cast back (and divided by s). The servers are put in
+MXNet's multi-precision mode (``kSetMultiPrecision``, sent by rank 0 before any key exists), so
+they sum the k float16 pushes in float32 and round the sum once: per element
+|ŝ − Σx| ≤ 2⁻¹¹·Σ|x| (the pushes' rounding) + 2⁻¹¹·|Σx| (the sum's) + float16's subnormal step,
+the same on every rank and independent of the order the pushes arrive in. Without that mode a
+server sums float16 in float16, order-dependently (measured). Float16 *parameters* (``net.cast``)
+travel in float16 anyway, and get the same float32 merge. Several devices of one process are
+reduced by MXNet's local reduction in the wire's type.
+
+Keys: parameter ``i`` uses int key ``i``; its float16 wire key (lone float32 gradients under the
+16-bit wire) is ``WIRE_KEY + i``; BN-statistic reductions use ``STAT_KEY + i``; bucket
 ``b`` uses ``FUSE_KEY + b``; small collective vectors (checksums, scalar sums) use the keys from
 ``AUX_KEY`` on (MXNet refuses mixed int/str keys). All stay below 215,330 (see ``MAX_KEY``).
 """
@@ -80,9 +93,11 @@ from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.roles import ParamRole
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
+WIRE_DTYPES = ("float32", "float16")
 # MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C int:
 # keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with 2 servers.
 MAX_PARAMS = 50_000
+WIRE_KEY = 50_000
 STAT_KEY = 100_000
 FUSE_KEY = 150_000
 AUX_KEY = 200_000
@@ -106,12 +121,14 @@ class Bucket:
 
 
 def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
-         alone: frozenset[int] = frozenset()) -> list[Bucket]:
+         alone: frozenset[int] = frozenset(),
+         kinds: Sequence[str] | None = None) -> list[Bucket]:
     """Greedy buckets over the parameters ``order`` (backward order) of ``sizes`` elements each.
 
     A parameter of ``limit`` elements or more (or every one when ``limit`` ≤ 0) is a bucket of
     its own under key ``i``, as is every index in ``alone``; the others fill buckets in order
-    while their total stays ≤ ``limit``. Buckets come in the order they are complete (a bucket
+    while their total stays ≤ ``limit`` and their ``kinds`` (dtypes: a buffer has one) agree.
+    Buckets come in the order they are complete (a bucket
     is ready when its last member is); bucket ``b`` of several members gets key
     ``FUSE_KEY + b``.
     """
@@ -123,7 +140,8 @@ def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
         if limit <= 0 or n >= limit or i in alone:
             groups.append([i])
             continue
-        if current and total + n > limit:
+        if current and (total + n > limit
+                        or (kinds is not None and kinds[i] != kinds[current[0]])):
             groups.append(current)
             current, total = [], 0
         current.append(i)
@@ -213,11 +231,12 @@ class SyncStore:
         roles: their roles (pushed / local statistic), or None to call :meth:`ready` later.
         compression: MXNet gradient-compression dict, e.g. ``{'type': '2bit', 'threshold': 0.5}``.
         fusion_bytes: bucket size of gradient fusion (module docstring); 0: one key per tensor.
+        wire_dtype: ``float32``, or ``float16`` for the 16-bit wire (module docstring).
     """
 
     def __init__(self, kvstore: str | mx.kv.KVStore, params: Sequence[mx.gluon.Parameter],
                  roles: Sequence[ParamRole] | None = None, compression: dict | None = None,
-                 fusion_bytes: int = FUSION_BYTES):
+                 fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32"):
         kind = kvstore if isinstance(kvstore, str) else kvstore.type
         self.kind = validate_kvstore(kind)
         self.params = list(params)
@@ -254,6 +273,22 @@ class SyncStore:
                                  "'2bit' is supported")
             self._bit = float(np.float32(compression.get("threshold", 0.5)))
             self.kv.set_gradient_compression(compression)
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype {wire_dtype!r}: expected one of "
+                             f"{', '.join(WIRE_DTYPES)}")
+        self.wire16 = wire_dtype == "float16"
+        if self.wire16 and not (kind.startswith("dist") and self.kv is not None):
+            raise ValueError("wire_dtype='float16' needs a dist kvstore (it halves the bytes "
+                             "between workers and servers; one process has no wire)")
+        if self.wire16 and compression:
+            raise ValueError("wire_dtype='float16' with 2-bit compression: the compressed "
+                             "pushes already carry 2 bits per element and MXNet's 2-bit "
+                             "compression quantises float32 only; choose one")
+        self._wire: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> float16 buffer/device
+        if self.distributed and self.rank == 0 and (
+                self.wire16 or any(np.dtype(p.dtype) != np.float32 for p in self.params)):
+            # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
+            self.kv._send_command_to_servers(1, "")
         if roles is not None:
             self.ready(roles)
 
@@ -294,26 +329,36 @@ class SyncStore:
         self.roles = list(roles)
         self.pushed = [i for i, r in enumerate(roles) if r.pushed]
         self.stats = [i for i, r in enumerate(roles) if r.local_stat]
-        # Only float32 tensors share a buffer (a bucket has one dtype).
+        # A bucket has one dtype; float16 and float32 tensors fill buckets of their own.
+        kinds = [np.dtype(p.dtype).name for p in self.params]
         self.buckets = fuse([int(np.prod(p.shape)) for p in self.params],
                             list(reversed(self.pushed)), self.fusion_bytes // 4,
                             alone=frozenset(i for i in self.pushed
-                                            if np.dtype(self.params[i].dtype) != np.float32))
+                                            if kinds[i] not in ("float32", "float16")),
+                            kinds=kinds)
         if self.kv is None:
             return
         keys: list[int] = []
         values: list[mx.nd.NDArray] = []
         contexts = self.params[0].list_ctx() if self.params else []
         for b in self.buckets:
+            dtype = kinds[b.members[0]]
+            wired = self.wire16 and dtype == "float32"
+            shape = (b.size,) if b.fused else tuple(self.params[b.key].shape)
+            if wired:
+                self._wire[b.key] = [mx.nd.zeros(shape, ctx=c, dtype="float16")
+                                     for c in contexts]
             if b.fused:
-                self._flat[b.key] = [mx.nd.zeros((b.size,), ctx=c) for c in contexts]
+                self._flat[b.key] = [mx.nd.zeros((b.size,), ctx=c, dtype=dtype)
+                                     for c in contexts]
                 self._views[b.key] = [
                     [flat[s:s + int(np.prod(self.params[i].shape))].reshape(self.params[i].shape)
                      for i, s in zip(b.members, b.offsets)] for flat in self._flat[b.key]]
                 if not in_forward:  # else the first step adopts them
                     self._adopt(b, copy_in=True)
-                keys.append(b.key)
-                values.append(mx.nd.zeros((b.size,)))
+            if b.fused or wired:
+                keys.append(self._wire_key(b))
+                values.append(mx.nd.zeros(shape, dtype="float16" if wired else dtype))
         if self.distributed:  # gather keys (module docstring); one process needs none
             for i in self.stats:
                 keys.append(STAT_KEY + i)
@@ -400,8 +445,15 @@ class SyncStore:
         mx.nd.waitall()
 
     # -- gradients ------------------------------------------------------------------------------
-    def allreduce_grads(self) -> None:
+    def _wire_key(self, b: Bucket) -> int:
+        """The key ``b``'s sums travel under: its own, or a lone float32 gradient's float16 wire
+        key (its own key holds the float32 weight of the initial broadcast)."""
+        return WIRE_KEY + b.key if b.key in self._wire and not b.fused else b.key
+
+    def allreduce_grads(self, prescale: float = 1.0) -> None:
         """Replaces every pushed gradient by its sum over workers and devices.
+
+        ``prescale``: s of the 16-bit wire (module docstring); ignored on a float32 wire.
 
         Buckets (:func:`fuse`) go in backward order with priority −(their first parameter): the
         last layers' gradients exist first during backward, and MXNet's engine starts each
@@ -410,15 +462,16 @@ class SyncStore:
         """
         if self.kv is None:
             return
+        s = float(prescale) if self.wire16 and np.isfinite(prescale) and prescale else 1.0
         for b in self.buckets:
             priority = -min(b.members)
             if not b.fused:
                 grads = self.params[b.key].list_grad()
-                self._exchange(b.key, grads, priority)
+                self._exchange(b, grads, priority, s)
                 continue
             flats = self._flat[b.key]
             if self._adopted(b) and (b.key not in self._probe or self._confirm(b)):
-                self._exchange(b.key, flats, priority)  # backward wrote into the buffer
+                self._exchange(b, flats, priority, s)  # backward wrote into the buffer
                 continue
             grads = [self.params[i].list_grad() for i in b.members]  # [member][device]
             # Copies into and out of views of the flat buffer (a slice of a 1-D NDArray shares
@@ -427,16 +480,29 @@ class SyncStore:
             for d, row in enumerate(views):
                 for g, view in zip(grads, row):
                     g[d].copyto(view)
-            self._exchange(b.key, flats, priority)
+            self._exchange(b, flats, priority, s)
             for d, row in enumerate(views):
                 for g, view in zip(grads, row):
                     view.copyto(g[d])
             if b.key not in self._copied:
                 self._adopt(b)
 
-    def _exchange(self, key: int, arrays: list[mx.nd.NDArray], priority: int) -> None:
+    def _exchange(self, b: Bucket, arrays: list[mx.nd.NDArray], priority: int,
+                  prescale: float = 1.0) -> None:
         """Sum of ``arrays`` over devices and workers, written back into them: one pushpull in
-        a dist job without compression (module docstring), else push then pull."""
+        a dist job without compression (module docstring), else push then pull; through the
+        float16 buffers on the 16-bit wire."""
+        key = b.key
+        wire = self._wire.get(key)
+        if wire is not None:
+            for a, w in zip(arrays, wire):
+                mx.nd.cast(a * prescale if prescale != 1.0 else a, dtype="float16", out=w)
+            self.kv.pushpull(self._wire_key(b), wire, out=wire, priority=priority)
+            for a, w in zip(arrays, wire):
+                mx.nd.cast(w, dtype="float32", out=a)
+                if prescale != 1.0:
+                    a *= 1.0 / prescale
+            return
         if self.distributed and self._bit is None:
             self.kv.pushpull(key, arrays, out=arrays, priority=priority)
         else:

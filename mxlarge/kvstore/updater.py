@@ -37,6 +37,13 @@ multi-tensor kernel (launches are what cost there). The two momentum kernels giv
 same result (``tests/test_updater.py`` pins it); without momentum ``sgd_update`` does not, so
 that case stays on the multi-tensor kernel.
 
+**Mixed precision** (``multi_precision=True``, as MXNet's SGD): a float16 weight keeps a float32
+master copy and float32 momentum in its state ``(momentum, master)``; the kernels are MXNet's
+multi-precision ones (``multi_mp_sgd_mom_update``, ``preloaded_multi_mp_sgd_mom_update``; NAG
+runs its float32 kernel on the master copy), which update the master copy in float32 and write
+the float16 weight as its rounding, with the same momentum correction and per-role decay: the
+master copies follow the float32 update exactly (``tests/test_updater.py``).
+
 Every attribute is a plain Python value so the object survives MXNet's protocol-0 pickle.
 """
 from __future__ import annotations
@@ -45,6 +52,7 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from mxnet import ndarray as nd
 from mxnet import optimizer as mxopt
 
@@ -69,15 +77,17 @@ class LargeBatchSGD(mxopt.Optimizer):
         lars: layer-wise trust ratio for decayed tensors.
         lars_eta: LARS trust coefficient.
         lars_eps: added to the LARS denominator.
+        multi_precision: float16 weights get a float32 master copy and float32 momentum.
     """
 
     def __init__(self, schedule: Any, momentum: float = 0.9, nesterov: bool = False,
                  momentum_correction: bool = True, wd: float = 0.0,
                  no_decay: Sequence[int] = (), lars: bool = False, lars_eta: float = 0.001,
-                 lars_eps: float = 0.0, **kwargs: Any):
+                 lars_eps: float = 0.0, multi_precision: bool = False, **kwargs: Any):
         if lars and nesterov:
             raise ValueError("LARS with Nesterov momentum is not supported")
-        super().__init__(learning_rate=float(schedule(0)), wd=float(wd), **kwargs)
+        super().__init__(learning_rate=float(schedule(0)), wd=float(wd),
+                         multi_precision=bool(multi_precision), **kwargs)
         self.schedule = schedule
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
@@ -121,6 +131,14 @@ class LargeBatchSGD(mxopt.Optimizer):
             return None
         return nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
 
+    def create_state_multi_precision(self, index: int, weight: nd.NDArray) -> Any:
+        """``(momentum, master)`` in float32 for a float16 weight under ``multi_precision``
+        (MXNet's layout, so its kernels and states files apply), else :meth:`create_state`."""
+        if self.multi_precision and weight.dtype == np.float16:
+            master = weight.astype(np.float32)
+            return (self.create_state(index, master), master)
+        return self.create_state(index, weight)
+
     def update(self, index, weight, grad, state):  # noqa: D401 - MXNet's signature
         """MXNet's per-call entry (e.g. when run by ``gluon.Trainer`` or on a server).
 
@@ -132,6 +150,10 @@ class LargeBatchSGD(mxopt.Optimizer):
         if not isinstance(index, (list, tuple)):
             weight, grad, state = [weight], [grad], [state]
         self.apply(step, indices, weight, grad, state, self.rescale_grad)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        """The float16 weights' ``(momentum, master)`` states are handled by :meth:`apply`."""
+        self.update(index, weight, grad, state)
 
     # -- the update ----------------------------------------------------------------------------
     def apply(self, step: int, indices: Sequence[int], weights: Sequence[nd.NDArray],
@@ -149,6 +171,17 @@ class LargeBatchSGD(mxopt.Optimizer):
         momentum = self.momentum_at(step)
         wds = [self.wd_for(i) for i in indices]
         rescale_grad = float(rescale_grad)
+        mixed = [j for j, s in enumerate(states) if isinstance(s, tuple)]
+        if mixed:
+            if len(mixed) < len(states):  # float32 tensors beside float16 ones: each group
+                plain = [j for j in range(len(states)) if not isinstance(states[j], tuple)]
+                for part in (plain, mixed):
+                    self.apply(step, [indices[j] for j in part], [weights[j] for j in part],
+                               [grads[j] for j in part], [states[j] for j in part],
+                               rescale_grad)
+                return
+            self._apply_mixed(weights, grads, states, lr, momentum, wds, rescale_grad, indices)
+            return
         if self.nesterov:
             # The NAG kernel also uses m for the look-ahead term, so the correction is applied
             # to the velocity itself rather than folded into m.
@@ -188,14 +221,51 @@ class LargeBatchSGD(mxopt.Optimizer):
             else:
                 nd.multi_sgd_update(*_interleave(w, g), **kw)
 
+    def _apply_mixed(self, weights, grads, states, lr, momentum, wds, rescale_grad, indices):
+        """Float16 weights with float32 ``(momentum, master)`` states: MXNet's mp kernels."""
+        moms = [s[0] for s in states]
+        masters = [s[1] for s in states]
+        if self.nesterov:
+            # the float32 path on the master copy (its NAG kernel, written to a temporary:
+            # in place it would read the updated weight in its decay term), then rounded
+            ratio = momentum / self.momentum if self.momentum > 0 else 1.0
+            for w, g, m, w32, wd in zip(weights, grads, moms, masters, wds):
+                if m is None:
+                    nd.mp_sgd_update(w, g, w32, out=w, lr=lr, wd=wd, rescale_grad=rescale_grad)
+                    continue
+                if ratio != 1.0:
+                    m *= ratio
+                fresh = nd.nag_mom_update(w32, g.astype(np.float32), m, lr=lr, wd=wd,
+                                          momentum=self.momentum, rescale_grad=rescale_grad)
+                fresh.copyto(w32)
+                nd.cast(w32, dtype=np.float16, out=w)
+            return
+        if self.lars:
+            self._apply_lars(indices, weights, grads, states, lr, momentum, wds, rescale_grad)
+            return
+        for lo in range(0, len(weights), _CHUNK):
+            hi = min(lo + _CHUNK, len(weights))
+            w = list(weights[lo:hi])
+            kw = dict(out=w, num_weights=len(w), lrs=tuple([lr] * len(w)),
+                      wds=tuple(wds[lo:hi]), rescale_grad=rescale_grad)
+            if self.momentum > 0:
+                nd.multi_mp_sgd_mom_update(
+                    *_interleave(w, grads[lo:hi], moms[lo:hi], masters[lo:hi]),
+                    momentum=momentum, **kw)
+            else:
+                nd.multi_mp_sgd_update(*_interleave(w, grads[lo:hi], masters[lo:hi]), **kw)
+
     def _apply_lars(self, indices, weights, grads, states, lr, momentum, wds, rescale_grad):
         ctx = weights[0].context
         lars_pos = [j for j, i in enumerate(indices) if i not in self.no_decay]
+        mixed = bool(states) and isinstance(states[0], tuple)
+        # the trust ratio of a float16 weight is taken on its float32 master copy
+        norm_of = [s[1] for s in states] if mixed else weights
         lrs = nd.array([lr] * len(weights), ctx=ctx, dtype="float32")
         wd_arr = nd.array(wds, ctx=ctx, dtype="float32")
         if lars_pos:
             sel_lrs = nd.array([lr] * len(lars_pos), ctx=ctx, dtype="float32")
-            w_sq = nd.multi_sum_sq(*[weights[j] for j in lars_pos], num_arrays=len(lars_pos))
+            w_sq = nd.multi_sum_sq(*[norm_of[j] for j in lars_pos], num_arrays=len(lars_pos))
             g_sq = nd.multi_sum_sq(*[grads[j] for j in lars_pos], num_arrays=len(lars_pos))
             nd.multi_lars(sel_lrs, w_sq, g_sq, nd.array([wds[j] for j in lars_pos], ctx=ctx),
                           eta=self.lars_eta, eps=self.lars_eps, rescale_grad=rescale_grad,
@@ -206,7 +276,16 @@ class LargeBatchSGD(mxopt.Optimizer):
             w = list(weights[lo:hi])
             g = list(grads[lo:hi])
             kw = dict(out=w, num_weights=len(w), rescale_grad=rescale_grad)
-            if self.momentum > 0:
+            if mixed:
+                m = [s[0] for s in states[lo:hi]]
+                w32 = [s[1] for s in states[lo:hi]]
+                if self.momentum > 0:
+                    nd.preloaded_multi_mp_sgd_mom_update(*_interleave(w, g, m, w32), lrs[lo:hi],
+                                                         wd_arr[lo:hi], momentum=momentum, **kw)
+                else:
+                    nd.preloaded_multi_mp_sgd_update(*_interleave(w, g, w32), lrs[lo:hi],
+                                                     wd_arr[lo:hi], **kw)
+            elif self.momentum > 0:
                 s = list(states[lo:hi])
                 nd.preloaded_multi_sgd_mom_update(*_interleave(w, g, s), lrs[lo:hi],
                                                   wd_arr[lo:hi], momentum=momentum, **kw)

@@ -296,7 +296,7 @@ def job_filter(mode: str, refused: str | None, job_id: str, hosts: Sequence[Host
         allowed = None
         if why is not None and not loopback:
             emit(f"packet filter: off ({why}); the job's ports take connections from anywhere "
-                 f"(see 'Who can reach a job' in the README)")
+                 f"(see 'Who can reach a job' in docs/security.md)")
         elif why is None and mode != "off":
             try:
                 allowed = stack.enter_context(packet_filter(job_id, hosts, scheduler_ports,
@@ -305,7 +305,7 @@ def job_filter(mode: str, refused: str | None, job_id: str, hosts: Sequence[Host
                 if mode == "on":
                     raise
                 emit(f"packet filter: off ({e}); the job's ports take connections from "
-                     "anywhere (see 'Who can reach a job' in the README)")
+                     "anywhere (see 'Who can reach a job' in docs/security.md)")
         yield allowed
 
 

@@ -91,4 +91,4 @@ class PsLog:
         return (f"ps-lite aborted on a malformed message that arrived on {where} (van.cc:520: "
                 "failed to parse string into protobuf): something outside the job (a port "
                 "scanner, a misdirected client) connected to it; see 'Who can reach a job' in "
-                "the README")
+                "docs/security.md")

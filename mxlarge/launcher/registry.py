@@ -33,7 +33,7 @@ UNSUPPORTED: dict[str, str] = {
         "(AttributeError before anything is submitted); it builds '-S /bin/bash-q QUEUE' for a "
         "non-default queue; and it never sets DMLC_ROLE, so no array task could tell whether "
         "it is a server or a worker. On an SGE cluster, request the nodes as a parallel job "
-        "and use the 'ssh' or 'mpi' launcher from inside it (see launch/README.md)."
+        "and use the 'ssh' or 'mpi' launcher from inside it (see docs/launching.md)."
     ),
     "yarn": (
         "dmlc_tracker's yarn backend (MXNet 1.9.1) cannot run: dmlc-yarn.jar and its build "

@@ -92,7 +92,7 @@ def _same_params(a, b):
 
 @pytest.mark.timeout(300)
 def test_own_script_restarted_after_a_crash_resumes_through_its_hook(tmp_path):
-    """--max-restarts with the README's resume hook (mxlarge.resume): rank 1 raises at step 10
+    """--max-restarts with docs/trainer.md's resume hook (mxlarge.resume): rank 1 raises at step 10
     in the first attempt only; the second attempt resumes at step 8 (saved every 4) and ends
     with weights bitwise equal to an uninterrupted run's."""
     marker = f"own-{uuid.uuid4().hex}"

@@ -48,7 +48,7 @@ def test_refused_where_it_cannot_apply_with_the_reason(monkeypatch):
         assert allowed is None  # the job runs, unfiltered, and says so
     assert lines == ["packet filter: off (the launcher does not run as root (nft needs "
                      "CAP_NET_ADMIN)); the job's ports take connections from anywhere (see "
-                     "'Who can reach a job' in the README)"]
+                     "'Who can reach a job' in docs/security.md)"]
 
 
 def test_off_and_local_say_nothing_and_install_nothing():

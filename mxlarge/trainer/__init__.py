@@ -1,20 +1,24 @@
-"""``mxlarge.Trainer``: a drop-in for ``gluon.Trainer`` that applies Goyal et al.'s update.
+"""``mxlarge.Trainer``: a ``gluon.Trainer`` that applies Goyal et al.'s update over a KVStore.
 
-Two forms, told apart by the second argument:
+It is a subclass of ``mx.gluon.Trainer``, as Horovod's ``DistributedTrainer`` is, overriding the
+exchange (:meth:`Trainer.allreduce_grads`), the update (:meth:`Trainer.update`), the store and
+the states files; so ``isinstance``, MXNet's AMP (``amp.init_trainer``, ``amp.scale_loss``,
+``amp.unscale``), ``allreduce_grads()`` + ``update()``, ``learning_rate``, ``set_learning_rate``
+and ``save_states``/``load_states`` behave as Gluon users expect. Two forms, told apart by the
+second argument:
 
-* **Gluon's** (the one-line migration, as Horovod's ``hvd.DistributedTrainer``)::
+* **Gluon's** (the one-line migration)::
 
       trainer = mxlarge.Trainer(net.collect_params(), "sgd",
                                 {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4},
                                 kvstore="dist_sync", reference_batch=256, warmup_steps=500)
-      ...
       trainer.step(batch_size)                 # per-worker images, as with gluon.Trainer
 
   ``optimizer`` is a name (``sgd``, ``nag``, ``lars``, ``lbsgd``) or an ``mx.optimizer``
   instance of those classes; ``optimizer_params`` are MXNet's own (``learning_rate``,
-  ``momentum``, ``wd``, ``rescale_grad``, ``lr_scheduler``, ...), parsed by MXNet itself. The
-  schedule is derived here, once the global batch is known (at construction with
-  ``batch_size=``, else at the first update)::
+  ``momentum``, ``wd``, ``rescale_grad``, ``lr_scheduler``, ``multi_precision``, ...), parsed by
+  MXNet itself (:mod:`mxlarge.trainer.gluon_args`). The schedule is derived once the global
+  batch is known (at construction with ``batch_size=``, else at the first update)::
 
       η_user(t) = lr_scheduler(t + 1)  or  learning_rate    (MXNet asks for 1 on update 0)
       B         = World(store workers, devices, simulated, n).global_batch
@@ -28,172 +32,59 @@ Two forms, told apart by the second argument:
   ``schedule(step) -> lr`` is final (build it with :func:`mxlarge.plan.plan` or
   :mod:`mxlarge.schedulers`); the large-batch keywords are refused there.
 
-**One counter.** The trainer counts applied updates in :attr:`num_update`. ``step(n)`` applies
-update ``num_update``; ``step(n, t)`` applies update ``t`` (a loop that owns its counter, e.g.
-after a resume) and the trainer's count follows it (``num_update = t + 1``). Either way there
-is one count per program, and both forms read the LR from it.
+**One counter.** :attr:`num_update` counts applied updates. ``step(n)`` applies update
+``num_update``; ``step(n, t)`` applies update ``t`` (a loop that owns its counter) and the count
+follows it (``num_update = t + 1``). ``step(n)`` sums the gradients over all k workers (and
+devices) and applies the update with rescale s/(k·n), s = ``rescale_grad`` (divided by AMP's
+loss scale under ``amp.scale_loss``): each worker's loss is normalised by the *global* batch
+(Goyal §3), not by its own n as ``gluon.Trainer.step(n)`` would, which on dist_sync applies k
+times the intended update because servers sum.
 
-``step(n)`` sums the gradients over all k workers (and devices) and applies the update with
-rescale s/(k·n) (s = ``rescale_grad``, 1 by default): each worker's loss is normalised by the
-*global* batch (Goyal §3), not by its own n as ``gluon.Trainer.step(n)`` would, which on
-dist_sync applies k times the intended update because servers sum.
+**Precision.** ``multi_precision`` (Gluon's optimizer argument) keeps float32 master weights and
+momentum for float16 weights, in the states files too. Under AMP's dynamic loss scaling the
+overflow check runs on the *summed* gradients, identical on every rank, so every rank skips the
+same steps; a skipped step applies nothing and does not advance :attr:`num_update` (Gluon's
+rule). ``wire_dtype='float16'`` pushes float32 gradients as float16, summed in float32 by the
+servers (:mod:`mxlarge.kvstore.sync`).
 
-What cannot be honoured is refused with the reason (:data:`REFUSED`): the optimizer never runs
-on the servers (``update_on_kvstore=True`` loses ``wd_mult`` and LR changes on MXNet 1.9.1),
-and every gradient is pushed every step (``ignore_stale_grad=True``).
-
-**Deferred initialisation** (Gluon's shapes from the first forward): the Trainer may be built
-before it. A parameter with its shape gets rank 0's value at construction; one without gets it
-the moment Gluon initialises it (its ``_init_impl``, inside the first forward, before the
-forward reads it), waited for, so no gradient push can race it; the optimizer states, buckets
-and BN statistics follow once the last shape is known (as Horovod-MXNet broadcasts a deferred
-parameter at its initialisation).
-
-**What differs from gluon.Trainer** by default, said once on rank 0's stderr at construction:
-momentum correction and no decay on BN γ/β and biases; ``momentum_correction=False,
-decay_bn_bias=True`` give gluon.Trainer's update bitwise (sgd; nag without weight decay: MXNet's
-in-place NAG kernel reads the updated weight in its decay term). The first step of a dist job
-warns (rank 0) when every worker's gradients are bitwise equal: unsharded data.
-
-A dist Trainer installs :func:`mxlarge.protocol.failfast.install_fail_fast`: an uncaught exception
-prints its traceback and ends the process at once (status 1), instead of deadlocking in ps-lite's
-exit barrier; a normal exit still goes through the barrier, where rank 0 stops the servers.
+What cannot be honoured is refused with the reason: the optimizer never runs on the servers
+(``update_on_kvstore=True`` loses ``wd_mult`` and LR changes on MXNet 1.9.1), every gradient is
+pushed every step (``ignore_stale_grad=True``), no sparse parameters. A parameter built without
+its shape gets rank 0's value the moment Gluon initialises it (:mod:`mxlarge.trainer.deferred`).
+By default the update differs from gluon.Trainer's by momentum correction and no decay on BN
+γ/β and biases (said once on rank 0's stderr); ``momentum_correction=False, decay_bn_bias=True``
+give gluon.Trainer's update bitwise (sgd; nag without weight decay). A dist Trainer installs
+:func:`mxlarge.protocol.failfast.install_fail_fast`: an uncaught exception ends the process at
+once instead of deadlocking in ps-lite's exit barrier.
 """
 from __future__ import annotations
 
-import io
-import pickle
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import mxnet as mx
+import numpy as np
 
 from mxlarge import schedulers
 from mxlarge.bnstats import BNStats
 from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
-from mxlarge.kvstore.sync import SyncStore
+from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.plan import World
 from mxlarge.protocol.failfast import install_fail_fast
 from mxlarge.protocol.heartbeat import LAUNCHED, Beat, Launched, launched_dir
 from mxlarge.schedulers import Schedule
+from mxlarge.trainer import states as states_file
+from mxlarge.trainer.deferred import on_init
+from mxlarge.trainer.gluon_args import HONOURED, MXNetSchedule, note_differences, optimizer_settings
+from mxlarge.trainer.states import NUM_UPDATE_KEY
 
-# Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name.
-HONOURED = {"SGD": "sgd", "NAG": "nag", "LARS": "lars", "LBSGD": "lbsgd"}
-# The update count's key in save_states files (the momentum keys are "momentum:<index>").
-NUM_UPDATE_KEY = "num_update"
-
-
-class MXNetSchedule:
-    """η(t) = scheduler(t + 1) of a stateful MXNet/GluonCV LR scheduler, as a function of t.
-
-    MXNet's optimizers call their scheduler with ``num_update`` = 1 on the first update, and
-    schedulers such as ``MultiFactorScheduler`` or GluonCV's ``LRSequential`` must be called in
-    increasing order; the values are computed in order once and kept, so the schedule can be
-    asked for any step (the momentum correction asks for t − 1 and t).
-    """
-
-    def __init__(self, scheduler: Any):
-        self.scheduler = scheduler
-        self.values: list[float] = []
-
-    def __call__(self, step: int) -> float:
-        while len(self.values) <= step:
-            self.values.append(float(self.scheduler(len(self.values) + 1)))
-        return self.values[step]
-
-
-def _note_differences(momentum_correction: bool, decay_bn_bias: bool,
-                      opt: Mapping[str, Any]) -> None:
-    """The Gluon form's one note on stderr (rank 0, at construction): what this update does by
-    default that gluon.Trainer's does not, and the keywords that make it gluon's."""
-    differ = []
-    if momentum_correction and opt["momentum"]:
-        differ.append("momentum correction (the velocity is rescaled by lr_t/lr_{t-1} when "
-                      "the LR changes: Goyal et al.'s eq. 9, not MXNet's eq. 10)")
-    if not decay_bn_bias and opt["wd"]:
-        differ.append("no weight decay on BatchNorm gamma/beta and biases")
-    if not differ:
-        return
-    nag = (" (nag with wd: the decay term reads the weight before the update, MXNet's in-place "
-           "kernel the updated one)" if opt["nesterov"] and opt["wd"] else "")
-    print(f"mxlarge.Trainer: note: the update differs from gluon.Trainer's by "
-          f"{' and '.join(differ)}; momentum_correction=False, decay_bn_bias=True give "
-          f"gluon.Trainer's update{nag}", file=sys.stderr, flush=True)
-
-
-def _optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
-                        optimizer_params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What an MXNet optimizer (name + params, or instance) asks for, as LargeBatchSGD
-    arguments; MXNet parses the params itself, so its own names and defaults apply."""
-    if isinstance(optimizer, str):
-        name = optimizer.lower()
-        if name not in HONOURED.values():
-            raise ValueError(f"optimizer {optimizer!r} is not supported: mxlarge applies "
-                             "Goyal et al.'s momentum SGD; expected one of "
-                             f"{', '.join(HONOURED.values())}")
-        opt = mx.optimizer.create(name, **dict(optimizer_params or {}))
-    else:
-        if optimizer_params:
-            raise ValueError("optimizer_params must be None when an optimizer instance is "
-                             "given (as in gluon.Trainer)")
-        opt = optimizer
-        if type(opt).__name__ not in HONOURED:
-            raise ValueError(f"optimizer {type(opt).__name__} is not supported: mxlarge "
-                             "applies Goyal et al.'s momentum SGD; expected an instance of "
-                             f"mx.optimizer.{', '.join(HONOURED)}")
-    kind = HONOURED[type(opt).__name__]
-    if opt.clip_gradient is not None:
-        raise ValueError("clip_gradient is not supported: Goyal et al.'s update does not clip "
-                         "(clip the summed gradient yourself between allreduce_grads() and "
-                         "update())")
-    if opt.multi_precision:
-        raise ValueError("multi_precision is not supported: mxlarge keeps float32 weights")
-    if opt.lr_mult or opt.wd_mult:
-        raise ValueError("per-index lr_mult/wd_mult on the optimizer are not supported: set "
-                         "Parameter.wd_mult = 0 for tensors without weight decay")
-    if kind == "lbsgd":
-        # LBSGD's own warmup/batch scaling would be applied on top of mxlarge's.
-        defaults = {"warmup_strategy": "linear", "warmup_epochs": 5, "batch_scale": 1}
-        changed = [k for k, v in defaults.items() if getattr(opt, k) != v]
-        if changed or opt.init_updates:
-            raise ValueError(f"lbsgd's {', '.join(changed) or 'begin_epoch'} are not "
-                             "supported: use the Trainer's reference_batch, scaling, "
-                             "warmup_steps and warmup_lr keywords (the warmup and LR "
-                             "scaling are derived from the store's world size)")
-    lars = kind in ("lars", "lbsgd")
-    base: Schedule
-    if opt.lr_scheduler is not None:
-        base = MXNetSchedule(opt.lr_scheduler)
-    else:
-        base = schedulers.Constant(float(opt.lr))
-    return {"base": base, "momentum": float(getattr(opt, "momentum", 0.0)),
-            "nesterov": kind == "nag", "wd": float(opt.wd), "lars": lars,
-            "lars_eta": float(getattr(opt, "eta", 0.001)),
-            "lars_eps": float(getattr(opt, "eps", 0.0)) if kind == "lars" else 0.0,
-            "rescale": float(opt.rescale_grad), "begin": int(opt.begin_num_update),
-            "mxnet": opt}
-
-
-class _GluonStates(pickle.Unpickler):
-    """Reads ``gluon.Trainer.save_states`` files: a pickle of (states, optimizer) or states.
-
-    Only MXNet (and GluonCV scheduler) classes and plain containers may be constructed: a
-    states file is data, never code to run.
-    """
-
-    _ALLOWED_MODULES = ("mxnet.", "gluoncv.")
-    _ALLOWED = {("builtins", "bytearray"), ("copyreg", "_reconstructor"),
-                ("builtins", "object")}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self._ALLOWED or module.startswith(self._ALLOWED_MODULES):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a states file")
+__all__ = ["Trainer", "HONOURED", "MXNetSchedule", "NUM_UPDATE_KEY"]
 
 
 def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | None:
@@ -207,8 +98,8 @@ def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | No
     return step
 
 
-class Trainer:
-    """Large-minibatch SGD over a KVStore (module docstring: the two forms, the one counter).
+class Trainer(mx.gluon.Trainer):
+    """A ``gluon.Trainer`` running large-minibatch SGD over a KVStore (module docstring).
 
     Args:
         params: ``net.collect_params()`` (initialised; shapes may come from the first forward).
@@ -243,6 +134,10 @@ class Trainer:
             (``trainer.bn.worker(j)``), gradients accumulate (``grad_req='add'``), and one
             update with rescale 1/(K·n) follows (1/(P·K·n) with P dist_sync processes, each
             simulating K: the servers sum the P accumulated gradients). Needs one device.
+        wire_dtype: ``float32`` or ``float16``: the type float32 gradients travel in (dist
+            only; the servers sum in float32, :mod:`mxlarge.kvstore.sync`).
+        multi_precision: explicit form only (the Gluon form takes it from
+            ``optimizer_params``): float32 master weights and momentum for float16 weights.
         heartbeat: the directory a dist worker reports its progress to for the launcher's stall
             watchdog (:mod:`mxlarge.protocol.heartbeat`; the file is named by the kvstore rank),
             or None for no reports. The default, :data:`~mxlarge.protocol.heartbeat.LAUNCHED`,
@@ -262,9 +157,10 @@ class Trainer:
                  batch_size: int | None = None,
                  momentum: float | None = None, nesterov: bool | None = None,
                  weight_decay: float | None = None, lars: bool | None = None,
-                 lars_eta: float | None = None, momentum_correction: bool = True,
+                 lars_eta: float | None = None, multi_precision: bool | None = None,
+                 momentum_correction: bool = True,
                  decay_bn_bias: bool = False, compression: dict | None = None,
-                 fusion_bytes: int = FUSION_BYTES,
+                 fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32",
                  bn_stats: str = "reduce", simulate_workers: int = 1,
                  heartbeat: str | Path | Launched | None = LAUNCHED):
         if update_on_kvstore:
@@ -276,53 +172,33 @@ class Trainer:
             raise ValueError("compression_params and compression are the same setting: "
                              "give one")
         compression = compression or compression_params
-        explicit = {"momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,
-                    "lars": lars, "lars_eta": lars_eta}
         gluon_form = isinstance(optimizer, (str, mx.optimizer.Optimizer))
-        if gluon_form:
-            given = [k for k, v in explicit.items() if v is not None]
-            if given:
-                raise ValueError(f"{', '.join(given)}: with optimizer {optimizer!r} these go "
-                                 "in optimizer_params (MXNet's names: momentum, wd, eta), as "
-                                 "with gluon.Trainer")
-            opt = _optimizer_settings(optimizer, optimizer_params)
-        elif callable(optimizer):
-            lb = {"optimizer_params": optimizer_params, "reference_batch": reference_batch,
-                  "warmup_steps": warmup_steps or None, "warmup_lr": warmup_lr,
-                  "batch_size": batch_size}
-            given = [k for k, v in lb.items() if v is not None]
-            if given:
-                raise ValueError(f"{', '.join(given)}: a schedule passed to the Trainer is "
-                                 "final; derive it with mxlarge.plan.plan or "
-                                 "mxlarge.schedulers, or pass an optimizer name instead")
-            opt = {"base": optimizer, "momentum": 0.9 if momentum is None else momentum,
-                   "nesterov": bool(nesterov), "lars": bool(lars),
-                   "wd": 1e-4 if weight_decay is None else weight_decay,
-                   "lars_eta": 0.001 if lars_eta is None else lars_eta, "lars_eps": 0.0,
-                   "rescale": 1.0, "begin": 0, "mxnet": None}
-        else:
-            raise ValueError(f"optimizer {optimizer!r}: expected an optimizer name, an "
-                             "mx.optimizer instance or a schedule(step) -> lr")
+        opt = self._settings(optimizer, optimizer_params, gluon_form, {
+            "momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,
+            "lars": lars, "lars_eta": lars_eta, "multi_precision": multi_precision}, {
+            "optimizer_params": optimizer_params, "reference_batch": reference_batch,
+            "warmup_steps": warmup_steps or None, "warmup_lr": warmup_lr,
+            "batch_size": batch_size})
         if scaling not in ("linear", "sqrt", "none"):
             raise ValueError(f"scaling {scaling!r}: expected linear, sqrt or none")
-        if not hasattr(params, "keys"):  # gluon.Trainer also takes a list of Parameters
-            params = list(params)
-            bad = [p for p in params if not isinstance(p, mx.gluon.Parameter)]
-            if bad:
-                raise ValueError(f"params: expected a ParameterDict (net.collect_params()), a "
-                                 f"dict or a list of Parameters, got a {type(bad[0]).__name__}")
-            params = {p.name: p for p in params}
-        self.names = list(params.keys())
-        self.params = list(params.values())
-        self._param_map = dict(params)
-        for name, p in zip(self.names, self.params):
-            if p._data is None and not p._deferred_init:
-                raise ValueError(f"parameter '{name}' is not initialised: call "
-                                 "net.initialize() before building the Trainer")
-            if p.lr_mult != 1.0 or p.wd_mult not in (0.0, 1.0):
-                raise ValueError(f"parameter '{name}': lr_mult {p.lr_mult}, wd_mult "
-                                 f"{p.wd_mult}: only lr_mult 1 and wd_mult 0 or 1 are "
-                                 "supported (one LR schedule; decay on or off per tensor)")
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype {wire_dtype!r}: expected one of "
+                             f"{', '.join(WIRE_DTYPES)}")
+        named = self._named(params)
+        self.names = list(named)
+        self.updater = LargeBatchSGD(
+            opt["base"], momentum=opt["momentum"], nesterov=opt["nesterov"],
+            momentum_correction=momentum_correction, wd=opt["wd"],
+            lars=opt["lars"], lars_eta=opt["lars_eta"], lars_eps=opt["lars_eps"],
+            multi_precision=opt["multi_precision"])
+        self.updater.num_update = opt["begin"]
+        # Gluon's own construction, with no store of its own: ``_params`` in this order,
+        # ``_optimizer`` the updater, the attributes AMP and Gluon's helpers read.
+        super().__init__(list(named.values()), self.updater, kvstore=None,
+                         update_on_kvstore=False)
+        self.params: list[mx.gluon.Parameter] = self._params
+        self._param_map = named
+        self._scale = opt["rescale"]
         kind = "local" if kvstore is None else kvstore
         if (kind if isinstance(kind, str) else kind.type).startswith("dist"):
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
@@ -330,13 +206,13 @@ class Trainer:
             # (installed first: the process may have a dist store already, see sync.create).
             install_fail_fast()
         self.store = SyncStore(kind, self.params, compression=compression,
-                               fusion_bytes=fusion_bytes)
+                               fusion_bytes=fusion_bytes, wire_dtype=wire_dtype)
+        self._init_kvstore()
         # Progress for the launcher's stall watchdog (None outside a launched job).
         beats = launched_dir() if heartbeat is LAUNCHED else heartbeat
         self.heartbeat = (Beat(beats, self.store.rank)
                           if beats is not None and self.store.distributed else None)
         self._last_update: mx.nd.NDArray | None = None
-        self.scale = opt["rescale"]
         self._base: Schedule = opt["base"]
         self._lb = (reference_batch, scaling, int(warmup_steps), warmup_lr) if gluon_form \
             else None
@@ -345,11 +221,6 @@ class Trainer:
         self._batch: int | None = None  # images per worker and step the schedule is fixed for
         self._main: Schedule = self._base
         self._overrides: list[tuple[int, float]] = []  # set_learning_rate: (from step, lr)
-        self.updater = LargeBatchSGD(
-            self._base, momentum=opt["momentum"], nesterov=opt["nesterov"],
-            momentum_correction=momentum_correction, wd=opt["wd"],
-            lars=opt["lars"], lars_eta=opt["lars_eta"], lars_eps=opt["lars_eps"])
-        self.updater.num_update = opt["begin"]
         self._decay_bn_bias = decay_bn_bias
         self._bn_mode = bn_stats
         self.simulated_workers = int(simulate_workers)
@@ -361,30 +232,85 @@ class Trainer:
                     p.grad_req = "add"
         self._first_step_checked = False
         self._loaded: dict[str, mx.nd.NDArray] | None = None  # states loaded before shapes
+        self._masters_current = False  # master copies taken from the weights (or a file)
         if gluon_form and self.store.rank == 0:
-            _note_differences(momentum_correction, decay_bn_bias, opt)
+            note_differences(momentum_correction, decay_bn_bias, opt)
         # Rank 0's initial values: now for parameters with shapes, at their initialisation for
-        # the others (deferred: the first forward), before that forward reads them.
+        # the others (deferred: the first forward), before that forward reads it.
         self.store.init_params([i for i, p in enumerate(self.params) if p._data is not None])
         self._pending = {i for i, p in enumerate(self.params) if p._data is None}
         for i in sorted(self._pending):
-            self._watch(i)
+            on_init(self.params[i], lambda i=i: self._parameter_ready(i))
         self._batch_size = batch_size
         if not self._pending:
             self._ready()
 
-    def _watch(self, i: int) -> None:
-        """Runs :meth:`_parameter_ready` right after parameter ``i`` gets its data (Gluon's
-        ``_init_impl``: the first forward's deferred initialisation, or a load)."""
-        p = self.params[i]
-        init_impl = p._init_impl
+    @staticmethod
+    def _settings(optimizer: Any, optimizer_params: Mapping[str, Any] | None, gluon_form: bool,
+                  explicit: dict[str, Any], large_batch: dict[str, Any]) -> dict[str, Any]:
+        """The update's settings from either form (module docstring), refusing the other
+        form's keywords."""
+        if gluon_form:
+            given = [k for k, v in explicit.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: with optimizer {optimizer!r} these go "
+                                 "in optimizer_params (MXNet's names: momentum, wd, eta, "
+                                 "multi_precision), as with gluon.Trainer")
+            return optimizer_settings(optimizer, optimizer_params)
+        if not callable(optimizer):
+            raise ValueError(f"optimizer {optimizer!r}: expected an optimizer name, an "
+                             "mx.optimizer instance or a schedule(step) -> lr")
+        given = [k for k, v in large_batch.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: a schedule passed to the Trainer is "
+                             "final; derive it with mxlarge.plan.plan or "
+                             "mxlarge.schedulers, or pass an optimizer name instead")
+        get = explicit.get
+        return {"base": optimizer, "momentum": 0.9 if get("momentum") is None else
+                get("momentum"), "nesterov": bool(get("nesterov")), "lars": bool(get("lars")),
+                "wd": 1e-4 if get("weight_decay") is None else get("weight_decay"),
+                "lars_eta": 0.001 if get("lars_eta") is None else get("lars_eta"),
+                "lars_eps": 0.0, "rescale": 1.0, "begin": 0,
+                "multi_precision": bool(get("multi_precision")), "mxnet": None}
 
-        def hook(data: mx.nd.NDArray, ctx_list: list) -> None:
-            init_impl(data, ctx_list)
-            del p._init_impl  # the class's method again
-            self._parameter_ready(i)
+    @staticmethod
+    def _named(params: Any) -> dict[str, mx.gluon.Parameter]:
+        """``params`` by name in their order, each checked for what this Trainer supports."""
+        if not hasattr(params, "keys"):  # gluon.Trainer also takes a list of Parameters
+            params = list(params)
+            bad = [p for p in params if not isinstance(p, mx.gluon.Parameter)]
+            if bad:
+                raise ValueError(f"params: expected a ParameterDict (net.collect_params()), a "
+                                 f"dict or a list of Parameters, got a {type(bad[0]).__name__}")
+            params = {p.name: p for p in params}
+        for name, p in params.items():
+            if p._data is None and not p._deferred_init:
+                raise ValueError(f"parameter '{name}' is not initialised: call "
+                                 "net.initialize() before building the Trainer")
+            if p.lr_mult != 1.0 or p.wd_mult not in (0.0, 1.0):
+                raise ValueError(f"parameter '{name}': lr_mult {p.lr_mult}, wd_mult "
+                                 f"{p.wd_mult}: only lr_mult 1 and wd_mult 0 or 1 are "
+                                 "supported (one LR schedule; decay on or off per tensor)")
+            if p._stype != "default" or p._grad_stype != "default":
+                raise ValueError(f"parameter '{name}': sparse weights or gradients are not "
+                                 "supported (every gradient is summed dense every step)")
+        return dict(params)
 
-        p._init_impl = hook
+    # -- gluon.Trainer's store hooks: the store is made at construction, never lazily -------------
+    def _init_kvstore(self) -> None:
+        self._kvstore = self.store.kv
+        self._distributed = self.store.distributed
+        self._update_on_kvstore = False
+        self._kv_initialized = True
+        self._params_to_init = []
+
+    def _init_params(self) -> None:
+        """Nothing to do: parameters get rank 0's values at construction or at their deferred
+        initialisation (:mod:`mxlarge.trainer.deferred`)."""
+
+    def _row_sparse_pull(self, parameter: Any, out: Any, row_id: Any,
+                         full_idx: bool = False) -> None:
+        raise ValueError("sparse parameters are not supported by mxlarge.Trainer")
 
     def _parameter_ready(self, i: int) -> None:
         self.store.init_params([i])
@@ -400,9 +326,15 @@ class Trainer:
         self.pushed = self.store.pushed
         self.updater.no_decay = tuple(sorted(
             i for i in self.pushed if not self.roles[i].decay or self.params[i].wd_mult == 0.0))
+        half = [self.names[i] for i in self.pushed
+                if np.dtype(self.params[i].dtype) == np.float16]
+        if half and not self.updater.multi_precision:
+            warnings.warn(f"float16 weights ({half[0]}, ...) are updated in float16: pass "
+                          "multi_precision=True (optimizer_params) to keep float32 master "
+                          "weights and momentum, as MXNet's SGD recommends", stacklevel=3)
         # one optimizer state per (parameter, device): devices apply identical updates
-        self.states = [[self.updater.create_state(i, w) for w in self.params[i].list_data()]
-                       for i in range(len(self.params))]
+        self.states = [[self.updater.create_state_multi_precision(i, w)
+                        for w in self.params[i].list_data()] for i in range(len(self.params))]
         self.bn = BNStats(self.params, self.store.stats, self.store, self._bn_mode,
                           self.simulated_workers)
         self._gather_update_args()
@@ -551,11 +483,18 @@ class Trainer:
             if self.store.distributed and self.num_workers > 1 and self.pushed:
                 # computed before the sum overwrites the gradients (the engine orders the read)
                 grads = [self.params[i].list_grad()[0] for i in self.pushed]
+                grads = [g if g.dtype == np.float32 else g.astype(np.float32) for g in grads]
                 first = mx.nd.concat(mx.nd.add_n(*[g.sum() for g in grads]),
                                      mx.nd.add_n(*[g.norm() for g in grads]), dim=0)
-        self.store.allreduce_grads()
+        self._allreduce_grads()
         if first is not None:
             self._check_sharded(first.asnumpy())
+
+    def _allreduce_grads(self) -> None:
+        """The exchange (what Horovod's DistributedTrainer overrides too). A 16-bit wire
+        carries s·g (s: the AMP-unscaled ``rescale_grad``), so its range does not depend on
+        AMP's loss scale; the gradients come back in their own scale."""
+        self.store.allreduce_grads(prescale=self._scale)
 
     def _check_sharded(self, checksum: Any) -> None:
         """Warns once, on rank 0, when every worker's first gradients are bitwise equal
@@ -572,9 +511,11 @@ class Trainer:
               "part_index=trainer.rank))", file=sys.stderr, flush=True)
 
     def update(self, batch_size: int, step: int | None = None,
-               ignore_stale_grad: bool = False) -> None:
+               ignore_stale_grad: bool = False) -> bool:
         """Applies update ``step`` (default :attr:`num_update`) to already-reduced gradients,
-        with rescale s/(k·n); then ``num_update = step + 1``.
+        with rescale s/(k·n); then ``num_update = step + 1``. Under AMP, a step whose summed
+        gradients overflowed is skipped on every rank and the count stays (Gluon's rule).
+        Returns whether the update was applied.
 
         Args:
             batch_size: images this worker processed in the step, over all its devices (n per
@@ -595,21 +536,28 @@ class Trainer:
             if self._last_update is not None:
                 self._last_update.wait_to_read()
             beat.step(t, t)
-        rescale = self.scale / (batch_size * self.num_workers)
         if self._grads_version != self.store.grads_version:
             self._gather_update_args()
+        if not self._masters_current:
+            self._refresh_masters()
+        scaler = getattr(self, "_amp_loss_scaler", None)
+        # the summed gradients are bitwise the same on every rank, so is this decision
+        if scaler is not None and scaler.has_overflow(self._params):
+            return False
+        rescale = self._scale / (batch_size * self.num_workers)
         for weights, grads, states in self._update_args:
             self.updater.apply(t, self.pushed, weights, grads, states, rescale)
         if beat is not None and self._update_args:
             self._last_update = self._update_args[0][0][0]
         self.num_update = t + 1
+        return True
 
     def step(self, batch_size: int, step: int | None = None,
-             ignore_stale_grad: bool = False) -> None:
-        """``allreduce_grads()`` then ``update(batch_size, step)``."""
+             ignore_stale_grad: bool = False) -> bool:
+        """``allreduce_grads()`` then ``update(batch_size, step)``; whether it was applied."""
         step = _explicit_step(step, ignore_stale_grad)  # refused before anything is pushed
         self.allreduce_grads()
-        self.update(batch_size, step)
+        return self.update(batch_size, step)
 
     @contextmanager
     def busy(self, what: str) -> Iterator[None]:
@@ -647,18 +595,31 @@ class Trainer:
                 g[:] = 0
 
     # -- states ---------------------------------------------------------------------------------
-    def state_arrays(self) -> dict[str, mx.nd.NDArray]:
-        """Momentum buffers (device 0) keyed ``momentum:<parameter index>``.
+    def _refresh_masters(self) -> None:
+        """Float32 master copies from the current float16 weights, at the first update (weights
+        loaded after construction count; a states file's masters are kept)."""
+        self._masters_current = True
+        for i in self.pushed:
+            for w, state in zip(self.params[i].list_data(), self.states[i]):
+                if isinstance(state, tuple):
+                    w.astype(np.float32).copyto(state[1])
 
-        Positions, not names: Gluon 1.x names parameters with process-global counters, so the
-        same net built twice in one process gets different names.
-        """
+    def state_arrays(self) -> dict[str, mx.nd.NDArray]:
+        """Device 0's momentum buffers and float32 master weights, keyed ``momentum:<i>`` and
+        ``master:<i>`` by parameter position (:mod:`mxlarge.trainer.states`)."""
         self._check_ready()
-        return {f"momentum:{i}": self.states[i][0]
-                for i in self.pushed if self.states[i][0] is not None}
+        if not self._masters_current:
+            self._refresh_masters()
+        out = states_file.state_arrays(self.states, self.pushed)
+        scaler = getattr(self, "_amp_loss_scaler", None)
+        if scaler is not None:  # AMP's dynamic loss scale, so a resume continues it exactly
+            out[states_file.AMP_KEY] = mx.nd.array(
+                [scaler._loss_scale, scaler._next_loss_scale, scaler._unskipped],
+                dtype="float64")
+        return out
 
     def save_states(self, fname: str) -> None:
-        """Writes the momentum buffers and the update count (``num_update``, an int64 array) as
+        """Writes :meth:`state_arrays` and the update count (``num_update``, an int64 array) as
         an MXNet NDArray file (no pickle)."""
         mx.nd.save(fname, {**self.state_arrays(),
                            NUM_UPDATE_KEY: mx.nd.array([self.num_update], dtype="int64")})
@@ -669,22 +630,19 @@ class Trainer:
         The update count is restored (and with it the schedule position and the momentum
         correction: a run resumed by ``step(n)`` continues where it stopped): from
         ``num_update`` in mxlarge's file, from the pickled optimizer's ``num_update`` in Gluon's.
-        Gluon's file is a pickle of (states by parameter index, optimizer); besides the count
-        only its momentum is taken (MXNet's velocity, the same eq. (10) quantity mxlarge's
-        kernels keep), read with an unpickler that constructs nothing but MXNet classes. The LR
-        schedule comes from this Trainer's arguments, not from the file. Keys and shapes are
-        checked (a file of another net, or from a list of parameters rather than a
-        ParameterDict, is refused); before the first forward of a net with deferred
-        initialisation, the momentum is kept and checked and set once the shapes are known.
+        From Gluon's file only the momentum (MXNet's velocity, the same eq. (10) quantity) and
+        the master weights are taken, read with an unpickler that constructs nothing but MXNet
+        classes; the LR schedule comes from this Trainer's arguments. Keys and shapes are
+        checked; before the first forward of a net with deferred initialisation the states
+        are kept, and checked and set once the shapes are known.
         """
-        with open(fname, "rb") as fh:
-            head = fh.read(1)
-        if head == b"\x80":
-            loaded, count = self._gluon_states(fname)
-        else:
-            loaded = mx.nd.load(fname)
-            count = loaded.pop(NUM_UPDATE_KEY, None)
-            count = None if count is None else int(count.asnumpy()[0])
+        loaded, count = states_file.read(fname, self.names)
+        amp_state = loaded.pop(states_file.AMP_KEY, None)
+        scaler = getattr(self, "_amp_loss_scaler", None)
+        if amp_state is not None and scaler is not None:
+            scale, following, unskipped = amp_state.asnumpy().tolist()
+            scaler._loss_scale, scaler._next_loss_scale = scale, following
+            scaler._unskipped = int(unskipped)
         if self._pending:
             self._loaded = loaded
         else:
@@ -693,39 +651,12 @@ class Trainer:
             self.num_update = count
 
     def _set_states(self, loaded: dict[str, mx.nd.NDArray], fname: str) -> None:
-        expected = self.state_arrays()
-        missing = sorted(set(expected) - set(loaded))
-        extra = sorted(set(loaded) - set(expected))
-        if missing or extra:
-            raise ValueError(f"{fname}: optimizer states do not match this net "
-                             f"(missing {missing[:3]}, unexpected {extra[:3]})")
-        for key, value in expected.items():
-            if loaded[key].shape != value.shape:
-                name = self.names[int(key.split(":")[1])]
-                raise ValueError(f"{fname}: '{key}' ({name}) has shape {loaded[key].shape}, "
-                                 f"expected {value.shape}")
+        expected = states_file.state_arrays(self.states, self.pushed)
+        states_file.check(loaded, expected, self.names, fname)
         for key in expected:
-            for s in self.states[int(key.split(":")[1])]:
-                loaded[key].copyto(s)
-
-    def _gluon_states(self, fname: str) -> tuple[dict[str, mx.nd.NDArray], int | None]:
-        """Gluon's states by parameter index, re-keyed to this Trainer's positions (gluon.Trainer
-        numbers a ParameterDict's parameters in *sorted name* order), and the pickled
-        optimizer's ``num_update`` (None when the file has no optimizer)."""
-        with open(fname, "rb") as fh:
-            try:
-                obj = _GluonStates(io.BytesIO(fh.read())).load()
-            except (pickle.UnpicklingError, AttributeError, ImportError, EOFError) as e:
-                raise ValueError(f"{fname}: not a gluon.Trainer states file ({e})") from None
-        states, optimizer = obj if isinstance(obj, tuple) and len(obj) == 2 else (obj, None)
-        if not isinstance(states, dict):
-            raise ValueError(f"{fname}: not a gluon.Trainer states file")
-        by_gluon_index = {j: self.names.index(name) for j, name in enumerate(sorted(self.names))}
-        out = {}
-        for index, state in states.items():
-            if isinstance(state, (tuple, list)):
-                raise ValueError(f"{fname}: multi-precision states are not supported")
-            if state is not None:
-                out[f"momentum:{by_gluon_index.get(int(index), -1)}"] = state
-        count = getattr(optimizer, "num_update", None)
-        return out, None if count is None else int(count)
+            kind, i = key.split(":")
+            for state in self.states[int(i)]:
+                target = state if not isinstance(state, tuple) else \
+                    state[0] if kind == "momentum" else state[1]
+                loaded[key].astype(target.dtype).copyto(target)
+        self._masters_current = True

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.firewall import local_refusal
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import BACKENDS, backend_for, launcher_choice
 from mxlarge.plan import World
 

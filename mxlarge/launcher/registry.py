@@ -12,13 +12,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.backends.base import LaunchBackend
 from mxlarge.launcher.backends.local import LocalBackend
 from mxlarge.launcher.backends.mpi import MpiBackend
 from mxlarge.launcher.backends.slurm import SlurmBackend
 from mxlarge.launcher.backends.ssh import SshBackend
 from mxlarge.launcher.cluster import DmlcBackend, dmlc_run
+from mxlarge.launcher.outcome import Outcome
 
 REGISTRY: dict[str, type[LaunchBackend]] = {
     "local": LocalBackend, "ssh": SshBackend, "mpi": MpiBackend, "slurm": SlurmBackend}

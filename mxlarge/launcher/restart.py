@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mxlarge.launcher._supervise import Outcome
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.plan import World, WorldError, elastic_world
 
 

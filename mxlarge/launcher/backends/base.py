@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import IO, Any, ClassVar, Protocol
 
-from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.hostfile import HostEntry
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.restart import Elastic
 from mxlarge.plan import World
 

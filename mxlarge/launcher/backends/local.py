@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.backends.base import LaunchBackend, Spec
 from mxlarge.launcher.firewall import LOOPBACK_ONLY
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.local import ensure_port_free, run_local
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.restart import Elastic, Probe
 from mxlarge.launcher.tuning import local_role_env
 from mxlarge.plan import World

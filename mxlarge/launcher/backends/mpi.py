@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import re
 
-from mxlarge.launcher._supervise import Child, Outcome
+from mxlarge.launcher._supervise import Child
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.explain import FailureContext
 from mxlarge.launcher.hostfile import HostEntry, listed_hosts
+from mxlarge.launcher.outcome import Outcome
 
 _MPIRUN_FLAGS = "mpirun --stdin all "
 # Same keepalive as the ssh backend's; not added when the user chose mpirun's remote agent or

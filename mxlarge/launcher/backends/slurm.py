@@ -19,10 +19,11 @@ from __future__ import annotations
 import re
 import signal
 
-from mxlarge.launcher._supervise import Child, Outcome
+from mxlarge.launcher._supervise import Child
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.explain import FailureContext, terminated
 from mxlarge.launcher.hostfile import HostEntry
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.slurm_query import allocation_ending, slurm_nodes, srun_has_overlap
 
 _SRUN_DMLC_FLAGS = "srun --share --exclusive=user "

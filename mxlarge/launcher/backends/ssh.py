@@ -22,11 +22,12 @@ import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from mxlarge.launcher._supervise import Child, Outcome, exit_code_for
+from mxlarge.launcher._supervise import Child, exit_code_for
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.environment import SHELL_SAFE
 from mxlarge.launcher.explain import FailureContext, status_words, who
 from mxlarge.launcher.hostfile import HostEntry, hostfile_text, is_ip, listed_hosts
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.reach import ssh_silent, unreachable
 from mxlarge.launcher.restart import Elastic, Probe
 from mxlarge.plan import World

@@ -473,6 +473,12 @@ def validate(cfg: Config, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: train.amp = 'float16': expected 'bfloat16' or 'none' "
                           "with dist.device_type = 'cpu' (MXNet 1.9.1 has no float16 "
                           "convolution or GEMM on CPU; float16 AMP is for GPUs)")
+    if cfg.train.amp != "none" and cfg.dist.simulate_workers > 1:
+        raise ConfigError(f"{source}: dist.simulate_workers = {cfg.dist.simulate_workers}: "
+                          f"expected 1 with train.amp = {cfg.train.amp!r} (MXNet 1.9.1's "
+                          "bfloat16 convolution and dense kernels write no gradient when it "
+                          "accumulates, grad_req='add', which simulated workers use: "
+                          "docs/mxnet-facts.md; float16 is not verified here)")
     if cfg.train.amp != "none" and cfg.train.gns_every:
         raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: expected 0 with "
                           f"train.amp = {cfg.train.amp!r} (AMP's gradients carry its loss "

@@ -2,10 +2,10 @@
 ``optimizer_params['multi_precision'] = True``), changed only in its Trainer line.
 
 On this CPU float16 convolutions and GEMM are not implemented, so the net is elementwise: a
-per-feature affine map, a tanh and a second affine map, trained to regress a target. On a GPU the
-same lines train a cast ResNet. Argv: OUT_DIR TRAINER (``gluon``, one process, or ``mxlarge``:
-``kvstore='dist_sync'`` when launched) [--wire float16]. 6 steps; each rank writes
-``OUT_DIR/<trainer>-<rank>.params`` and ``OUT_DIR/<trainer>-<rank>.states``.
+per-feature affine map, a tanh, BatchNorm and a weighted sum, trained to regress a target. On a
+GPU the same lines train a cast ResNet. Argv: OUT_DIR TRAINER (``gluon``, one process, or
+``mxlarge``: ``kvstore='dist_sync'`` when launched) [--wire float16]. 6 steps; each rank
+writes ``OUT_DIR/<trainer>-<rank>.params`` and ``OUT_DIR/<trainer>-<rank>.states``.
 """
 from __future__ import annotations
 
@@ -15,23 +15,34 @@ import sys
 
 
 def build(mx):
-    """The elementwise net: y = Σ_f tanh(x·w1 + b1)·w2 + b2."""
+    """The elementwise net: h = tanh(x·w1 + b1), BatchNorm(h), y = Σ_f h·w2 + b2. Gluon keeps
+    BatchNorm's parameters in float32 through ``cast``, so the net mixes float16 and float32
+    tensors, as a cast ResNet does."""
     from mxnet import gluon
 
-    class Elementwise(gluon.HybridBlock):
+    class Affine(gluon.HybridBlock):
         def __init__(self, features: int = 64, **kwargs):
             super().__init__(**kwargs)
             with self.name_scope():
                 self.w1 = self.params.get("w1", shape=(features,), init=mx.init.Normal(0.5))
                 self.b1 = self.params.get("b1", shape=(features,), init=mx.init.Zero())
+
+        def hybrid_forward(self, F, x, w1, b1):
+            return F.tanh(F.broadcast_add(F.broadcast_mul(x, w1), b1))
+
+    class Readout(gluon.HybridBlock):
+        def __init__(self, features: int = 64, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
                 self.w2 = self.params.get("w2", shape=(features,), init=mx.init.Normal(0.5))
                 self.b2 = self.params.get("b2", shape=(1,), init=mx.init.Zero())
 
-        def hybrid_forward(self, F, x, w1, b1, w2, b2):
-            h = F.tanh(F.broadcast_add(F.broadcast_mul(x, w1), b1))
+        def hybrid_forward(self, F, h, w2, b2):
             return F.broadcast_add(F.sum(F.broadcast_mul(h, w2), axis=1, keepdims=True), b2)
 
-    return Elementwise()
+    net = gluon.nn.HybridSequential()
+    net.add(Affine(), gluon.nn.BatchNorm(in_channels=64), Readout())
+    return net
 
 
 def main() -> int:

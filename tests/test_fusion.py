@@ -7,8 +7,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse
 from mxlarge.kvstore.roles import param_roles
-from mxlarge.kvstore.sync import FUSE_KEY, Bucket, SyncStore, fuse
+from mxlarge.kvstore.sync import SyncStore
 
 
 def test_buckets_fill_in_backward_order_and_big_tensors_travel_alone():

@@ -37,6 +37,36 @@ def _nag(inplace: bool):
     return w0, g.asnumpy(), out.asnumpy(), v.asnumpy()
 
 
+def test_mxnets_exit_skips_queued_operations_and_an_atexit_after_import_runs_first():
+    """Why a script ending right after ``trainer.step()`` hung (mxlarge/kvstore/shutdown.py):
+    ``import mxnet`` registers an ``atexit`` handler (``MXNotifyShutdown``) after which every
+    queued engine operation is skipped: of 50 increments queued behind a chain of products
+    (seconds of work) hardly any run; a handler registered after ``import mxnet`` runs before
+    it (``atexit`` is last in, first out), and a ``waitall`` there runs them all."""
+    script = textwrap.dedent("""
+        import atexit, sys
+        import mxnet as mx
+        from mxnet.base import _LIB, check_call
+        big, acc = mx.nd.ones((600, 600)), mx.nd.zeros((1,))
+        mx.nd.waitall()
+        for _ in range(50):
+            big = mx.nd.dot(big, big) / 600.0
+            acc += big[0, 0:1] * 0 + 1  # after this product
+        if sys.argv[1] == "shutdown":
+            check_call(_LIB.MXNotifyShutdown())
+            print("acc", acc.asnumpy()[0])
+        else:
+            atexit.register(lambda: print("acc", (mx.nd.waitall(), acc.asnumpy()[0])[1]))
+    """)
+    done = {}
+    for how in ("shutdown", "atexit"):
+        r = subprocess.run([sys.executable, "-c", script, how], capture_output=True, text=True,
+                           timeout=100)
+        assert r.returncode == 0 and r.stdout.startswith("acc "), (how, r.stderr[-2000:])
+        done[how] = float(r.stdout.split()[1])
+    assert done["shutdown"] < 25 and done["atexit"] == 50, done
+
+
 def test_nag_mom_update_is_eq10_whatever_its_docstring_says():
     """v ← m·v − η(g + λw); w ← w + m·v − η(g + λw): the LR inside the velocity (Goyal eq. 10),
     not the docstring's v ← γv + η∇J(w − γv), w ← w − v."""
@@ -181,3 +211,23 @@ def test_a_dist_store_outside_a_launched_job_is_mxnets_dmlc_num_worker_check():
     assert r.returncode == 1 and line in r.stderr, r.stderr[-2000:]
     doc = (Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md").read_text()
     assert f"`{line}`" in doc
+
+
+def test_bfloat16_amp_writes_no_accumulated_gradient_of_its_bfloat16_layers():
+    """Why ``train.amp=bfloat16`` refuses ``dist.simulate_workers > 1`` (which accumulates with
+    ``grad_req='add'``): under bfloat16 AMP the convolution's and dense layer's gradients stay
+    zero with 'add' (BatchNorm's, in float32, accumulate). AMP patches MXNet for the whole
+    process, so the script runs in its own (tests/amp_add_fact.py)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "amp_add_fact.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    write = [float(v) for v in rows["write"].split(",")]
+    add = [float(v) for v in rows["add"].split(",")]
+    # conv weight, conv bias, BN gamma, BN beta, dense weight, dense bias
+    assert all(v > 0 for v in write)
+    assert add[0] == add[1] == add[4] == add[5] == 0.0
+    assert add[2:4] == write[2:4]

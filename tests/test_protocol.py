@@ -37,3 +37,19 @@ def test_a_record_reads_back_and_a_torn_one_is_none():
     assert len(data) == heartbeat.SIZE and heartbeat.Record.decode(data) == rec
     assert heartbeat.Record.decode(data[:40]) is None
     assert heartbeat.Record.decode(b"") is None
+
+
+def test_finish_marks_every_issued_update_done_and_the_phase_finished(tmp_path):
+    """At exit (after waitall and the last barrier) every Beat of the process says finished,
+    with the updates it issued counted as done; the writer thread keeps saying it."""
+    beat = heartbeat.Beat(tmp_path, rank=1, interval=0.05)
+    beat.step(0, 0)
+    for t in range(1, 5):
+        beat.step(t - 1, t)
+        beat.step(t, t)  # update t issued: 0..t-1 done
+    assert beat.done == 4
+    heartbeat.finish_all()
+    rec = heartbeat.read_all(tmp_path)[1]
+    assert (rec.phase, rec.done, rec.issued, rec.here) == (heartbeat.FINISHED, 5, 4, 5)
+    time.sleep(0.2)
+    assert heartbeat.read_all(tmp_path)[1].phase == heartbeat.FINISHED

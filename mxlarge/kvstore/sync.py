@@ -2,80 +2,24 @@
 
 Servers only aggregate (they sum the k pushes of a key; no optimizer is ever sent to them), and
 every worker runs the same updater on the identical pulled sum, so the replicas stay identical.
-This sidesteps what breaks when MXNet runs the optimizer on the servers (lost ``wd_mult``, LR
-changes that never arrive, silent unpickling failures; see README's "MXNet 1.9.1 facts").
+Every collective is an exact *gather* (rank r writes its vector into slot r of a zero buffer),
+summed locally in rank order, so it is the same on every rank and under 2-bit compression.
 
-Two MXNet 1.9.1 traps handled here:
-
-* MXNet silently gives a *local* store (rank 0 of 1) for an unknown type name such as
-  ``horovod`` or a typo, so the type is validated before ``mx.kv.create``.
-* Gluon initialises the store lazily inside the first ``step()``; the initial weight pull and
-  the first gradient push of a key then race, and a weight can come back as a gradient sum.
-  Here every key is initialised, and the initial weights pulled *and waited for*, before any
-  gradient can exist: in the constructor for parameters that have their shapes, and for a
-  parameter initialised at the first forward (Gluon's deferred initialisation) by
-  :meth:`SyncStore.init_params` at that moment, before the forward reads it (what Horovod-MXNet
-  does for such parameters).
-
-A third: on CPU a dist push of one array keeps *that array* as the key's receive buffer
-("avoid memory copy" in kvstore_dist.h), so the next pull of the key overwrites the pushed
-array with the sum as well as ``out``. Harmless for gradients (they are replaced by the sum
-anyway); anything else is pushed as a copy.
-
-A fourth: ``set_gradient_compression`` applies to *every* later push of the store, not only
-gradients (it cannot be set per key, and a second dist store in one process hangs in its
-constructor's barrier with the servers, so :func:`create` hands out the process's live dist
-store instead of making a second one). 2-bit compression sends, per element, +t, −t or 0 and
-keeps the rest as a residual for the key's next push; a pushed value of exactly 0 or t is sent
-exactly and leaves a zero residual (``residual += g; if residual >= t: send t; residual -= t``,
-gradient_compression-inl.h). So every collective here is one exact *gather*: rank r writes its
-vector into slot r of a zero buffer and the pulled sum is every rank's vector side by side
-(x + 0 = x); under compression each float32 travels as its 32 bits, each bit pushed as 0 or t.
-Sums are then taken locally in rank order, so they are identical on every rank and independent
-of the order in which pushes reach the server.
-
-Fusion (Horovod's tensor fusion on a parameter server): per-key push/pull costs a round trip and
-a server request per tensor, which dominates for nets of many small tensors (a BN layer is two
-tensors of C floats). :func:`fuse` packs the pushed gradients, in backward order, into buckets
-of at most ``fusion_bytes``; a bucket of several tensors travels as one key whose value is their
-concatenation. The members' gradient arrays *are* views of the bucket's buffer (each member's
-``Parameter._grad`` is replaced by its view and re-marked for autograd after the first step's
-copies, and kept if the next backward wrote there: :meth:`SyncStore._adopt`), so backward
-writes straight into the buffer and nothing is copied: the buffer shares
-its engine variable with the views, so a bucket is pushed as soon as its last gradient exists
-and the overlap with backward is kept. Measured before this (2 workers + 2 servers on loopback,
-copies serialised): 3.2 ms of copies per step on the demo net's 20 fused tensors, 13.8 ms on
-ResNet-50's 119. A gradient array that is no longer its view (Gluon re-created it, e.g.
-``initialize(force_reinit=True)``) is copied in and out, and adopted again. A tensor of
-``fusion_bytes`` or more travels alone under its own key, with no copy. The server sums each
-element of a bucket exactly as it sums the same element of a lone key, so the sums are bitwise
-the same as per-key push/pull. A bucket larger than ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements is
-split evenly over the servers by MXNet like any big array.
-
-One request per key and step: ``pushpull`` (MXNet ≥ 1.6). The server answers it with the sum
-as soon as every worker's push of the key is in. A push then a pull cost a second round trip,
-and worse, ps-lite sends a worker's messages to a server in order over one connection, so each
-pull request queues behind every push issued before it: the step serialises into a push phase
-and a pull phase, 2·|g|/B on links of B. Measured on the testbed (ResNet-50's gradients, 2
-workers + 2 servers, 1 Gbit/s): push then pull 2.13× the bound |g|/B (one ad hoc run before
-the change), pushpull 1.17× (``make bench-cluster``). MXNet refuses
-pushpull under gradient compression; there it is push then pull.
-
-The 16-bit wire (``wire_dtype='float16'``, Horovod's ``Compression.fp16`` on a parameter
-server): each float32 bucket or lone gradient is cast to a float16 buffer (after multiplying by
-the trainer's prescale s, so AMP's loss scale does not push it out of float16's range), the
-buffer is pushpulled, and the sum is cast back (and divided by s). The servers are put in
-MXNet's multi-precision mode (``kSetMultiPrecision``, sent by rank 0 before any key exists), so
-they sum the k float16 pushes in float32 and round the sum once: per element
-|ŝ − Σx| ≤ 2⁻¹¹·Σ|x| (the pushes' rounding) + 2⁻¹¹·|Σx| (the sum's) + float16's subnormal step,
-the same on every rank and independent of the order the pushes arrive in. Without that mode a
-server sums float16 in float16, order-dependently (measured). Float16 *parameters* (``net.cast``)
-travel in float16 anyway, and get the same float32 merge. Several devices of one process are
-reduced by MXNet's local reduction in the wire's type.
+The MXNet 1.9.1 traps this module exists for: an unknown store name silently gives a local
+store (validated first); Gluon's lazy init races the first push (every key is initialised and
+pulled, and waited for, before any gradient exists; a deferred parameter at its
+initialisation); a CPU push keeps the pushed array as the receive buffer (non-gradients are
+pushed as copies); compression applies to every push and a second dist store hangs (one store
+per process, gathers that survive compression); and MXNet's exit skips queued pushes
+(:mod:`mxlarge.kvstore.shutdown`). Gradients travel fused in buckets whose members' gradient
+arrays are views of the bucket's buffer (:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per
+key, optionally as float16 summed in float32 by the servers (the 16-bit wire: per element
+within 2⁻¹¹·(Σ|x| + |Σx|) + (k+1)·2⁻²⁵ of the exact sum). The measurements and the longer why:
+docs/design/sync.md.
 
 Keys: parameter ``i`` uses int key ``i``; its float16 wire key (lone float32 gradients under the
-16-bit wire) is ``WIRE_KEY + i``; BN-statistic reductions use ``STAT_KEY + i``; bucket
-``b`` uses ``FUSE_KEY + b``; small collective vectors (checksums, scalar sums) use the keys from
+16-bit wire) is ``WIRE_KEY + i``; BN-statistic reductions use ``STAT_KEY + i``; bucket ``b`` uses
+``FUSE_KEY + b``; small collective vectors (checksums, scalar sums) use the keys from
 ``AUX_KEY`` on (MXNet refuses mixed int/str keys). All stay below 215,330 (see ``MAX_KEY``).
 """
 from __future__ import annotations
@@ -83,14 +27,15 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
 
 from mxlarge.errors import InputError, ReplicaMismatch
 from mxlarge.kvstore import FUSION_BYTES
+from mxlarge.kvstore.fusion import Bucket, fuse
 from mxlarge.kvstore.roles import ParamRole
+from mxlarge.kvstore.shutdown import leave_together
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
 WIRE_DTYPES = ("float32", "float16")
@@ -99,70 +44,9 @@ WIRE_DTYPES = ("float32", "float16")
 MAX_PARAMS = 50_000
 WIRE_KEY = 50_000
 STAT_KEY = 100_000
-FUSE_KEY = 150_000
 AUX_KEY = 200_000
 MAX_KEY = 2**31 // 9973 - 1
 SCALARS = 8  # length of the scalar-sum vector
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """Gradients that travel as one key: ``members`` (parameter indices, backward order) at
-    element ``offsets`` of a flat buffer of ``size`` floats. One member: its own key, no buffer."""
-
-    key: int
-    members: tuple[int, ...]
-    offsets: tuple[int, ...]
-    size: int
-
-    @property
-    def fused(self) -> bool:
-        return len(self.members) > 1
-
-
-def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
-         alone: frozenset[int] = frozenset(),
-         kinds: Sequence[str] | None = None) -> list[Bucket]:
-    """Greedy buckets over the parameters ``order`` (backward order) of ``sizes`` elements each.
-
-    A parameter of ``limit`` elements or more (or every one when ``limit`` ≤ 0) is a bucket of
-    its own under key ``i``, as is every index in ``alone``; the others fill buckets in order
-    while their total stays ≤ ``limit`` and their ``kinds`` (dtypes: a buffer has one) agree.
-    Buckets come in the order they are complete (a bucket
-    is ready when its last member is); bucket ``b`` of several members gets key
-    ``FUSE_KEY + b``.
-    """
-    groups: list[list[int]] = []
-    current: list[int] = []
-    total = 0
-    for i in order:
-        n = int(sizes[i])
-        if limit <= 0 or n >= limit or i in alone:
-            groups.append([i])
-            continue
-        if current and (total + n > limit
-                        or (kinds is not None and kinds[i] != kinds[current[0]])):
-            groups.append(current)
-            current, total = [], 0
-        current.append(i)
-        total += n
-        if total == limit:
-            groups.append(current)
-            current, total = [], 0
-    if current:
-        groups.append(current)
-    out, b = [], 0
-    for g in groups:
-        offsets = [0]
-        for i in g[:-1]:
-            offsets.append(offsets[-1] + int(sizes[i]))
-        size = offsets[-1] + int(sizes[g[-1]])
-        if len(g) == 1:
-            out.append(Bucket(g[0], (g[0],), (0,), size))
-        else:
-            out.append(Bucket(FUSE_KEY + b, tuple(g), tuple(offsets), size))
-            b += 1
-    return out
 
 
 def validate_kvstore(kind: str) -> str:
@@ -207,11 +91,12 @@ def create(kind: str) -> mx.kv.KVStore:
                          "(dist.kvstore=local)")
     live = live_dist_store()
     if live is None:
-        return mx.kv.create(kind)
+        live = mx.kv.create(kind)
     if live.type != kind:
         raise InputError(f"kvstore {kind!r}: this process already has a {live.type!r} store "
                          "and MXNet hangs creating a second one; pass that store "
                          f"(kvstore=kv) or create it as {kind!r}")
+    leave_together(live)  # its pending pushes run before MXNet's exit (kvstore/shutdown.py)
     return live
 
 

@@ -30,6 +30,7 @@ from mxlarge.launcher.guard import GuardReport, Lease
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.pslog import PsLog
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
+from mxlarge.protocol.heartbeat import Record
 
 # How often the supervision loops look at their children. Small enough that a failure is
 # noticed well within a second, large enough to cost nothing next to MXNet's own threads.
@@ -71,6 +72,37 @@ def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outco
         "worker", record.rank if record else None, child.index,
         record.host if record else None, child.pid, None, record.done if record else None,
         tuple(child.tail)))
+
+
+def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
+                 emit: Callable[[str], None]) -> Outcome | None:
+    """A job whose work is done, with a worker stuck in its exit: finished, not stalled.
+
+    Every worker reported finished (after the store's last barrier:
+    :mod:`mxlarge.kvstore.shutdown`) :attr:`Watchdog.exit_grace` seconds ago or more, and a
+    worker is still running: ``emit`` gets one warning line naming those still running (rank,
+    host, pid; a worker on a remote host is named while the job has not ended, as the launcher
+    cannot see its process exit) and the outcome is the job finished (exit 0); the caller's
+    teardown ends what is left. ``None`` otherwise, and without a watchdog.
+    """
+    if watchdog is None:
+        return None
+    waited = watchdog.finished_for()
+    if waited is None or waited < watchdog.exit_grace:
+        return None
+    running = {c.pid for c in children if c.role == "worker" and c.status is None}
+    local = {c.pid for c in children if c.role == "worker"}
+    records = sorted((s.record for s in watchdog.seen.values()), key=lambda r: r.rank)
+    stuck: list[Record] = [r for r in records if r.pid in running or r.pid not in local]
+    if not stuck:
+        return None
+    names = ", ".join(f"worker rank {r.rank} on {r.host} (pid {r.pid})" for r in stuck)
+    whose = "its" if len(stuck) == 1 else "their"
+    emit(f"warning: {names} finished {whose} work but did not exit within "
+         f"{watchdog.exit_grace:g} s of every worker finishing (stuck in MXNet's shutdown): "
+         "ended")
+    return Outcome(0, None, None, None, f"job finished: every worker reported its work done; "
+                   f"{len(stuck)} worker(s) stuck in exit ended")
 
 
 def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:
@@ -413,7 +445,8 @@ def supervise(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
     At each poll, in this order (the first that applies ends the loop): the launcher was
     signalled (``stop``; ``received[0]`` names the signal, SIGTERM if none) →
     ``backend.terminated``; a child failed (the first seen, :meth:`Supervisor.first_failure`)
-    → ``backend.explain``; the watchdog sees a stall (:func:`stall_outcome`); the job is
+    → ``backend.explain``; the watchdog sees a stall (:func:`stall_outcome`); the job is not
+    ending but its work is done and a worker is stuck in its exit (:func:`exit_outcome`); it is
     ending and ``backend.ended(seconds since it began ending)`` has the outcome. Nothing is torn
     down here: the caller tears down after the outcome's line is out.
     """
@@ -435,6 +468,11 @@ def supervise(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
             done = backend.ended(now - ending_since)
             if done is not None:
                 return done
+        else:
+            finished = exit_outcome(watchdog, sup.children,
+                                    lambda line: sup.sink.emit("launcher", line))
+            if finished is not None:
+                return finished
         sleep(POLL_INTERVAL)
 
 

@@ -32,6 +32,12 @@ The rules:
   host that does not answer is named as unreachable (a partition, a dead machine) in the
   warning and in the stall, and it ends the busy allowance.
 * **Done once a worker has exited**: the end of a job is the shutdown timeout's business.
+* **Finished.** A worker's last record says :data:`~mxlarge.protocol.heartbeat.FINISHED` once
+  every worker passed the store's last barrier at exit (:mod:`mxlarge.kvstore.shutdown`): a
+  finished worker is not busy, and once every worker is, the job cannot stall. A worker still
+  running :data:`EXIT_GRACE` seconds after that is stuck in its exit (MXNet's shutdown), and
+  the launcher ends it and reports the job finished
+  (:func:`mxlarge.launcher._supervise.exit_outcome`).
 * **Default timeout** (``timeout=None``): max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` × the
   median step time measured so far).
 * **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`
@@ -50,7 +56,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxlarge.protocol.heartbeat import Record, read_all
+from mxlarge.protocol.heartbeat import FINISHED, Record, read_all
 
 MIN_TIMEOUT = 120.0
 STEP_FACTOR = 20.0
@@ -59,6 +65,9 @@ START_FACTOR = 10.0
 FROZEN_AFTER = 5.0
 READ_EVERY = 0.5
 PROBE_EVERY = 5.0
+# Seconds a finished worker may take to exit: MXNet's shutdown took 0.9-2.2 s from the record
+# to the exit (10 workers of tests/exit_script.py on loopback, 2 cores at a load of 6.5).
+EXIT_GRACE = 10.0
 # Exit code of a job the watchdog stopped (as coreutils' `timeout` does).
 STALL_EXIT = 124
 
@@ -95,12 +104,15 @@ class _Seen:
         self.record = record
         self.changed = now   # steps or phase
         self.ticked = now    # any write at all
+        self.finished = now if record.phase == FINISHED else None  # seen finished since
 
     def update(self, record: Record, now: float) -> tuple[int, float] | None:
         """Takes a new record; returns (steps done since, seconds) when ``done`` advanced."""
         old, self.record = self.record, record
         if record.tick != old.tick:
             self.ticked = now
+        if record.phase == FINISHED and self.finished is None:
+            self.finished = now
         if (record.done, record.issued, record.phase) == (old.done, old.issued, old.phase):
             return None
         since, self.changed = self.changed, now
@@ -122,16 +134,19 @@ class Watchdog:
         clock: monotonic seconds (tests pass their own).
         probe: returns ``{host: why}`` of the job's hosts that do not answer (see the module
             docstring); ``None``: no hosts to probe (a local job).
+        exit_grace: seconds a finished worker may take to exit (module docstring).
     """
 
     def __init__(self, directory: str | Path, workers: int, timeout: float | None,
                  emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-                 probe: Callable[[], Mapping[str, str]] | None = None):
+                 probe: Callable[[], Mapping[str, str]] | None = None,
+                 exit_grace: float = EXIT_GRACE):
         if timeout is not None and timeout <= 0:
             raise ValueError(f"stall timeout must be > 0 seconds, got {timeout}")
         self.directory = Path(directory)
         self.workers = workers
         self.fixed_timeout = timeout
+        self.exit_grace = exit_grace
         self.emit = emit
         self.clock = clock
         self.seen: dict[int, _Seen] = {}
@@ -157,6 +172,12 @@ class Watchdog:
     def armed(self) -> bool:
         return len(self.seen) >= self.workers and all(s.record.here >= 1
                                                       for s in self.seen.values())
+
+    def finished_for(self) -> float | None:
+        """Seconds since every worker reported :data:`FINISHED` (``None`` while one has not)."""
+        if len(self.seen) < self.workers or any(s.finished is None for s in self.seen.values()):
+            return None
+        return self.clock() - max(s.finished for s in self.seen.values())
 
     def progress(self) -> int | None:
         """Updates every worker has completed, ``None`` before any report."""
@@ -194,6 +215,8 @@ class Watchdog:
     def check(self) -> Stall | None:
         """Reads the records; returns a :class:`Stall` once the job is stalled, warns at half."""
         self.read()
+        if self.finished_for() is not None:  # the exit's business now (module docstring)
+            return None
         if not self.armed:
             return self._check_start()
         now = self.clock()
@@ -203,7 +226,8 @@ class Watchdog:
             self._probe(now)
         frozen = any(now - s.ticked >= FROZEN_AFTER for s in self.seen.values())
         busy = [] if frozen or self.unreachable else sorted(
-            {s.record.phase for s in self.seen.values() if s.record.phase != "train"})
+            {s.record.phase for s in self.seen.values()
+             if s.record.phase not in ("train", FINISHED)})
         allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)
         if idle >= allowed:
             behind, names = self._behind(now)
@@ -222,7 +246,8 @@ class Watchdog:
         if not self.seen:
             return None
         now = self.clock()
-        busy = sorted({s.record.phase for s in self.seen.values() if s.record.phase != "train"})
+        busy = sorted({s.record.phase for s in self.seen.values()
+                       if s.record.phase not in ("train", FINISHED)})
         allowed = self.timeout * START_FACTOR * (BUSY_FACTOR if busy else 1.0)
         waited = now - self.started
         if waited < allowed / 2:

@@ -36,6 +36,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +44,9 @@ from pathlib import Path
 ENV = "MXLARGE_HEARTBEAT_DIR"
 SIZE = 512
 INTERVAL = 1.0  # seconds between writes of one worker's record
+# The phase of a worker whose work is done: every worker passed the store's last barrier, what
+# is left is MXNet's shutdown (written at exit by mxlarge.kvstore.shutdown).
+FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ class Record:
             before the first.
         here: updates completed by this process (0 until its first step is done: a
             restarted worker starts at a checkpoint's step).
-        phase: ``train``, or what the worker says it is busy with (``evaluating``, ...).
+        phase: ``train``, or what the worker says it is busy with (``evaluating``, ...), or
+            :data:`FINISHED`.
         tick: the writer's counter, +1 per write.
     """
 
@@ -149,6 +154,7 @@ class Beat:
         self._fd = os.open(path_for(directory, rank), os.O_WRONLY | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
         self._write()
+        _live.add(self)
         self._thread = threading.Thread(target=self._run, name=f"mxlarge heartbeat {rank}",
                                         daemon=True)
         self._thread.start()
@@ -175,6 +181,14 @@ class Beat:
         finally:
             self.phase = before
 
+    def finish(self) -> None:
+        """Record that this worker's work is done: every update it issued is complete (the
+        caller waited for them) and the phase is :data:`FINISHED` from now on."""
+        self.done = max(self.done, self.issued + 1)
+        self.here = self.done - (self._first if self._first is not None else self.done)
+        self.phase = FINISHED
+        self._write()
+
     def _write(self) -> None:
         with self._lock:  # the step and the writer thread: ticks stay in order
             self._tick += 1
@@ -188,3 +202,12 @@ class Beat:
         while True:
             time.sleep(self._interval)
             self._write()
+
+
+_live: weakref.WeakSet[Beat] = weakref.WeakSet()  # this process's Beats (their threads hold them)
+
+
+def finish_all() -> None:
+    """:meth:`Beat.finish` for every Beat of this process (at exit, after the last barrier)."""
+    for beat in list(_live):
+        beat.finish()

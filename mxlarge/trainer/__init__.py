@@ -1,61 +1,31 @@
 """``mxlarge.Trainer``: a ``gluon.Trainer`` that applies Goyal et al.'s update over a KVStore.
 
-It is a subclass of ``mx.gluon.Trainer``, as Horovod's ``DistributedTrainer`` is, overriding the
+A subclass of ``mx.gluon.Trainer``, as Horovod's ``DistributedTrainer`` is: it overrides the
 exchange (:meth:`Trainer.allreduce_grads`), the update (:meth:`Trainer.update`), the store and
-the states files; so ``isinstance``, MXNet's AMP (``amp.init_trainer``, ``amp.scale_loss``,
-``amp.unscale``), ``allreduce_grads()`` + ``update()``, ``learning_rate``, ``set_learning_rate``
-and ``save_states``/``load_states`` behave as Gluon users expect. Two forms, told apart by the
-second argument:
+the states files, and inherits the rest, so MXNet's AMP and Gluon's own API work with it. Two
+forms, told apart by the second argument: **Gluon's** (an optimizer name or instance and
+MXNet's ``optimizer_params``, translated by :mod:`mxlarge.trainer.gluon_args`; the schedule is
+derived once the global batch B is known: η(t) = warmed_up(ρ·η_user(t), warmup_steps,
+warmup_lr) with ρ = scaled_lr(1, reference_batch, B, scaling) and η_user(t) =
+lr_scheduler(t + 1) or learning_rate), and **mxlarge's explicit form** (a final
+``schedule(step) -> lr``, as :func:`mxlarge.plan.plan` builds it).
 
-* **Gluon's** (the one-line migration)::
+One counter: :attr:`num_update` counts applied updates; ``step(n)`` applies update
+``num_update``, ``step(n, t)`` applies update t and the count follows. The update sums the
+gradients over k workers (and devices) and rescales by s/(k·n), s = ``rescale_grad`` (divided
+by AMP's loss scale under ``amp.scale_loss``): each worker's loss is normalised by the *global*
+batch (Goyal §3), where ``gluon.Trainer.step(n)`` on dist_sync applies k times the update.
+Under AMP, overflow is decided on the summed gradients, so every rank skips the same steps, and
+a skipped step does not count (Gluon's rule). ``multi_precision`` keeps float32 master weights
+and momentum for float16 weights; ``wire_dtype='float16'`` is the 16-bit wire
+(:mod:`mxlarge.kvstore.sync`). What cannot be honoured is refused with the reason; a parameter
+without its shape gets rank 0's value at its initialisation (:mod:`mxlarge.trainer.deferred`);
+a dist Trainer makes its process leave at once on an uncaught exception
+(:func:`mxlarge.protocol.failfast.install_fail_fast`). The user's guide: docs/trainer.md.
 
-      trainer = mxlarge.Trainer(net.collect_params(), "sgd",
-                                {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4},
-                                kvstore="dist_sync", reference_batch=256, warmup_steps=500)
-      trainer.step(batch_size)                 # per-worker images, as with gluon.Trainer
-
-  ``optimizer`` is a name (``sgd``, ``nag``, ``lars``, ``lbsgd``) or an ``mx.optimizer``
-  instance of those classes; ``optimizer_params`` are MXNet's own (``learning_rate``,
-  ``momentum``, ``wd``, ``rescale_grad``, ``lr_scheduler``, ``multi_precision``, ...), parsed by
-  MXNet itself (:mod:`mxlarge.trainer.gluon_args`). The schedule is derived once the global
-  batch is known (at construction with ``batch_size=``, else at the first update)::
-
-      η_user(t) = lr_scheduler(t + 1)  or  learning_rate    (MXNet asks for 1 on update 0)
-      B         = World(store workers, devices, simulated, n).global_batch
-      ρ         = schedulers.scaled_lr(1, reference_batch, B, scaling)   (1 without a reference)
-      η(t)      = warmed_up(ρ · η_user, warmup_steps, warmup_lr)         (warmup_lr = η_user(0))
-
-* **mxlarge's explicit form**, for loops that already own a schedule::
-
-      trainer = mxlarge.Trainer(net.collect_params(), schedule, momentum=0.9, weight_decay=1e-4)
-
-  ``schedule(step) -> lr`` is final (build it with :func:`mxlarge.plan.plan` or
-  :mod:`mxlarge.schedulers`); the large-batch keywords are refused there.
-
-**One counter.** :attr:`num_update` counts applied updates. ``step(n)`` applies update
-``num_update``; ``step(n, t)`` applies update ``t`` (a loop that owns its counter) and the count
-follows it (``num_update = t + 1``). ``step(n)`` sums the gradients over all k workers (and
-devices) and applies the update with rescale s/(k·n), s = ``rescale_grad`` (divided by AMP's
-loss scale under ``amp.scale_loss``): each worker's loss is normalised by the *global* batch
-(Goyal §3), not by its own n as ``gluon.Trainer.step(n)`` would, which on dist_sync applies k
-times the intended update because servers sum.
-
-**Precision.** ``multi_precision`` (Gluon's optimizer argument) keeps float32 master weights and
-momentum for float16 weights, in the states files too. Under AMP's dynamic loss scaling the
-overflow check runs on the *summed* gradients, identical on every rank, so every rank skips the
-same steps; a skipped step applies nothing and does not advance :attr:`num_update` (Gluon's
-rule). ``wire_dtype='float16'`` pushes float32 gradients as float16, summed in float32 by the
-servers (:mod:`mxlarge.kvstore.sync`).
-
-What cannot be honoured is refused with the reason: the optimizer never runs on the servers
-(``update_on_kvstore=True`` loses ``wd_mult`` and LR changes on MXNet 1.9.1), every gradient is
-pushed every step (``ignore_stale_grad=True``), no sparse parameters. A parameter built without
-its shape gets rank 0's value the moment Gluon initialises it (:mod:`mxlarge.trainer.deferred`).
-By default the update differs from gluon.Trainer's by momentum correction and no decay on BN
-γ/β and biases (said once on rank 0's stderr); ``momentum_correction=False, decay_bn_bias=True``
-give gluon.Trainer's update bitwise (sgd; nag without weight decay). A dist Trainer installs
-:func:`mxlarge.protocol.failfast.install_fail_fast`: an uncaught exception ends the process at
-once instead of deadlocking in ps-lite's exit barrier.
+Over 500 lines because it is one class with Gluon's whole Trainer surface (both forms'
+arguments documented in place, the step, the states, the facts the loop reads); what is not
+the class (argument translation, states files, deferred init) has its own module.
 """
 from __future__ import annotations
 
@@ -126,7 +96,7 @@ class Trainer(mx.gluon.Trainer):
         compression: e.g. ``{'type': '2bit', 'threshold': 0.5}`` (dist only).
         fusion_bytes: gradients of tensors smaller than this travel packed in buckets of up
             to this many bytes, one push/pull per bucket, bitwise the same sums
-            (:func:`mxlarge.kvstore.sync.fuse`); 0: one key per tensor.
+            (:func:`mxlarge.kvstore.fusion.fuse`); 0: one key per tensor.
         bn_stats: BN statistics for evaluation/checkpoints: ``local``, ``broadcast``, ``reduce``
             (owned by :attr:`bn`, a :class:`~mxlarge.bnstats.BNStats`).
         simulate_workers: K > 1 reproduces K dist_sync workers in this process: the loop runs
@@ -541,6 +511,10 @@ class Trainer(mx.gluon.Trainer):
         if not self._masters_current:
             self._refresh_masters()
         scaler = getattr(self, "_amp_loss_scaler", None)
+        if scaler is not None and self.simulated_workers > 1:
+            raise ValueError("simulate_workers with AMP is not supported: MXNet 1.9.1's "
+                             "bfloat16 convolution and dense kernels write no gradient when "
+                             "it accumulates (grad_req='add'; docs/mxnet-facts.md)")
         # the summed gradients are bitwise the same on every rank, so is this decision
         if scaler is not None and scaler.has_overflow(self._params):
             return False

@@ -110,7 +110,8 @@ def test_bn_statistics_are_pulled_once_at_init_and_never_exchanged_as_parameters
     """At init every parameter, BN statistics included, is pulled once (rank 0's initial
     values); during training no statistic is pushed or pulled under its parameter key, and
     only `reduce` exchanges statistics, on their own keys, once per evaluation."""
-    from mxlarge.kvstore.sync import FUSE_KEY, STAT_KEY
+    from mxlarge.kvstore.fusion import FUSE_KEY
+    from mxlarge.kvstore.sync import STAT_KEY
     from mxlarge.launcher import run_local
 
     cfg = tmp_path / "bn.yaml"

@@ -48,6 +48,8 @@ def test_show_prints_what_runs_in_which_precision(tmp_path):
                             "dist.device_type = 'cpu'"),
     (["train.amp=bfloat16", "train.gns_every=2"],
      "train.gns_every = 2: expected 0 with train.amp = 'bfloat16'"),
+    (["train.amp=bfloat16", "dist.simulate_workers=2"],
+     "dist.simulate_workers = 2: expected 1 with train.amp = 'bfloat16'"),
 ])
 def test_precision_settings_that_cannot_work_are_refused(tmp_path, overrides, message):
     from mxlarge.config import ConfigError, load_config
@@ -68,3 +70,20 @@ def test_the_128_gpu_setting_takes_float16_amp_and_the_16_bit_wire(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "precision compute: float16 (MXNet AMP, dynamic loss scaling)" in r.stdout
     assert "train.amp=float16" in cfg.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_launched_amp_job_with_the_16_bit_wire_is_deterministic(tmp_path):
+    """The same bfloat16 AMP job with the 16-bit wire twice: bitwise the same weights and BN
+    statistics on every rank (the servers' float32 sums do not depend on arrival order)."""
+    from tests.e2e.test_simulate import _assert_same
+
+    cfg = tmp_path / "amp.yaml"
+    cfg.write_text(BN_CONFIG)
+    for name in ("first", "again"):
+        r = cli(["launch", str(cfg), "-n", "2", "-s", "1", "train.amp=bfloat16",
+                 "dist.wire_dtype=float16",
+                 f"train.save_params={tmp_path}/{name}-{{rank}}.params"], tmp_path)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _assert_same(tmp_path / "first", tmp_path / "again", 2)

@@ -14,6 +14,9 @@ def test_launched_job_prints_a_progress_line_every_log_every_steps(tmp_path):
     r = cli(["launch", str(cfg), "-n", "2", "-s", "1", "train.max_steps=30",
              "train.log_every=10", "train.progress=true"], tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # every process exited by itself: no worker had to be ended after it finished (issue 42)
+    assert "job finished: 2 worker(s), 1 server(s) and the scheduler exited 0" in r.stdout
+    assert "[launcher] warning" not in r.stdout
     lines = re.findall(r"step (\d+)/(\d+) epoch 1/1 loss=(\S+) lr=(\S+) images/s=(\S+) "
                        r"eta=(\S+)", r.stdout)
     assert [int(s) for s, *_ in lines] == [10, 20, 30]

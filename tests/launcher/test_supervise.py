@@ -16,11 +16,13 @@ from mxlarge.launcher._supervise import (
     LineSink,
     Supervisor,
     describe_status,
+    exit_outcome,
     stall_outcome,
     supervise,
 )
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.watchdog import Watchdog
+from mxlarge.protocol.heartbeat import FINISHED
 from tests.launcher.test_watchdog import Clock, put
 
 
@@ -107,6 +109,71 @@ def test_one_stall_rule_for_remote_workers_and_ended_ones(tmp_path):
     ended = [_child(100, 0), _child(101, 1, status=0)]
     assert stall_outcome(_stalled_dog(tmp_path / "b"), ended) is None
     assert stall_outcome(None, remote) is None
+
+
+def _finished_dog(directory, grace=5.0):
+    """A real watchdog (test clock) over heartbeat files in which ranks 0 and 1 (pids 100 and
+    101 on hostA) reported finished at step 5; it has seen them for ``grace`` s."""
+    directory.mkdir(exist_ok=True)
+    clock = Clock()
+    dog = Watchdog(directory, 2, 10, lambda line: None, clock, exit_grace=grace)
+    for rank in (0, 1):
+        put(directory, rank, 5, here=5, phase=FINISHED)
+    assert dog.check() is None
+    clock.t += grace
+    return dog
+
+
+def test_a_worker_stuck_in_exit_after_the_job_finished_is_named_once_and_the_job_finished(
+        tmp_path):
+    """Every worker finished ``exit_grace`` s ago: the workers still running are named in one
+    warning (rank, host, pid) and the job is finished (exit 0, no failure, no reason); not
+    before the grace, not while one has not finished, nothing once every worker exited; a
+    remote worker (no local child has its pid) is named, as the launcher cannot see it exit."""
+    lines = []
+    children = [_child(100, 0, status=0), _child(101, 1), _child(7, 0, role="server")]
+    out = exit_outcome(_finished_dog(tmp_path / "a"), children, lines.append)
+    assert out is not None
+    assert (out.exit_code, out.reason, out.failed_role, out.failed_rank) == (0, None, None, None)
+    assert out.message.startswith("job finished")
+    assert lines == ["warning: worker rank 1 on hostA (pid 101) finished its work but did not "
+                     "exit within 5 s of every worker finishing (stuck in MXNet's shutdown): "
+                     "ended"]
+    assert exit_outcome(_finished_dog(tmp_path / "b", grace=0.0), [], lines.append) is not None
+    dog = _finished_dog(tmp_path / "c")
+    dog.exit_grace = 6.0
+    assert exit_outcome(dog, children, lines.append) is None  # within the grace
+    done = [_child(100, 0, status=0), _child(101, 1, status=0)]
+    assert exit_outcome(_finished_dog(tmp_path / "d"), done, lines.append) is None
+    (tmp_path / "e").mkdir()
+    dog = Watchdog(tmp_path / "e", 2, 10, lambda line: None, Clock(), exit_grace=0.0)
+    put(tmp_path / "e", 0, 5, here=5, phase=FINISHED)
+    put(tmp_path / "e", 1, 5, here=5)  # rank 1 has not finished
+    assert dog.check() is None
+    assert exit_outcome(dog, children, lines.append) is None
+    assert exit_outcome(None, children, lines.append) is None
+    remote = [_child(9001, 0), _child(9002, 1)]
+    lines.clear()
+    assert exit_outcome(_finished_dog(tmp_path / "f"), remote, lines.append) is not None
+    assert "worker rank 0 on hostA (pid 100), worker rank 1 on hostA (pid 101) finished " \
+        "their work" in lines[0]
+    assert len(lines) == 1
+
+
+def test_the_loop_ends_a_finished_job_stuck_in_exit_only_while_it_is_not_ending(tmp_path):
+    """The exit rule comes after a stall and before the end: a job already ending is the end's
+    business (``ended``), however long its workers took."""
+    worker = _Kid("worker", 1, 101)
+    log = []
+    run = _Run({})
+    out = supervise(_sup(worker), _backend(log), _finished_dog(tmp_path / "a"),
+                    threading.Event(), [], clock=run.clock, sleep=run.sleep)
+    assert (out.exit_code, out.reason, out.message[:12], log) == (0, None, "job finished", [])
+    ending = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, None, None, None,
+                                                                          "ended"))
+    out = supervise(_sup(worker), ending, _finished_dog(tmp_path / "b"), threading.Event(), [],
+                    clock=run.clock, sleep=run.sleep)
+    assert out.message == "ended"
 
 
 class _Kid:

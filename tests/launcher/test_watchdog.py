@@ -200,3 +200,22 @@ def test_stall_seconds_refuses_what_is_not_seconds(text):
     with pytest.raises(argparse.ArgumentTypeError,
                        match=f"expected seconds >= 0 \\(0 disables\\), got {text!r}"):
         stall_seconds(text)
+
+
+def test_finished_workers_cannot_stall_and_say_since_when(tmp_path):
+    """A finished worker (its exit, after the store's last barrier) is not busy; once every
+    worker is finished the job cannot stall, whatever the time, and ``finished_for`` counts
+    from the last one's report."""
+    clock, lines = Clock(), []
+    dog = Watchdog(tmp_path, 2, 10, lines.append, clock)
+    put(tmp_path, 0, 5, here=5)
+    put(tmp_path, 1, 5, here=5)
+    assert dog.check() is None and dog.finished_for() is None
+    put(tmp_path, 0, 5, here=5, phase=heartbeat.FINISHED)
+    assert advance(clock, dog, 1) is None and dog.finished_for() is None
+    stall = advance(clock, dog, 10)  # rank 1 never finishes: the normal timeout, not 10 x
+    assert stall is not None and "busy" not in stall.message
+    put(tmp_path, 1, 5, here=5, phase=heartbeat.FINISHED)
+    assert advance(clock, dog, 1) is None
+    assert dog.finished_for() == 0.0
+    assert advance(clock, dog, 1000) is None and dog.finished_for() == 1000.0

@@ -15,7 +15,6 @@ and judges a stall with one rule (:func:`stall_outcome`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from typing import IO, Any
 
 from mxlarge.launcher.guard import GuardReport, Lease
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.pgroups import live_process_groups, parent_death_signal, signal_group
 from mxlarge.launcher.pslog import PsLog
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 from mxlarge.protocol.heartbeat import Record
@@ -46,7 +46,6 @@ TAIL_LINES = 200
 _DRAIN_WAIT = 1.0
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
@@ -101,8 +100,8 @@ def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
     emit(f"warning: {names} finished {whose} work but did not exit within "
          f"{watchdog.exit_grace:g} s of every worker finishing (stuck in MXNet's shutdown): "
          "ended")
-    return Outcome(0, None, None, None, f"job finished: every worker reported its work done; "
-                   f"{len(stuck)} worker(s) stuck in exit ended")
+    return Outcome(0, f"job finished: every worker reported its work done; {len(stuck)} "
+                      "worker(s) stuck in exit ended")
 
 
 def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:
@@ -248,53 +247,6 @@ class Child:
         self._pump.join(timeout)
 
 
-def _parent_death_signal() -> Any:
-    """A ``preexec_fn`` asking the kernel to SIGKILL the child when the launcher dies.
-
-    The last line of defence for what no ``finally`` can cover: a SIGKILLed launcher. Linux
-    sends the signal when the *thread* that forked the child exits; every spawn here happens
-    in a thread that outlives its child (the supervising thread, or dmlc's thread that waits
-    for it). It covers the direct child only; its descendants rely on normal teardown.
-    Returns ``None`` where prctl is unavailable.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-def _live_process_groups() -> set[int]:
-    """Process-group ids that have at least one process that is not a zombie."""
-    groups: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) >= 3 and fields[0] not in (b"Z", b"X"):
-            groups.add(int(fields[2]))
-    return groups
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 class Supervisor:
     """Starts children in their own process groups, streams their output, tears them down.
 
@@ -315,7 +267,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._closing = False
         self._closed = False
-        self._preexec = _parent_death_signal()
+        self._preexec = parent_death_signal()
         self._lease: Lease | None = None
 
     def spawn(self, role: str, index: int | None, args: str | Sequence[str], *,
@@ -373,23 +325,23 @@ class Supervisor:
         with self._lock:
             self._closing = True
             groups = {c.pid for c in self.children}
-        live = groups & _live_process_groups()
+        live = groups & live_process_groups()
         if not live:
             return
         for pgid in live:
-            _killpg(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             # a stopped process (SIGSTOP, a stalled job) acts on SIGTERM only once continued
-            _killpg(pgid, signal.SIGCONT)
+            signal_group(pgid, signal.SIGCONT)
         deadline = time.monotonic() + grace
         while live and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
-            live &= _live_process_groups()
+            live &= live_process_groups()
         for pgid in live:
-            _killpg(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
         deadline = time.monotonic() + _KILL_WAIT
         while live and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
-            live &= _live_process_groups()
+            live &= live_process_groups()
 
     def close(self, grace: float) -> None:
         """Tear everything down, reap the group leaders and drain the output pumps."""

@@ -134,7 +134,7 @@ def test_a_worker_stuck_in_exit_after_the_job_finished_is_named_once_and_the_job
     children = [_child(100, 0, status=0), _child(101, 1), _child(7, 0, role="server")]
     out = exit_outcome(_finished_dog(tmp_path / "a"), children, lines.append)
     assert out is not None
-    assert (out.exit_code, out.reason, out.failed_role, out.failed_rank) == (0, None, None, None)
+    assert (out.exit_code, out.reason, out.failure) == (0, None, None)
     assert out.message.startswith("job finished")
     assert lines == ["warning: worker rank 1 on hostA (pid 101) finished its work but did not "
                      "exit within 5 s of every worker finishing (stuck in MXNet's shutdown): "
@@ -169,8 +169,7 @@ def test_the_loop_ends_a_finished_job_stuck_in_exit_only_while_it_is_not_ending(
     out = supervise(_sup(worker), _backend(log), _finished_dog(tmp_path / "a"),
                     threading.Event(), [], clock=run.clock, sleep=run.sleep)
     assert (out.exit_code, out.reason, out.message[:12], log) == (0, None, "job finished", [])
-    ending = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, None, None, None,
-                                                                          "ended"))
+    ending = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, "ended"))
     out = supervise(_sup(worker), ending, _finished_dog(tmp_path / "b"), threading.Event(), [],
                     clock=run.clock, sleep=run.sleep)
     assert out.message == "ended"

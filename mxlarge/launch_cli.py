@@ -1,5 +1,10 @@
 """``mxlarge launch``: one MLflow run per job, then ps-lite roles via :mod:`mxlarge.launcher`.
 
+argv becomes a :class:`Launch` (:func:`prepare`: the job's spec, its backend and its restart
+plan, every refusal before anything starts), which :func:`run_launch` runs in the job's run;
+what each attempt runs (resume, elastic world, hostfile) is the restart plan's
+(:class:`~mxlarge.launcher.restart.RestartPlan`), not this module's.
+
 Every process runs the same ``mxlarge train CONFIG ... --world PxDxSxN`` command: the scheduler
 and servers run their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`),
 the workers train. The job's world is decided here once (:func:`launch_config`: ``-n`` sets

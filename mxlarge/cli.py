@@ -286,7 +286,7 @@ def _main(argv: Sequence[str] | None) -> int:
             from mxlarge.sweep import sweep_command
             return sweep_command(args)
         if args.verb == "report":
-            from mxlarge.report import report_command
+            from mxlarge.reporting.cli import report_command
             return report_command(args)
     except InputError as exc:
         return _fail(str(exc), 2)

@@ -16,7 +16,7 @@ hands to the next,
 
 Metric names are MLflow's: the part before the first ``/`` is the section the MLflow UI groups
 a run's charts in (``train``, ``val``, ``perf``, ``gns``; MLflow's own ``system``). Stores
-written before these names used :data:`mxlarge.report.LEGACY_METRICS`.
+written before these names used :data:`mxlarge.reporting.runs.LEGACY_METRICS`.
 
 The order is stated once, as each hook class's :attr:`Hook.stage`; the loop runs hooks sorted by
 stage (stable for equal stages), so producers always run before consumers:

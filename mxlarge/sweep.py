@@ -299,7 +299,7 @@ def _match_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
 
 
 def _final_error(uri: str, run_id: str | None) -> float | None:
-    from mxlarge.report import run_final_error_of
+    from mxlarge.reporting.store import run_final_error_of
 
     return None if run_id is None else run_final_error_of(uri, run_id)
 

@@ -489,7 +489,7 @@ class MLflowHook(Hook):
             with tempfile.TemporaryDirectory() as tmp:
                 files: list[str | Path] = [v for k, v in loop.artifacts.items() if k != "model"]
                 if loop.history:
-                    from mxlarge.plots import plot_training_curves
+                    from mxlarge.reporting.plots import plot_training_curves
                     png = Path(tmp) / "training_curves.png"
                     plot_training_curves(loop.history, png, title=self.cfg.name)
                     files.append(png)
@@ -568,7 +568,7 @@ def find_sweep_parent(uri: str, experiment: str, name: str) -> RunHandle | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# sweeps and reports (mxlarge.sweep, mxlarge.report): plain data in and out, no MLflow objects
+# sweeps and reports (mxlarge.sweep, mxlarge.reporting): plain data in and out, no MLflow objects
 
 
 def find_runs(uri: str, experiment: str, tags: dict[str, str],
@@ -608,6 +608,11 @@ def find_runs(uri: str, experiment: str, tags: dict[str, str],
         token = page.token
         if not token:
             return out
+
+
+def latest_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """``{key: latest value}`` of every metric of one run."""
+    return dict(client(uri).get_run(run_id).data.metrics)
 
 
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

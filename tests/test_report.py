@@ -5,27 +5,21 @@ import math
 import numpy as np
 import pytest
 
-from mxlarge.report import (
-    RunData,
+from mxlarge.reporting.plots import plot_error_vs_batch, plot_loss_lr, plot_val_error
+from mxlarge.reporting.runs import RunData, config_fingerprint, epoch_rows, select_runs
+from mxlarge.reporting.summary import (
     all_reached,
-    config_fingerprint,
     convergence_speedup,
-    epoch_rows,
-    final_error,
-    markdown_table,
     mean_curve,
     mean_std,
     median_throughput,
-    plot_error_vs_batch,
-    plot_loss_lr,
-    plot_val_error,
-    render_markdown,
     run_final_error,
     scaling,
-    select_runs,
     summarize,
     time_to_target,
 )
+from mxlarge.reporting.tables import markdown_table, render_markdown
+from mxlarge.stats import final_error
 
 PARAMS = {"data.batch_size": "32", "optim.base_lr": "0.1", "dist.workers": "1",
           "dist.kvstore": "local", "train.seed": "0", "name": "x", "tracking.uri": "None"}
@@ -249,7 +243,7 @@ def test_plots_draw_the_data(tmp_path):
 # -- gradient noise scale ---------------------------------------------------------------------
 
 def test_noise_scale_stages_skip_the_start_and_take_thirds():
-    from mxlarge.report import noise_scale_stages
+    from mxlarge.reporting.summary import noise_scale_stages
     # 10 wild first points (skipped: first 10% of 100), then thirds of 30 at 10, 20, 40
     pts = [(i, 5000.0) for i in range(10)] + [(10 + i, v) for i, v in
                                                enumerate([10.0] * 30 + [20.0] * 30 + [40.0] * 30)]
@@ -259,7 +253,8 @@ def test_noise_scale_stages_skip_the_start_and_take_thirds():
 
 
 def test_noise_scale_verdicts():
-    from mxlarge.report import FAR_ABOVE, noise_scale_verdict
+    from mxlarge.reporting.summary import FAR_ABOVE
+    from mxlarge.reporting.tables import noise_scale_verdict
     assert noise_scale_verdict(16, (64.0, 100.0, 700.0)) == "below B_simple throughout"
     assert "above B_simple early/middle" in noise_scale_verdict(256, (64.0, 100.0, 700.0))
     far = noise_scale_verdict(int(FAR_ABOVE * 64) + 1, (64.0, 100.0, 700.0))
@@ -267,7 +262,7 @@ def test_noise_scale_verdicts():
 
 
 def test_noise_scale_section_in_markdown():
-    from mxlarge.report import RunData, noise_scale_markdown
+    from mxlarge.reporting.tables import noise_scale_markdown
     pts = tuple((i, 50.0) for i in range(40))
     runs = [RunData(run_id="a" * 32, label="16x", seed=0, global_batch=256, gns=pts),
             RunData(run_id="b" * 32, label="base", seed=0, global_batch=16)]

@@ -9,7 +9,10 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from mxlarge import tracking
-from mxlarge.report import LEGACY_METRICS, label_metrics, load_sweep_runs, write_report
+from mxlarge.reporting.cli import write_report
+from mxlarge.reporting.runs import LEGACY_METRICS
+from mxlarge.reporting.store import load_sweep_runs
+from mxlarge.reporting.summary import label_metrics
 
 # per seed: val errors of 3 epochs (logged at steps 10, 20, 30), images/s, per-step losses
 RUNS = {0: ([0.5, 0.3, 0.2], 100.0), 1: ([0.6, 0.25, 0.15], 120.0)}
@@ -84,7 +87,7 @@ def test_sweep_parent_gets_the_table_and_the_per_label_numbers(tmp_path, mlflow_
 
 
 def test_label_metrics_keys_are_names_mlflow_accepts():
-    from mxlarge.report import LabelRow, Summary, metric_key
+    from mxlarge.reporting.summary import LabelRow, Summary, metric_key
 
     assert metric_key("16x recipe (LARS, η=5)/b") == "16x recipe _LARS_ η_5__b"
     row = LabelRow(label="a/b", seeds=(0,), missing_seeds=(), workers=1, global_batch=32,

@@ -132,10 +132,26 @@ def test_schedulers_and_plan_leaves():
 
 
 def test_report_does_not_import_mxnet():
-    code = "import sys, mxlarge.report, mxlarge.tracking; print('mxnet' in sys.modules)"
+    code = ("import sys, mxlarge.reporting.cli, mxlarge.tracking; "
+            "print('mxnet' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_reporting_is_one_room():
+    """Every plot is drawn in ``reporting/plots.py`` (the only matplotlib import), and of the
+    reporting modules only the MLflow reads (``store``) and the verb (``cli``) reach
+    ``mxlarge.tracking``: the arithmetic, the tables and the plots work on plain records."""
+    users = sorted(_module(p) for p in PKG.rglob("*.py")
+                   if re.search(r"^\s*(import matplotlib|from matplotlib)", p.read_text(), re.M))
+    assert users == ["mxlarge.reporting.plots"]
+    g = import_graph()
+    room = sorted(m for m in g if m.startswith("mxlarge.reporting."))
+    assert {f"mxlarge.reporting.{m}" for m in ("runs", "store", "summary", "study", "tables",
+                                               "plots", "cli")} <= set(room)
+    reading = sorted(m for m in room if "mxlarge.tracking" in reachable(g, m))
+    assert reading == ["mxlarge.reporting.cli", "mxlarge.reporting.store"]
 
 
 def test_mlflow_is_imported_in_one_module_only():

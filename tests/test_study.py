@@ -1,15 +1,20 @@
 """The study section of `mxlarge report`: target from the sweep file, Welch marks, MLPerf."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 
 import pytest
 
-from mxlarge import stats, study
+from mxlarge import stats
 from mxlarge.config import ConfigError
-from mxlarge.report import RunData, render_markdown, summarize
+from mxlarge.reporting import study
+from mxlarge.reporting.plots import plot_study
+from mxlarge.reporting.runs import RunData
+from mxlarge.reporting.summary import summarize
+from mxlarge.reporting.tables import largest_within, render_markdown, study_markdown
 from mxlarge.sweep import cell_tags, expand, sweep_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,12 +102,12 @@ def test_markdown_and_plot(tmp_path):
     runs = _study_runs()
     target = study.target_from_runs(runs)
     rows = study.rows(runs, target, [])
-    text = "\n".join(study.markdown(rows, target))
+    text = "\n".join(study_markdown(rows, target))
     assert "validation error ≤ **1.50%** = mean final error of '1x recipe' + 0.30 points" in text
     assert "| 16x no warmup | 512 | n/a | 0.8 | 5 |" in text
     assert "not reached by 5 of 5 runs" in text and "**" in text
     assert "| 1x recipe | 32 | n/a | 0.05 | 5 | 1.20 ± 0.16 |" in text
-    study.plot(rows, tmp_path / "study.png", "t")
+    plot_study(rows, tmp_path / "study.png", "t")
     assert (tmp_path / "study.png").stat().st_size > 10_000
     md = render_markdown("s", summarize(runs, 0.99), runs, [], {}, [], text)
     assert md.index("## Study") < md.index("## How the numbers are computed")
@@ -209,22 +214,47 @@ def test_largest_batch_within_the_tolerance_is_stated():
     target = study.target_from_runs(runs)
     rows = study.rows(runs, target, [])
     # 16x recipe: mean of 0.013, 0.0135, 0.014, 0.0145, 0.03 = 0.017, 0.5 points above 1x's 0.012
-    text = study.largest_within(rows, target)[0]
+    text = largest_within(rows, target)[0]
     assert "up to global batch **32** ('1x recipe')" in text
     assert "1x recipe (batch 32) +0.00 points, holds" in text
     assert "16x recipe (batch 512) +0.50 points, misses" in text
-    assert text in "\n".join(study.markdown(rows, target))
+    assert text in "\n".join(study_markdown(rows, target))
     # with a 0.6-point tolerance 16x holds too
     wide = study.Target(target.reference, 0.006, target.error - target.tolerance + 0.006)
-    assert "up to global batch **512** ('16x recipe')" in " ".join(study.largest_within(rows, wide))
+    assert "up to global batch **512** ('16x recipe')" in " ".join(largest_within(rows, wide))
     # the reference missing: no statement
-    assert study.largest_within(rows, study.Target("1x recipe", 0.003, None)) == []
+    assert largest_within(rows, study.Target("1x recipe", 0.003, None)) == []
 
+
+
+def test_variants_of_the_reference_are_compared_with_it():
+    """Labels without a recipe at their batch (precision variants of one job) get their Welch
+    test against the reference at the same batch, and no 'where the recipe holds' line."""
+    ref = json.dumps({"reference": "float32", "tolerance": 0.003})
+    runs = []
+    for label, base in (("float32", 0.007), ("16-bit wire", 0.0072), ("bfloat16 AMP", 0.009),
+                        ("at 1x", 0.005)):
+        for s in range(5):
+            run = _run(label, s, 32 if label == "at 1x" else 512,
+                       [0.5, 0.2] + [base + 0.0005 * (s % 3)] * 5, 7)
+            runs.append(dataclasses.replace(run, sweep_target=ref))
+    target = study.target_from_runs(runs)
+    rows = {r.label: r for r in study.rows(runs, target, [])}
+    errors = {k: r.final_errors for k, r in rows.items()}
+    assert rows["float32"].versus is None and rows["float32"].test is None
+    for label in ("16-bit wire", "bfloat16 AMP"):
+        assert rows[label].versus == "float32"
+        assert rows[label].test == stats.welch(errors[label], errors["float32"])
+    assert rows["at 1x"].versus is None  # another batch: nothing to compare with
+    assert largest_within(list(rows.values()), target) == []
+    text = "\n".join(study_markdown(list(rows.values()), target))
+    assert "| 16-bit wire | 512 | n/a | 0.8 | 5 |" in text and "| float32 | +0.02 |" in text
+    assert "Where the recipe holds" not in text
 
 def test_diverged_runs_count_as_never_reaching_the_target(tmp_path):
     import dataclasses
 
-    from mxlarge.report import diverged_runs, select_runs
+    from mxlarge.reporting.runs import diverged_runs, select_runs
 
     runs = _study_runs()
     failed = dict(status="FAILED", rows=(), gns=())
@@ -251,8 +281,8 @@ def test_diverged_runs_count_as_never_reaching_the_target(tmp_path):
     assert row.steps.value is None and row.steps.why == "not reached by 5 of 5 runs"
     assert row.versus == "16x recipe" and row.test is None
     assert rows["16x no warmup"].diverged == 0
-    text = "\n".join(study.markdown(list(rows.values()), target))
+    text = "\n".join(study_markdown(list(rows.values()), target))
     assert ("| 16x LARS | 512 | n/a | 0.8 | 5 | diverged (5 of 5) | n/a | 16x recipe | — | — |"
             in text)
-    study.plot(list(rows.values()), tmp_path / "study.png")  # a row without final errors
+    plot_study(list(rows.values()), tmp_path / "study.png")  # a row without final errors
     assert (tmp_path / "study.png").stat().st_size > 10_000

@@ -70,6 +70,24 @@ def test_shipped_sweeps_expand_and_override_order():
         expand(sweep, ["train.seed=1"])
 
 
+
+def test_precision_sweep_is_the_16x_recipe_as_launched_2_worker_jobs():
+    sweep = load_sweep(ROOT / "experiments/sweeps/mnist1d-precision.yaml")
+    assert [r.label for r in sweep.runs] == ["float32", "16-bit wire", "bfloat16 AMP"]
+    assert sweep.mode == "launch" and sweep.seeds == (0, 1, 2, 3, 4)
+    assert sweep.target.reference == "float32" and sweep.target.tolerance == 0.003
+    cells = expand(sweep)
+    from mxlarge.plan import world_of
+
+    for c in cells:
+        w = world_of(c.cfg)
+        # 2 real workers x 256: the peers' accuracy twin (benchmarks/peer_accuracy_worker.py)
+        assert (c.workers, c.servers, w.simulated, w.batch, w.global_batch) == (2, 1, 1, 256, 512)
+        assert c.cfg.dist.kvstore == "dist_sync" and c.cfg.train.gns_every == 0
+        precision = (c.cfg.dist.wire_dtype, c.cfg.train.amp)
+        assert precision == {"float32": ("float32", "none"), "16-bit wire": ("float16", "none"),
+                             "bfloat16 AMP": ("float32", "bfloat16")}[c.label]
+
 @pytest.mark.slow
 def test_processes_starting_on_a_new_sqlite_store_together_all_get_it(tmp_path):
     """The two ``--part``s of a sweep start on a fresh store together: MLflow's schema creation

@@ -5,7 +5,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mxlarge.cli import main
-from mxlarge.report import load_sweep_runs, write_report
+from mxlarge.reporting.cli import write_report
+from mxlarge.reporting.store import load_sweep_runs
 from tests import helpers
 from tests.helpers import write_yaml
 

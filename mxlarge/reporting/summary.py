@@ -1,0 +1,260 @@
+"""The numbers of a sweep's table: per run (final error, time to target, throughput, noise
+scale) and per label (mean ± sample std over seeds, speedup and efficiency against the 1-worker
+run of the same config), and the per-label metrics of the sweep's parent run.
+
+Pure functions over :class:`~mxlarge.reporting.runs.RunData`: the rules are stated next to the
+numbers in report.md (:func:`mxlarge.reporting.tables.render_markdown`), and the statistics
+themselves (final error, intervals, tests) are :mod:`mxlarge.stats`.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mxlarge.reporting.runs import RunData, by_label
+from mxlarge.stats import final_error
+
+
+def run_final_error(rows: Sequence[Mapping[str, float]], last: int = 5) -> float | None:
+    """:func:`final_error` over the evaluated epochs (all of them if fewer than ``last``)."""
+    errors = [r["val/error_top1"] for r in rows if "val/error_top1" in r]
+    return final_error(errors, last) if errors else None
+
+
+def best_accuracy(rows: Sequence[Mapping[str, float]]) -> float | None:
+    """The highest ``val/accuracy`` over a run's evaluated epochs; None without any."""
+    return max((r["val/accuracy"] for r in rows if "val/accuracy" in r), default=None)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean x̄ and the sample standard deviation s = sqrt(Σ(x − x̄)² / (n − 1)).
+
+    Returns:
+        ``(x̄, s)``; s is None for a single value (undefined with n − 1 = 0).
+    """
+    if not values:
+        raise ValueError("no values")
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def time_to_target(rows: Sequence[Mapping[str, float]],
+                   target: float) -> tuple[float, float | None] | None:
+    """The first evaluated epoch whose ``val_accuracy`` >= ``target``; no interpolation.
+
+    Accuracy is only known at evaluations, so the target counts as reached at the end of the
+    first epoch that shows it (interpolating between noisy evaluations would invent a time).
+
+    Returns:
+        ``(epoch, train_seconds)`` of that row (cumulative training seconds, evaluation
+        excluded; None if not logged), or None if the target is never reached.
+    """
+    for r in rows:
+        if "val/accuracy" in r and r["val/accuracy"] >= target:
+            return r.get("train/epoch", float("nan")), r.get("perf/train_seconds")
+    return None
+
+
+def median_throughput(rows: Sequence[Mapping[str, float]],
+                      key: str = "perf/images_per_sec") -> float | None:
+    """Median over epochs of the global images/s (robust to a slow first epoch)."""
+    values = [r[key] for r in rows if key in r]
+    return float(statistics.median(values)) if values else None
+
+
+def scaling(images_per_sec_k: float, images_per_sec_1: float, k: int) -> tuple[float, float]:
+    """Speedup S = ips(k) / ips(1) and scaling efficiency E = S / k (1.0 is linear scaling)."""
+    speedup = images_per_sec_k / images_per_sec_1
+    return speedup, speedup / k
+
+
+def convergence_speedup(seconds_1: float | None, seconds_k: float | None) -> float | None:
+    """Time-to-target(1 worker) / time-to-target(k workers); None if either is unknown."""
+    if seconds_1 is None or seconds_k is None or seconds_k <= 0:
+        return None
+    return seconds_1 / seconds_k
+
+
+def all_reached(values: Sequence[float | None]) -> tuple[float, float | None] | None:
+    """:func:`mean_std` of per-seed times to target, only if every seed reached the target.
+
+    A mean over the seeds that happened to reach it would flatter the label, so a partial
+    result is None (shown as "not reached").
+    """
+    if not values or any(v is None for v in values):
+        return None
+    return mean_std([float(v) for v in values])  # type: ignore[arg-type]
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Pointwise mean of ``[(x, y)]`` curves over the x present in every curve."""
+    if not curves:
+        return []
+    shared = set.intersection(*({x for x, _ in c} for c in curves))
+    maps = [dict(c) for c in curves]
+    return [(x, statistics.fmean(m[x] for m in maps)) for x in sorted(shared)]
+
+
+def common(values: Sequence[Any]) -> Any:
+    """The value all runs of a label share, or None if they differ."""
+    distinct = set(values)
+    return values[0] if len(distinct) == 1 else None
+
+
+# "Far above" the noise scale: with McCandlish et al.'s model, steps S = S_min·(1 + B_noise/B)
+# and examples E = E_min·(1 + B/B_noise). At B = 10·B_noise a larger batch can cut the steps by
+# at most 1/11 (9%) more, while each example buys 11× less than at small batches.
+FAR_ABOVE = 10.0
+# Older runs logged an infinite B_simple before |G|² had a positive estimate; MLflow stores that
+# as the largest float.
+NO_ESTIMATE = 1e300
+
+
+def settled_b_simple(points: Sequence[tuple[int, float]]) -> list[float]:
+    """A run's B_simple measurements by step, without the first 10% (at initialisation |G|² is
+    tiny and the estimate swings wildly) and without those logged before it had an estimate."""
+    values = [v for _, v in sorted(points) if 0 < v < NO_ESTIMATE]
+    return values[len(values) // 10:]
+
+
+def noise_scale_stages(points: Sequence[tuple[int, float]]) -> tuple[float, float, float] | None:
+    """Median B_simple over the first, middle and last third of training (by step), of the
+    :func:`settled_b_simple` measurements."""
+    values = settled_b_simple(points)
+    if len(values) < 3:
+        return None
+    third = len(values) // 3
+    parts = (values[:third], values[third:2 * third], values[2 * third:])
+    return tuple(float(statistics.median(p)) for p in parts)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class LabelRow:
+    """The numbers of one label (group of seeds). Per-seed tuples follow ``seeds``."""
+
+    label: str
+    seeds: tuple[int, ...]
+    missing_seeds: tuple[int, ...]
+    workers: int | None
+    global_batch: int | None
+    peak_lr: float | None
+    final_errors: tuple[float, ...]
+    epochs_to_target: tuple[float | None, ...]
+    seconds_to_target: tuple[float | None, ...]
+    images_per_sec: float | None
+    reference: str | None
+    speedup: float | None
+    efficiency: float | None
+    conv_speedup: float | None
+    configs: int = 1        # distinct configs (seed aside) among the seeds: 1 expected
+
+
+@dataclass(frozen=True)
+class Summary:
+    best_accuracy: float | None
+    best_run: str | None
+    target_fraction: float
+    target: float | None
+    rows: tuple[LabelRow, ...]
+
+
+def summarize(runs: Sequence[RunData], target_fraction: float,
+              missing: Mapping[str, Sequence[int]] | None = None,
+              order: Sequence[str] = ()) -> Summary:
+    """Per-label numbers of a sweep's selected runs (the rules are stated in report.md,
+    :func:`~mxlarge.reporting.tables.render_markdown`).
+
+    target = ``target_fraction`` × max over runs and epochs of ``val_accuracy``. The reference
+    of a label is the first label in sweep order with world size 1 and the same
+    :func:`~mxlarge.reporting.runs.config_fingerprint` (the label itself when it has world size 1).
+
+    Args:
+        runs: the selected FINISHED runs (:func:`~mxlarge.reporting.runs.select_runs`).
+        target_fraction: the target as a fraction of the best accuracy.
+        missing: label -> seeds without a FINISHED run; a label whose every seed failed still
+            gets a row (with no numbers), so a failure is visible in the table.
+        order: labels in sweep order (others follow in order of appearance).
+    """
+    best = max(((r["val/accuracy"], run) for run in runs for r in run.rows
+                if "val/accuracy" in r), key=lambda t: t[0], default=(None, None))
+    target = best[0] * target_fraction if best[0] is not None else None
+    labels = by_label(runs)
+    stats = {}
+    for label, group in labels.items():
+        group = sorted(group, key=lambda r: r.seed)
+        ttt = [time_to_target(r.rows, target) if target is not None else None for r in group]
+        ips = [v for v in (median_throughput(r.rows) for r in group) if v is not None]
+        stats[label] = dict(
+            group=group, ttt=ttt, ips=statistics.fmean(ips) if ips else None,
+            workers=common([r.workers for r in group]),
+            fingerprint=common([r.fingerprint for r in group]))
+    rows = []
+    names = list(dict.fromkeys([*order, *labels, *(missing or {})]))
+    for label in names:
+        if label not in stats:
+            if label in (missing or {}):
+                rows.append(LabelRow(
+                    label=label, seeds=(), missing_seeds=tuple(sorted(missing[label])),
+                    workers=None, global_batch=None, peak_lr=None, final_errors=(),
+                    epochs_to_target=(), seconds_to_target=(), images_per_sec=None,
+                    reference=None, speedup=None, efficiency=None, conv_speedup=None))
+            continue
+        s = stats[label]
+        group = s["group"]
+        ref = next((name for name, o in stats.items()
+                    if o["workers"] == 1 and o["fingerprint"] is not None
+                    and o["fingerprint"] == s["fingerprint"]), None)
+        if s["workers"] == 1 and s["fingerprint"] is not None:
+            ref = label
+        speedup = efficiency = conv = None
+        if ref is not None and s["workers"] is not None:
+            o = stats[ref]
+            if s["ips"] is not None and o["ips"]:
+                speedup, efficiency = scaling(s["ips"], o["ips"], s["workers"])
+            mine = all_reached([t[1] if t else None for t in s["ttt"]])
+            theirs = all_reached([t[1] if t else None for t in o["ttt"]])
+            conv = convergence_speedup(theirs[0] if theirs else None, mine[0] if mine else None)
+        errors = [e for e in (run_final_error(r.rows) for r in group) if e is not None]
+        rows.append(LabelRow(
+            label=label, seeds=tuple(r.seed for r in group),
+            missing_seeds=tuple(sorted((missing or {}).get(label, ()))),
+            workers=s["workers"], global_batch=common([r.global_batch for r in group]),
+            peak_lr=common([r.peak_lr for r in group]), final_errors=tuple(errors),
+            epochs_to_target=tuple(t[0] if t else None for t in s["ttt"]),
+            seconds_to_target=tuple(t[1] if t else None for t in s["ttt"]),
+            images_per_sec=s["ips"], reference=ref, speedup=speedup, efficiency=efficiency,
+            conv_speedup=conv, configs=len({r.fingerprint for r in group})))
+    return Summary(best_accuracy=best[0], best_run=best[1].run_id if best[1] else None,
+                   target_fraction=target_fraction, target=target, rows=tuple(rows))
+
+
+def metric_key(text: str) -> str:
+    """``text`` with what MLflow refuses in a metric name (it keeps letters, digits, ``_``,
+    ``-``, ``.``, space and ``:``; ``/`` starts a UI section) replaced by ``_``."""
+    return re.sub(r"[^\w\-. :]", "_", text)
+
+
+def label_metrics(summary: Summary, runs: Sequence[RunData]) -> dict[str, float]:
+    """The per-label numbers of the report as metrics of the sweep's parent run, one UI section
+    per label: ``LABEL/final_error`` (mean over seeds) and ``LABEL/final_error_std`` (sample
+    std, 2+ seeds), ``LABEL/best_accuracy`` (over its seeds and epochs), ``LABEL/seeds``
+    (FINISHED), ``LABEL/images_per_sec``, ``LABEL/speedup``, ``LABEL/efficiency`` (when known).
+    """
+    out: dict[str, float] = {}
+    for row in summary.rows:
+        if not row.seeds:
+            continue
+        key = metric_key(row.label)
+        values = {"seeds": float(len(row.seeds)), "images_per_sec": row.images_per_sec,
+                  "speedup": row.speedup, "efficiency": row.efficiency}
+        if row.final_errors:
+            values["final_error"], values["final_error_std"] = mean_std(row.final_errors)
+        values["best_accuracy"] = max(
+            (b for r in runs if r.label == row.label if (b := best_accuracy(r.rows)) is not None),
+            default=None)
+        out.update({f"{key}/{k}": float(v) for k, v in values.items() if v is not None})
+    return out
+

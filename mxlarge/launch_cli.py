@@ -1,5 +1,10 @@
 """``mxlarge launch``: one MLflow run per job, then ps-lite roles via :mod:`mxlarge.launcher`.
 
+argv becomes a :class:`Launch` (:func:`prepare`: the job's spec, its backend and its restart
+plan, every refusal before anything starts), which :func:`run_launch` runs in the job's run;
+what each attempt runs (resume, elastic world, hostfile) is the restart plan's
+(:class:`~mxlarge.launcher.restart.RestartPlan`), not this module's.
+
 Every process runs the same ``mxlarge train CONFIG ... --world PxDxSxN`` command: the scheduler
 and servers run their role inside ``import mxnet`` (see :func:`mxlarge.cli._run_ps_role_if_any`),
 the workers train. The job's world is decided here once (:func:`launch_config`: ``-n`` sets
@@ -11,16 +16,17 @@ job's run is decided here before anything starts (:func:`mxlarge.tracking.open_r
 with ``--run-id`` by a caller that ends it, else the resumed checkpoint's, else a new one),
 passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``, and ended
 FINISHED or FAILED by the job's exit status (:meth:`~mxlarge.tracking.OpenRun.close`), with
-the failure as tags (``failed_role``, ``failed_rank`` (launch index), ``failed_kvstore_rank``,
-``failed_host``, ``failed_step``) and the
-failed process's last lines of output as the artifact ``failure/<role>-<index>.log``.
+the failure as tags (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`: ``failed_role``,
+``failed_kvstore_rank``, ``failed_launch_index``, ``failed_host``, ``failed_status``; and
+``failed_step``) and the failed process's last lines of output as the artifact
+``failure/<role>-<kvstore rank>.log`` (``<role>-launch<index>`` while the rank is not known).
 
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run
 records each world as tags ``world_<attempt>`` (and ``workers_lost``) and the metric
 ``world/workers`` at the step the attempt starts from. An ssh job's restart after a host is
 lost runs from a hostfile of the answering hosts only
-(:func:`~mxlarge.launcher.restart.survivors_hostfile`).
+(:func:`~mxlarge.launcher.backends.ssh.survivors_hostfile`).
 """
 from __future__ import annotations
 
@@ -35,30 +41,23 @@ from typing import Any
 
 from mxlarge.config import Config, ConfigError, load_config
 from mxlarge.errors import InputError
-from mxlarge.launcher._supervise import Outcome
-from mxlarge.launcher.cluster import HostEntry
+from mxlarge.launcher.backends.base import LaunchBackend
+from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.job import JobSpec
-from mxlarge.launcher.restart import (
-    Elastic,
-    Failure,
-    RestartPolicy,
-    local_hosts,
-    local_probe,
-    run_with_restarts,
-    ssh_probe,
-    ssh_slots,
-    survivors_hostfile,
-)
+from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.registry import backend_for
+from mxlarge.launcher.restart import Attempt, Elastic, Failure, RestartPlan, RestartPolicy
 from mxlarge.plan import World, with_world, world_of
 
 
-def elastic_of(args: argparse.Namespace, world: World, servers: int,
+def elastic_of(args: argparse.Namespace, backend: LaunchBackend, world: World, servers: int,
                lines: list[HostEntry] | None) -> Elastic | None:
     """``--elastic``'s world keeper, or None; options that cannot apply are refused.
 
-    ``lines`` are an ssh job's hostfile lines: its hosts are those of
-    :func:`~mxlarge.launcher.restart.ssh_slots`, probed over ssh; a local job's are its worker
-    processes, probed with ``--local-lost``."""
+    The hosts and their probe are the backend's
+    (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): an ssh job's are its
+    hostfile's ``lines``, probed over ssh; a local job's its worker processes, probed with
+    ``--local-lost``."""
     if not args.elastic:
         for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):
             if value is not None:
@@ -67,22 +66,8 @@ def elastic_of(args: argparse.Namespace, world: World, servers: int,
     if args.max_restarts < 1:
         raise InputError("--elastic: expected --max-restarts N >= 1 (the world changes at a "
                          "restart)")
-    if args.launcher not in ("local", "ssh"):
-        raise InputError(f"--elastic with --launcher {args.launcher}: probing {args.launcher} "
-                         "hosts is not built yet; elastic restarts run on local and ssh "
-                         "launches")
-    if args.launcher == "ssh" and args.local_lost is not None:
-        raise InputError("--local-lost: expected with --launcher local (an ssh job probes its "
-                         "hosts with ssh)")
-    min_workers = args.min_workers or 1
     try:
-        if lines is None:
-            return Elastic(world, local_hosts(world.processes), local_probe(args.local_lost),
-                           min_workers)
-        server_lines, worker_lines = ssh_slots(lines, servers, world.processes)
-        ports = {e.host: int(e.port) for e in lines if e.port}
-        return Elastic(world, [e.host for e in worker_lines], ssh_probe(ports), min_workers,
-                       others=[e.host for e in server_lines])
+        return backend.elastic(world, servers, lines, args.min_workers or 1, args.local_lost)
     except ValueError as exc:
         raise InputError(str(exc)) from None
 
@@ -147,33 +132,68 @@ def job_spec(args: argparse.Namespace) -> tuple[JobSpec, Config]:
 
 
 def launch(args: argparse.Namespace) -> int:
+    """``mxlarge launch``: argv as a job (:func:`prepare`: the spec, its backend and its
+    restart plan, every refusal before anything starts), then :func:`run_launch`."""
+    return run_launch(prepare(args))
+
+
+@dataclasses.dataclass
+class Launch:
+    """A launch as :func:`prepare` decided it from argv; :func:`run_launch` runs it.
+
+    Attributes:
+        spec: the job (its attempts are :func:`attempt_spec` of it).
+        backend: the spec's backend.
+        restarts: what each attempt runs (:class:`~mxlarge.launcher.restart.RestartPlan`).
+        cfg: the config the workers run; ``plan`` its plan in the spec's world.
+        meta: the ``--resume`` checkpoint's metadata (its run), if one was given.
+        run_id: ``--run-id``: a run of the caller's, which the job logs into.
+        config: the config file.
+    """
+
+    spec: JobSpec
+    backend: LaunchBackend
+    restarts: RestartPlan
+    cfg: Config
+    plan: Any
+    meta: dict[str, Any] | None
+    run_id: str | None
+    config: str
+
+
+def prepare(args: argparse.Namespace) -> Launch:
+    """``mxlarge launch``'s argv as a :class:`Launch`: the spec (:func:`job_spec`), a plan
+    that can run (world, batch, model), the hostfile as its backend reads it, ``--elastic``'s
+    world keeper, the firewall and port checks and the ``--resume`` checkpoint, and the
+    restart plan over them (:class:`~mxlarge.launcher.restart.RestartPlan`).
+
+    Raises:
+        InputError: anything that cannot run, before any run is created or process started.
+    """
     from mxlarge import launcher
+    from mxlarge.launcher.job import firewall_refusal
     from mxlarge.plan import plan_for
 
     spec, cfg = job_spec(args)
     workers, servers = spec.world.processes, spec.servers
     # Fail on a job that cannot run (world, batch, model) before starting any process.
     plan = plan_for(cfg, args.config, world=spec.world)
-    lines = None
-    if args.launcher in ("ssh", "mpi"):
-        try:
-            lines = launcher.cluster.check_hosts(args.hostfile, args.launcher, workers, servers)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-    elastic = elastic_of(args, plan.world, servers, lines if args.launcher == "ssh" else None)
+    backend = backend_for(spec.launcher)
+    try:
+        lines = backend.check_hosts(args.hostfile, workers, servers)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    elastic = elastic_of(args, backend, plan.world, servers, lines)
     from mxlarge.nets import build_net
     build_net(cfg.model, cfg.data.num_classes)  # an unknown model fails here, not in 3 workers
 
-    from mxlarge.launcher.firewall import FirewallError
-    from mxlarge.launcher.job import firewall_refusal, run_job
     why = firewall_refusal(args.launcher, args.firewall)
-    if why:  # before any run is created or process started
+    if why:
         raise InputError(f"--firewall on: {why}")
-    if args.launcher == "local" and args.port is not None:
-        try:  # before any run is created or process started
-            launcher.local.ensure_port_free(args.port)
-        except launcher.PortInUseError as exc:
-            raise InputError(str(exc)) from None
+    try:
+        backend.preflight(spec)
+    except launcher.PortInUseError as exc:
+        raise InputError(str(exc)) from None
     meta = path = None
     if args.resume is not None:
         from mxlarge import checkpoint
@@ -181,132 +201,161 @@ def launch(args: argparse.Namespace) -> int:
         path = checkpoint.resolve(args.resume, checkpoint_root(cfg)).resolve()
         meta = checkpoint.read_meta(path)
         checkpoint.check_world(path, meta, plan.world)
-    from mxlarge import tracking
+    started = time.time()
+
+    def latest() -> Path | None:  # a restart resumes from the newest checkpoint of this job
+        from mxlarge import checkpoint
+        from mxlarge.config import checkpoint_root
+        return checkpoint.find_latest(checkpoint_root(cfg), since=started)
+
+    restarts = RestartPlan(
+        RestartPolicy(args.max_restarts), plan.world, servers, elastic=elastic, resume=path,
+        latest=latest, servers_of=lambda world: cfg.dist.servers or world.processes,
+        hostfile_of=lambda e, s, w: backend.attempt_hostfile(lines, e, servers, s, w))
+    return Launch(spec, backend, restarts, cfg, plan, meta, args.run_id, args.config)
+
+
+def attempt_spec(job: Launch, attempt: Attempt) -> JobSpec:
+    """The spec of one attempt: the job's, resuming from the attempt's checkpoint, in its world
+    and with its servers (and the backend's environment for a world other than the declared
+    one), from its hostfile (set by the caller)."""
+    spec = job.spec
+    cmd = spec.command if attempt.resume is None else (*spec.command, "--resume",
+                                                       str(attempt.resume))
+    out = dataclasses.replace(spec, command=cmd)
+    if attempt.world != spec.world:
+        out = dataclasses.replace(out, world=attempt.world, servers=attempt.servers,
+                                  env=job.backend.attempt_env(spec, spec.world.processes))
+    return out
+
+
+def run_launch(job: Launch) -> int:
+    """Runs a prepared launch in its MLflow run (:func:`mxlarge.tracking.open_run`: given with
+    ``--run-id``, else the resumed checkpoint's, else a new one), every attempt the restart
+    plan grants, and ends the run FINISHED or FAILED with the failure's tags; returns the exit
+    code."""
+    from mxlarge import launcher, tracking
+    from mxlarge.launcher.firewall import FirewallError
+
     # the job's run, decided here once; the workers get its id as a value on their command
     # line (remote processes cannot be handed a Python object)
-    opened = tracking.open_run(cfg, given=args.run_id, resumed=(meta or {}).get("run_id"),
-                               plan=plan, source=args.config)
+    opened = tracking.open_run(job.cfg, given=job.run_id,
+                               resumed=(job.meta or {}).get("run_id"), plan=job.plan,
+                               source=job.config)
     run = opened.run if opened is not None else None
     if run is not None:
-        run.tag({"launcher": args.launcher, "servers": servers})
-        spec = dataclasses.replace(spec, command=(*spec.command, "--run-id", run.run_id),
-                                   env={"MLFLOW_TRACKING_URI": run.uri})
+        run.tag({"launcher": job.spec.launcher, "servers": job.spec.servers})
+        job.spec = dataclasses.replace(job.spec, command=(*job.spec.command, "--run-id",
+                                                          run.run_id),
+                                       env={"MLFLOW_TRACKING_URI": run.uri})
         print(f"mxlarge: MLflow run {run.run_id} in {run.uri}", flush=True)
-    print(f"mxlarge: job: {plan.world.describe()}, peak LR {plan.peak_lr:.6g}, "
-          f"{plan.total_steps} steps", flush=True)
+    print(f"mxlarge: job: {job.plan.world.describe()}, peak LR {job.plan.peak_lr:.6g}, "
+          f"{job.plan.total_steps} steps", flush=True)
+    record = _Record(run)
     ok = False
-    end_tags: dict[str, str] = {}
-    started = time.time()
-    hosts: list[str] = []  # cluster jobs: where the last attempt ran
-
-    worlds = [plan.world]  # each attempt's
-
-    def attempt(number: int) -> Outcome:
-        resume = path
-        if number:
-            from mxlarge import checkpoint
-            from mxlarge.config import checkpoint_root
-            resume = checkpoint.find_latest(checkpoint_root(cfg), since=started) or path
-            print(f"mxlarge: restart {number}: " + (f"resuming from {resume}" if resume else
-                  "from the start (no checkpoint yet)"), flush=True)
-        cmd = spec.command if resume is None else (*spec.command, "--resume", str(resume))
-        job = dataclasses.replace(spec, command=cmd)
-        if elastic is not None:
-            world = elastic.world
-            if number == 0 or world != worlds[-1]:
-                _record_world(run, number, world, elastic.lost, resume)
-            if world != plan.world:
-                print(f"mxlarge: restart {number}: world {world.describe()} (lost: "
-                      f"{', '.join(elastic.lost)})", flush=True)
-                job = dataclasses.replace(job, world=world,
-                                          servers=cfg.dist.servers or world.processes)
-                if args.launcher == "local" and not args.no_tuning:
-                    # CPU kernels reduce in an order that depends on the OpenMP team: every
-                    # worker keeps the declared world's (tests/e2e/test_simulate.py)
-                    from mxlarge.launcher.tuning import local_role_env
-                    job = dataclasses.replace(job, env={
-                        **local_role_env("worker", workers, {**os.environ, **spec.env}),
-                        **spec.env})
-            worlds.append(world)
-        hostfile = spec.hostfile
-        if elastic is not None and lines is not None and elastic.lost:
-            # the answering hosts only, servers re-placed there (restart.survivors_hostfile)
-            text = survivors_hostfile(*ssh_slots(lines, servers, workers), elastic.answering,
-                                      job.servers, job.world.processes)
-            print(f"mxlarge: restart {number}: hosts " + ", ".join(text.split()) +
-                  f" ({job.servers} server(s) first; lost: {', '.join(elastic.lost)})",
-                  flush=True)
-            fd, hostfile = tempfile.mkstemp(prefix="mxlarge-hosts-")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+    try:
         try:
-            outcome = run_job(dataclasses.replace(job, hostfile=hostfile))
-        finally:
-            if hostfile != spec.hostfile:
-                os.unlink(hostfile)
-        hosts[:] = outcome.hosts
-        return outcome
+            outcome = job.restarts.run(lambda attempt: _run_attempt(job, attempt, record),
+                                       lambda line: print(f"mxlarge: {line}", flush=True),
+                                       record.restart)
+        except (launcher.PortInUseError, ValueError, NotImplementedError,
+                FileNotFoundError, FirewallError) as exc:
+            record.end_tags["failure"] = str(exc)
+            raise InputError(str(exc)) from None
+        ok = outcome.exit_code == 0
+        record.outcome(outcome)
+        if not ok:
+            print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
+        return outcome.exit_code
+    finally:
+        if opened is not None:
+            opened.close(ok, record.end_tags)
+            if opened.owned:
+                print(f"mxlarge: MLflow run {run.run_id} {'FINISHED' if ok else 'FAILED'}: "
+                      f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)
 
-    def record(failure: Failure, restarts: int, gave_up: str | None) -> None:
-        if run is None:
+
+def _run_attempt(job: Launch, attempt: Attempt, record: _Record) -> Outcome:
+    """One attempt: its lines, its world in the run, its hostfile (a temporary file), run."""
+    from mxlarge.launcher.job import run_job
+
+    number = attempt.number
+    if number:
+        print(f"mxlarge: restart {number}: " + (f"resuming from {attempt.resume}"
+              if attempt.resume else "from the start (no checkpoint yet)"), flush=True)
+    if attempt.new_world:
+        record.world(attempt)
+    if attempt.world != job.spec.world:
+        print(f"mxlarge: restart {number}: world {attempt.world.describe()} (lost: "
+              f"{', '.join(attempt.lost)})", flush=True)
+    spec = attempt_spec(job, attempt)
+    hostfile = job.spec.hostfile
+    if attempt.hostfile is not None:
+        print(f"mxlarge: restart {number}: hosts " + ", ".join(attempt.hostfile.split()) +
+              f" ({spec.servers} server(s) first; lost: {', '.join(attempt.lost)})",
+              flush=True)
+        fd, hostfile = tempfile.mkstemp(prefix="mxlarge-hosts-")
+        with os.fdopen(fd, "w") as f:
+            f.write(attempt.hostfile)
+    try:
+        outcome = run_job(dataclasses.replace(spec, hostfile=hostfile))
+    finally:
+        if hostfile != job.spec.hostfile:
+            os.unlink(hostfile)
+    record.hosts = list(outcome.hosts)
+    return outcome
+
+
+class _Record:
+    """What a launch writes into its MLflow run (``run``: ``None`` without one): each elastic
+    attempt's world, each restart, and the end tags of the outcome."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.end_tags: dict[str, str] = {}
+        self.hosts: list[str] = []  # cluster jobs: where the last attempt ran
+
+    def world(self, attempt: Attempt) -> None:
+        """Tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step."""
+        if self.run is None:
+            return
+        step = 0
+        if attempt.resume is not None:
+            from mxlarge import checkpoint
+            step = int(checkpoint.read_meta(attempt.resume)["step"])
+        self.run.tag({f"world_{attempt.number}": attempt.world.describe(),
+                      "workers_lost": ",".join(attempt.lost)})
+        self.run.log_metrics({"world/workers": attempt.world.processes}, step)
+
+    def restart(self, failure: Failure, restarts: int, gave_up: str | None) -> None:
+        """A failed attempt: the restarts so far and the reason, or why the job gave up."""
+        if self.run is None:
             return
         tags: dict[str, object] = {"restarts": restarts}
         if gave_up is None:
             tags[f"restart_{restarts}_reason"] = failure.message
         else:
             tags["restart_gave_up"] = gave_up
-        run.tag(tags)
-        run.log_metrics({"restarts": restarts}, failure.step or 0)
+        self.run.tag(tags)
+        self.run.log_metrics({"restarts": restarts}, failure.step or 0)
 
-    try:
-        try:
-            outcome = run_with_restarts(
-                attempt, RestartPolicy(args.max_restarts),
-                lambda line: print(f"mxlarge: {line}", flush=True), record,
-                elastic.replan if elastic is not None else None)
-        except (launcher.PortInUseError, ValueError, NotImplementedError,
-                FileNotFoundError, FirewallError) as exc:
-            end_tags["failure"] = str(exc)
-            raise InputError(str(exc)) from None
-        ok = outcome.exit_code == 0
-        if hosts:
-            end_tags["hosts"] = ",".join(hosts)
-        if not ok:
-            end_tags["failure"] = outcome.message
-            if outcome.failed_role is not None:  # incl. "launcher": e.g. scancel's SIGTERM
-                end_tags.update(failed_role=outcome.failed_role,
-                                failed_rank=str(outcome.failed_rank))
-            for key, value in (("failed_step", outcome.step), ("failed_host", outcome.failed_host),
-                               ("failed_kvstore_rank", outcome.failed_kvstore_rank)):
-                if value is not None:
-                    end_tags[key] = str(value)
-            if run is not None and outcome.reason is not None and outcome.failed_role is not None:
-                head = (f"# {outcome.message}; its last {len(outcome.failed_output)} line(s) of "
-                        "output:")
-                run.log_text("\n".join([head, *outcome.failed_output]) + "\n",
-                             f"failure/{outcome.failed_role}-{outcome.failed_rank}.log")
-            if outcome.failed_status is not None:
-                end_tags["failed_status"] = str(outcome.failed_status)
-            if outcome.reason == "stalled":
-                end_tags.update(failure="stalled", failure_detail=outcome.message)
-            print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
-        return outcome.exit_code
-    finally:
-        if opened is not None:
-            opened.close(ok, end_tags)
-            if opened.owned:
-                print(f"mxlarge: MLflow run {run.run_id} {'FINISHED' if ok else 'FAILED'}: "
-                      f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)
-
-
-def _record_world(run: Any, number: int, world: World, lost: list[str],
-                  resume: Path | None) -> None:
-    """MLflow: tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step."""
-    if run is None:
-        return
-    step = 0
-    if resume is not None:
-        from mxlarge import checkpoint
-        step = int(checkpoint.read_meta(resume)["step"])
-    run.tag({f"world_{number}": world.describe(), "workers_lost": ",".join(lost)})
-    run.log_metrics({"world/workers": world.processes}, step)
+    def outcome(self, outcome: Outcome) -> None:
+        """The end tags: the hosts, and on failure the message, the failed process's tags
+        (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`), the step, and its last lines
+        as the artifact ``failure/<name>.log``."""
+        if self.hosts:
+            self.end_tags["hosts"] = ",".join(self.hosts)
+        if outcome.exit_code == 0:
+            return
+        self.end_tags["failure"] = outcome.message
+        failed = outcome.failure
+        if failed is not None:  # incl. the "launcher": e.g. scancel's SIGTERM
+            self.end_tags.update(failed.tags())
+        if outcome.step is not None:
+            self.end_tags["failed_step"] = str(outcome.step)
+        if self.run is not None and outcome.reason is not None and failed is not None:
+            head = f"# {outcome.message}; its last {len(failed.output)} line(s) of output:"
+            self.run.log_text("\n".join([head, *failed.output]) + "\n",
+                              f"failure/{failed.name}.log")
+        if outcome.reason == "stalled":
+            self.end_tags.update(failure="stalled", failure_detail=outcome.message)

@@ -200,3 +200,48 @@ def test_a_training_run_is_decided_in_open_run_only():
     assert deciders == ["mxlarge.sweep"]
     callers = sorted(_module(p) for p in PKG.rglob("*.py") if "open_run(" in p.read_text())
     assert callers == ["mxlarge.launch_cli", "mxlarge.run", "mxlarge.tracking"]
+
+
+# The modules that may test a backend's name: the backends themselves. Everything else asks
+# the backend object (mxlarge/launcher/registry.py looks it up by name, from a dict).
+BACKEND_MODULES = "mxlarge/launcher/backends/"
+_NAME_BRANCH = re.compile(r"""launcher\s*(==|!=)|(==|!=)\s*["'](ssh|mpi|slurm)["']|"""
+                          r"""launcher\s+(not\s+)?in\s*[(\[{]""")
+
+
+def test_no_backend_name_branching_outside_the_backend_modules():
+    """One class per backend (mxlarge/launcher/backends/): no `launcher == "ssh"` and the like
+    anywhere else in the package."""
+    found = [f"{p.relative_to(PKG.parent)}:{n}: {line.strip()}"
+             for p in sorted(PKG.rglob("*.py"))
+             if not str(p.relative_to(PKG.parent)).startswith(BACKEND_MODULES)
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if _NAME_BRANCH.search(line)]
+    assert found == []
+
+
+def test_the_name_branching_check_catches_the_forms_it_is_for():
+    for line in ('if launcher == "ssh":', "if self.launcher != 'local':", 'x == "mpi"',
+                 'if args.launcher in ("local", "ssh"):', 'launcher not in ["slurm"]'):
+        assert _NAME_BRANCH.search(line), line
+    for line in ('if mode == "local":', 'name in REGISTRY', 'launcher_of(argv) == "local"'):
+        assert not _NAME_BRANCH.search(line), line
+
+
+#: The most lines a module of mxlarge/launcher/ has without saying in its docstring why it
+#: needs more.
+MAX_LINES = 500
+
+
+def test_no_launcher_module_is_long_without_a_reason():
+    """A module of mxlarge/launcher/ over MAX_LINES lines states why in its docstring (a line
+    with "lines" and "because")."""
+    long = []
+    for p in sorted((PKG / "launcher").rglob("*.py")):
+        text = p.read_text()
+        if len(text.splitlines()) <= MAX_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if not re.search(r"\blines\b.*\bbecause\b", doc, re.S):
+            long.append(f"{p.relative_to(PKG.parent)}: {len(text.splitlines())} lines")
+    assert long == []

@@ -15,15 +15,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Loaded on first use (PEP 562): ``python -m mxlarge.launcher.probe`` (the guard every cluster
+# Loaded on first use (PEP 562): ``python -m mxlarge.launcher.guard`` (the guard every cluster
 # process runs under) then imports this package without importing ``probe`` first, which runpy
 # would warn about in every job's output, and without the launcher's other modules.
-_FROM = {"SUPPORTED": "cluster", "UNSUPPORTED": "cluster", "cluster_run": "cluster",
-         "cluster_submit": "cluster", "forwarded_env": "cluster", "tracker_compat": "cluster",
-         "Outcome": "local", "PortInUseError": "local", "free_port": "local",
-         "run_local": "local"}
-_SUBMODULES = {"cluster", "local", "firewall", "job", "probe", "restart", "tuning", "watchdog",
-               "mxnet_launch", "pslog", "_supervise"}
+_FROM = {"SUPPORTED": "registry", "UNSUPPORTED": "registry", "cluster_run": "registry",
+         "cluster_submit": "registry", "forwarded_env": "environment",
+         "tracker_compat": "dmlc_compat", "Outcome": "outcome", "ProcessFailure": "outcome",
+         "JobSpec": "job", "run_job": "job", "PortInUseError": "local",
+         "free_port": "local", "run_local": "local"}
+_SUBMODULES = {"api", "backends", "cluster", "dmlc_compat", "environment", "explain",
+               "firewall", "guard", "hostfile", "job", "local", "mxnet_launch", "outcome",
+               "pgroups", "pslog", "reach", "registry", "restart", "scheduler_port", "slurm_query",
+               "tuning", "watchdog", "_supervise"}
 
 __all__ = sorted(_FROM)
 

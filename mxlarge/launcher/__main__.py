@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mxlarge.launcher._supervise import Outcome
 from mxlarge.launcher.firewall import MODES, FirewallError
 from mxlarge.launcher.job import BACKENDS, JobSpec, firewall_refusal, launcher_choice, run_job
 from mxlarge.launcher.local import PortInUseError
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
 from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 from mxlarge.plan import World

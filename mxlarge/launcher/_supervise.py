@@ -9,13 +9,12 @@ id, reserved, so ``killpg`` can never hit an unrelated process that happens to r
 Leaders are reaped only at the very end, in :meth:`Supervisor.close`.
 
 Every backend runs the one supervision loop (:func:`supervise`) over what it tells the loop (a
-:class:`Backend`), reports how its job ended as one :class:`Outcome`, and judges a stall with
-one rule (:func:`stall_outcome`).
+:class:`Backend`), reports how its job ended as one :class:`~mxlarge.launcher.outcome.Outcome`,
+and judges a stall with one rule (:func:`stall_outcome`).
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -26,7 +25,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from mxlarge.launcher.probe import GuardReport, Lease
+from mxlarge.launcher.guard import GuardReport, Lease
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.pgroups import live_process_groups, parent_death_signal, signal_group
 from mxlarge.launcher.pslog import PsLog
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 from mxlarge.protocol.heartbeat import Record
@@ -45,57 +46,6 @@ TAIL_LINES = 200
 _DRAIN_WAIT = 1.0
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a job ended, on any backend (local, ssh, mpi, slurm).
-
-    Attributes:
-        exit_code: 0 on success; the failed process's exit code; 128 + n for a signal n (also
-            when the launcher itself was interrupted by signal n); 124 for a stall.
-        failed_role: ``"scheduler"``, ``"server"`` or ``"worker"`` of the first process seen to
-            fail; ``"launcher"`` when a cluster launcher itself got SIGINT/SIGTERM/SIGHUP first
-            (``scancel`` of a batch job, a SIGTERM to ``salloc``); ``None`` on success, for a
-            stall no worker process can be named for, and when a local launcher was
-            interrupted.
-        failed_rank: the number the launcher's lines and the ``failed_rank`` tag give that
-            process: its launch index within its role (local), its kvstore rank (cluster:
-            from the scheduler's assignments or the heartbeats; 0 for the scheduler and the
-            launcher; ``None`` while not known).
-        failed_status: its Popen-style status as far as known: exit status, or ``-n`` for
-            signal n (for a remote process what the guard, mpirun or srun reported).
-        message: one human-readable line, e.g. ``"worker 1 exited with signal 9 (SIGKILL)"``.
-        reason: ``"crashed"`` (a process failed) or ``"stalled"`` (the stall watchdog stopped
-            the job): what the restart policy restarts; ``None`` on success or when the
-            launcher was interrupted (128 + SIGINT/SIGTERM/SIGHUP of a cluster process is taken
-            as that too: Slurm cancelling the steps).
-        step: on failure, the last step the failed worker (a crash), or every worker (a
-            stall or a server crash), had completed, as far as the heartbeats tell.
-        failed_kvstore_rank: the failed (or first stalled) process's kvstore rank (a worker's
-            from its heartbeat); ``None`` for a scheduler, or while not known.
-        failed_host: where that process ran (for the launcher: the scheduler's address).
-        failed_output: the failed local process's last lines of output (``Child.tail``).
-        failed_launch: its launch index (local, ssh) or task rank (mpirun, srun) within its
-            role.
-        hosts: a cluster job's scheduler address, then the hosts the backend was given (ssh
-            targets used, the mpi hostfile's hosts, the Slurm allocation's nodes), without
-            repeats; empty for a local job.
-    """
-
-    exit_code: int
-    failed_role: str | None
-    failed_rank: int | None
-    failed_status: int | None
-    message: str
-    reason: str | None = None
-    step: int | None = None
-    failed_kvstore_rank: int | None = None
-    failed_host: str | None = None
-    failed_output: tuple[str, ...] = ()
-    failed_launch: int | None = None
-    hosts: tuple[str, ...] = ()
 
 
 def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
@@ -115,11 +65,12 @@ def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outco
     pids = {watchdog.seen[r].record.pid for r in stall.behind}
     child = next((c for c in children if c.role == "worker" and c.pid in pids), None)
     if child is None:
-        return Outcome(STALL_EXIT, None, None, None, stall.message, "stalled", stall.step)
+        return Outcome(STALL_EXIT, stall.message, "stalled", stall.step)
     record = watchdog.record_of_pid(child.pid)
-    return Outcome(STALL_EXIT, "worker", child.index, None, stall.message, "stalled",
-                   stall.step, record.rank if record else None,
-                   record.host if record else None, tuple(child.tail), child.index)
+    return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
+        "worker", record.rank if record else None, child.index,
+        record.host if record else None, child.pid, None, record.done if record else None,
+        tuple(child.tail)))
 
 
 def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
@@ -149,8 +100,8 @@ def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
     emit(f"warning: {names} finished {whose} work but did not exit within "
          f"{watchdog.exit_grace:g} s of every worker finishing (stuck in MXNet's shutdown): "
          "ended")
-    return Outcome(0, None, None, None, f"job finished: every worker reported its work done; "
-                   f"{len(stuck)} worker(s) stuck in exit ended")
+    return Outcome(0, f"job finished: every worker reported its work done; {len(stuck)} "
+                      "worker(s) stuck in exit ended")
 
 
 def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:
@@ -233,7 +184,7 @@ class Child:
         self.status: int | None = None
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.pslog = PsLog(hide_ps_verbose)  # what ps-lite said: its address, an abort
-        self.guard = GuardReport()  # what its remote guard said (ssh: mxlarge.launcher.probe)
+        self.guard = GuardReport()  # what its remote guard said (ssh: mxlarge.launcher.guard)
         self._lease = lease
         self._pump = threading.Thread(target=self._pump_lines, args=(sink,),
                                       name=f"pump {label}", daemon=True)
@@ -296,53 +247,6 @@ class Child:
         self._pump.join(timeout)
 
 
-def _parent_death_signal() -> Any:
-    """A ``preexec_fn`` asking the kernel to SIGKILL the child when the launcher dies.
-
-    The last line of defence for what no ``finally`` can cover: a SIGKILLed launcher. Linux
-    sends the signal when the *thread* that forked the child exits; every spawn here happens
-    in a thread that outlives its child (the supervising thread, or dmlc's thread that waits
-    for it). It covers the direct child only; its descendants rely on normal teardown.
-    Returns ``None`` where prctl is unavailable.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-def _live_process_groups() -> set[int]:
-    """Process-group ids that have at least one process that is not a zombie."""
-    groups: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) >= 3 and fields[0] not in (b"Z", b"X"):
-            groups.add(int(fields[2]))
-    return groups
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 class Supervisor:
     """Starts children in their own process groups, streams their output, tears them down.
 
@@ -363,7 +267,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._closing = False
         self._closed = False
-        self._preexec = _parent_death_signal()
+        self._preexec = parent_death_signal()
         self._lease: Lease | None = None
 
     def spawn(self, role: str, index: int | None, args: str | Sequence[str], *,
@@ -373,7 +277,7 @@ class Supervisor:
         """Start a child in a new session with stdout and stderr merged into one pipe.
 
         With ``lease``, the child's stdin is a pipe that gets the guard's lease bytes once its
-        guard has started (:class:`mxlarge.launcher.probe.Lease`); else it is ``/dev/null``.
+        guard has started (:class:`mxlarge.launcher.guard.Lease`); else it is ``/dev/null``.
 
         Raises:
             RuntimeError: if teardown has already begun (a late start would escape it).
@@ -421,23 +325,23 @@ class Supervisor:
         with self._lock:
             self._closing = True
             groups = {c.pid for c in self.children}
-        live = groups & _live_process_groups()
+        live = groups & live_process_groups()
         if not live:
             return
         for pgid in live:
-            _killpg(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             # a stopped process (SIGSTOP, a stalled job) acts on SIGTERM only once continued
-            _killpg(pgid, signal.SIGCONT)
+            signal_group(pgid, signal.SIGCONT)
         deadline = time.monotonic() + grace
         while live and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
-            live &= _live_process_groups()
+            live &= live_process_groups()
         for pgid in live:
-            _killpg(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
         deadline = time.monotonic() + _KILL_WAIT
         while live and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
-            live &= _live_process_groups()
+            live &= live_process_groups()
 
     def close(self, grace: float) -> None:
         """Tear everything down, reap the group leaders and drain the output pumps."""

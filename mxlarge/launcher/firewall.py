@@ -38,7 +38,8 @@ Rights. nft needs root (CAP_NET_ADMIN) on every host. ``mode="auto"`` (the defau
 the filter where the launcher runs as root and ``nft`` is there, and on every host that accepts
 it, and says in one line where it could not; ``"on"`` makes any host that cannot take it an
 error (:class:`FirewallError`, nothing started); ``"off"`` installs nothing. Not offered for
-``slurm`` (see :func:`refusal`) nor for local jobs (nothing to protect: loopback).
+``slurm`` (see :mod:`mxlarge.launcher.backends.slurm`) nor for local jobs (nothing to protect:
+loopback).
 
 Importing this module does not import MXNet.
 """
@@ -118,16 +119,9 @@ def local_refusal() -> str | None:
     return None
 
 
-def refusal(launcher: str) -> str | None:
-    """Why the filter is not offered for ``launcher``, or ``None``."""
-    if launcher == "local":
-        return ("a local job listens on 127.0.0.1 only: nothing outside this machine reaches "
-                "its ports, so there is nothing to filter")
-    if launcher == "slurm":
-        return ("not offered for --launcher slurm: slurmctld, which may run on a host outside "
-                "the job, calls srun back on ports in the same ranges; use the cluster's own "
-                "network policy")
-    return None
+#: Why there is nothing to filter for a job whose every process is on 127.0.0.1.
+LOOPBACK_ONLY = ("a local job listens on 127.0.0.1 only: nothing outside this machine reaches "
+                 "its ports, so there is nothing to filter")
 
 
 def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -278,11 +272,14 @@ def _close(guards: Sequence[_Guard], emit: Callable[[str], None]) -> None:
 
 
 @contextlib.contextmanager
-def job_filter(mode: str, launcher: str, job_id: str, hosts: Sequence[Host],
-               scheduler_ports: tuple[int, int],
-               emit: Callable[[str], None]) -> Iterator[list[str] | None]:
+def job_filter(mode: str, refused: str | None, job_id: str, hosts: Sequence[Host],
+               scheduler_ports: tuple[int, int], emit: Callable[[str], None],
+               loopback: bool = False) -> Iterator[list[str] | None]:
     """:func:`packet_filter` as ``mode`` asks (see the module docstring); yields the allowed
     addresses, or ``None`` when the job runs without a filter (``auto`` says why in a line).
+    ``refused``: why the job's backend is not offered the filter (its
+    :meth:`~mxlarge.launcher.backends.base.LaunchBackend.firewall_refusal`); ``loopback``:
+    every process of the job is on 127.0.0.1 (:data:`LOOPBACK_ONLY`, nothing said).
 
     Raises:
         ValueError: an unknown mode.
@@ -290,12 +287,14 @@ def job_filter(mode: str, launcher: str, job_id: str, hosts: Sequence[Host],
     """
     if mode not in MODES:
         raise ValueError(f"firewall mode {mode!r}: expected one of {', '.join(MODES)}")
-    why = None if mode == "off" else (refusal(launcher) or local_refusal())
+    if loopback:
+        refused = LOOPBACK_ONLY
+    why = None if mode == "off" else (refused or local_refusal())
     if why is not None and mode == "on":
         raise FirewallError(f"--firewall on: {why}")
     with contextlib.ExitStack() as stack:
         allowed = None
-        if why is not None and launcher != "local":
+        if why is not None and not loopback:
             emit(f"packet filter: off ({why}); the job's ports take connections from anywhere "
                  f"(see 'Who can reach a job' in docs/security.md)")
         elif why is None and mode != "off":

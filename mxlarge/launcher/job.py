@@ -2,36 +2,24 @@
 (:func:`run_job`): what both front ends (``mxlarge launch`` and ``python -m mxlarge.launcher``)
 run, once per attempt of :func:`~mxlarge.launcher.restart.run_with_restarts`.
 
-The front ends only turn argv into a :class:`JobSpec`; which backend runs the processes
-(:func:`run_local` on loopback, dmlc_tracker's ``ssh``/``mpi``/``slurm`` through
-:func:`cluster_run`) is decided here and nowhere else, and so is which ``--launcher`` names are
-accepted (:func:`launcher_choice`). Importing this module does not import MXNet.
+The front ends only turn argv into a :class:`JobSpec`; the backend that runs it is looked up
+once, by its name, in :mod:`mxlarge.launcher.registry` (which also decides which
+``--launcher`` names are accepted, :func:`launcher_choice`), and everything after that asks the
+backend object (:class:`~mxlarge.launcher.backends.base.LaunchBackend`). Importing this module
+does not import MXNet.
 """
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
-from mxlarge.launcher._supervise import Outcome
-from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED, cluster_run
-from mxlarge.launcher.firewall import local_refusal, refusal
-from mxlarge.launcher.local import run_local
+from mxlarge.launcher.firewall import local_refusal
+from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.registry import BACKENDS, backend_for, launcher_choice
 from mxlarge.plan import World
 
-BACKENDS = ("local", *SUPPORTED)
-
-
-def launcher_choice(name: str) -> str:
-    """``--launcher NAME`` (an argparse ``type``): a backend that works; sge and yarn are
-    refused with the reason (:data:`~mxlarge.launcher.cluster.UNSUPPORTED`)."""
-    if name in UNSUPPORTED:
-        raise argparse.ArgumentTypeError(f"{name!r} is not supported: {UNSUPPORTED[name]}")
-    if name not in BACKENDS:
-        raise argparse.ArgumentTypeError(f"{name!r}: expected one of {', '.join(BACKENDS)}")
-    return name
+__all__ = ["BACKENDS", "JobSpec", "firewall_refusal", "launcher_choice", "run_job"]
 
 
 def firewall_refusal(launcher: str, mode: str) -> str | None:
@@ -39,7 +27,7 @@ def firewall_refusal(launcher: str, mode: str) -> str | None:
     process starts), or None (``auto`` and ``off`` are never refused)."""
     if mode != "on":
         return None
-    return refusal(launcher) or local_refusal()
+    return backend_for(launcher).firewall_refusal() or local_refusal()
 
 
 @dataclass(frozen=True)
@@ -85,17 +73,10 @@ class JobSpec:
     pass_world: bool = False
 
     def __post_init__(self) -> None:
-        try:  # an unknown or broken backend: refused with the reason
-            launcher_choice(self.launcher)
-        except argparse.ArgumentTypeError as exc:
-            raise ValueError(str(exc)) from None
+        backend = backend_for(self.launcher)  # an unknown or broken one: the reason
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
-        if self.launcher == "local" and (self.hostfile or self.host_ip):
-            raise ValueError("--hostfile/--host-ip are for cluster launchers")
-        if self.launcher != "local" and self.port is not None:
-            raise ValueError("--port is for the local launcher (dmlc_tracker picks the "
-                             "scheduler port)")
+        backend.check_spec(self)
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -107,16 +88,6 @@ class JobSpec:
 
 
 def run_job(spec: JobSpec) -> Outcome:
-    """Runs ``spec`` once, supervised until it ends: :func:`run_local` for the local backend,
-    :func:`cluster_run` (dmlc_tracker's ssh, mpi or slurm) for the others. Both print the
-    outcome's line themselves."""
-    if spec.launcher == "local":
-        return run_local(spec.argv, workers=spec.world.processes, servers=spec.servers,
-                         port=spec.port, env=spec.env, grace=spec.grace,
-                         stall_timeout=spec.stall_timeout, tuning=spec.tuning)
-    extra: dict[str, Any] = {"host_ip": spec.host_ip} if spec.host_ip else {}
-    return cluster_run(spec.launcher, spec.argv, workers=spec.world.processes,
-                       servers=spec.servers,
-                       hostfile=spec.hostfile, env=spec.env, extra=extra, grace=spec.grace,
-                       stall_timeout=spec.stall_timeout, tuning=spec.tuning,
-                       firewall=spec.firewall)
+    """Runs ``spec`` once on its backend, supervised until it ends (the backend prints the
+    outcome's line itself)."""
+    return backend_for(spec.launcher).run(spec)

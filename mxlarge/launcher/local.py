@@ -33,7 +33,6 @@ from typing import IO, Any
 from mxlarge.launcher._supervise import (
     Backend,
     Child,
-    Outcome,
     Supervisor,
     check_job,
     exit_code_for,
@@ -41,6 +40,7 @@ from mxlarge.launcher._supervise import (
     supervise,
     termination_signals,
 )
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import local_role_env
 from mxlarge.launcher.watchdog import Watchdog
@@ -241,34 +241,31 @@ def _backend(sup: Supervisor, watchdog: Watchdog | None, shutdown_timeout: float
             watchdog.read(force=True)  # the failed worker's last record
             record = watchdog.record_of_pid(failed.pid) if failed.role == "worker" else None
             step = watchdog.progress() if record is None else record.done
-        return Outcome(exit_code_for(failed.status), failed.role, failed.index,
-                       failed.status, failure_message(failed), "crashed", step,
-                       record.rank if record else None,
-                       record.host if record else socket.gethostname(), tuple(failed.tail),
-                       failed.index)
+        return Outcome(exit_code_for(failed.status), failure_message(failed), "crashed", step,
+                       ProcessFailure(failed.role, record.rank if record else None,
+                                      failed.index,
+                                      record.host if record else socket.gethostname(),
+                                      failed.pid, failed.status,
+                                      record.done if record else None, tuple(failed.tail)))
 
     def terminated(sig: int) -> Outcome:
-        return Outcome(128 + sig, None, None, None,
-                       f"launcher received {signal.Signals(sig).name}; job torn down")
+        return Outcome(128 + sig, f"launcher received {signal.Signals(sig).name}; job torn down")
 
     def ended(seconds: float) -> Outcome | None:
         n_w = sum(c.role == "worker" for c in sup.children)
         if sup.all_exited():
             n_s = sum(c.role == "server" for c in sup.children)
-            return Outcome(0, None, None, None,
-                           f"job finished: {n_w} worker(s), {n_s} server(s) and the "
-                           f"scheduler exited 0")
+            return Outcome(0, f"job finished: {n_w} worker(s), {n_s} server(s) and the "
+                              f"scheduler exited 0")
         waiting = any(c.role == "scheduler" and c.status is None for c in sup.children)
         if waiting and seconds > min(JOIN_GRACE, shutdown_timeout):
-            return Outcome(1, None, None, None,
-                           f"no worker joined the parameter server: all {n_w} workers "
+            return Outcome(1, f"no worker joined the parameter server: all {n_w} workers "
                            "exited 0 while the scheduler still waited for them (the "
                            "command never created a dist_sync store: give its Trainer "
                            "kvstore='dist_sync'); servers and scheduler stopped")
         if seconds > shutdown_timeout:
             hung = ", ".join(c.label for c in sup.children if c.status is None)
-            return Outcome(0, None, None, None,
-                           f"all workers exited 0; {hung} did not exit within "
+            return Outcome(0, f"all workers exited 0; {hung} did not exit within "
                            f"{shutdown_timeout:g} s and were stopped")
         return None
 

@@ -26,8 +26,9 @@ import runpy
 import sys
 from pathlib import Path
 
-from mxlarge.launcher.cluster import claimed_scheduler_port, scheduler_address, tracker_compat
+from mxlarge.launcher.dmlc_compat import scheduler_address, tracker_compat
 from mxlarge.launcher.local import LOOPBACK
+from mxlarge.launcher.scheduler_port import claimed_scheduler_port
 
 
 def launch_py() -> Path:

@@ -18,29 +18,28 @@ worker × 2 simulated workers; 4 → 2 × 2), from the newest checkpoint, which 
 world of the same units (:func:`mxlarge.checkpoint.check_world`). Every attempt probes the
 declared hosts again, so a host that answers again brings its worker back. No world fits (fewer
 live hosts than ``--min-workers``, or no factorisation): the job ends with the failure, as
-without ``--elastic``. A local job's hosts are its worker processes, ``worker-<i>``, and
-:func:`local_probe` takes as lost for good the names listed in a file (``--local-lost FILE``):
-how a test, or a user rehearsing, tells a local job that a machine is gone.
+without ``--elastic``. Which hosts a job has and how they are probed is
+its backend's (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): a local job's are
+its worker processes (:mod:`mxlarge.launcher.backends.local`), an ssh job's its hostfile's,
+placed as dmlc places them and probed with ``ssh host true``
+(:mod:`mxlarge.launcher.backends.ssh`); mpirun and Slurm jobs are not elastic.
 
-An ssh job's hosts are its hostfile's, placed as dmlc places them (:func:`ssh_slots`: process i,
-the servers first, on line i mod L). Before each restart every host of the job, servers' too,
-is probed with ``ssh host true`` (:func:`ssh_probe`, a few seconds at most); the workers whose
-line's host answers are the live ones, and the attempt runs from a hostfile of answering hosts
-only (:func:`survivors_hostfile`): each live worker on its own line's host, the servers
-re-placed on the declared server hosts that answer (on the workers' hosts if none does).
-mpirun and Slurm jobs are not elastic (``mxlarge launch`` refuses it).
+**What each attempt runs** (:class:`RestartPlan`, :meth:`RestartPlan.attempt`): attempt 0
+the job as declared, from ``--resume``'s checkpoint if one was given; attempt n > 0 from the
+newest checkpoint the job wrote since it started (else where attempt 0 started), in the world
+:class:`Elastic` chose, with the servers of that world, and, when hosts were lost, from the
+hostfile of the answering hosts the backend writes. The front end turns argv into a
+:class:`RestartPlan` and runs it (:meth:`RestartPlan.run`); it decides none of these itself.
 
 Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mxlarge.launcher._supervise import Outcome
-from mxlarge.launcher.cluster import HostEntry
-from mxlarge.launcher.probe import ssh_silent
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.plan import World, WorldError, elastic_world
 
 
@@ -57,8 +56,9 @@ class Failure:
     @classmethod
     def of(cls, outcome: Outcome) -> Failure:
         assert outcome.reason is not None
-        return cls(outcome.reason, outcome.failed_role, outcome.failed_status, outcome.step,
-                   outcome.message)
+        failed = outcome.failure
+        return cls(outcome.reason, failed.role if failed else None,
+                   failed.status if failed else None, outcome.step, outcome.message)
 
     def same_as(self, other: Failure) -> bool:
         """The same way at the same step (a failure without a known step is never the same)."""
@@ -96,59 +96,6 @@ class RestartPolicy:
 
 #: Which of a job's hosts answer: ``probe(hosts)`` → the live ones, in the given order.
 Probe = Callable[[Sequence[str]], list[str]]
-
-
-def local_hosts(workers: int) -> list[str]:
-    """A local job's hosts: each worker process is its own, ``worker-<i>`` (launch index i)."""
-    return [f"worker-{i}" for i in range(workers)]
-
-
-def local_probe(lost: str | Path | None) -> Probe:
-    """A local job's :data:`Probe`: every host lives but those named in the file ``lost`` (one
-    name a line, read at each probe; a missing file names none)."""
-    def probe(hosts: Sequence[str]) -> list[str]:
-        gone: set[str] = set()
-        if lost is not None and Path(lost).is_file():
-            gone = {line.strip() for line in Path(lost).read_text().splitlines()}
-        return [h for h in hosts if h not in gone]
-    return probe
-
-
-def ssh_probe(ports: Mapping[str, int]) -> Probe:
-    """An ssh job's :data:`Probe`: the hosts (``{host: ssh port}``) that let ``ssh host true``
-    through within :data:`~mxlarge.launcher.probe.SSH_PROBE_TIMEOUT` s, all probed at once."""
-    def probe(hosts: Sequence[str]) -> list[str]:
-        silent = ssh_silent({h: ports.get(h, 22) for h in dict.fromkeys(hosts)})
-        return [h for h in hosts if h not in silent]
-    return probe
-
-
-def ssh_slots(lines: Sequence[HostEntry], servers: int, workers: int
-              ) -> tuple[list[HostEntry], list[HostEntry]]:
-    """Where dmlc's ssh backend puts a job: process i (servers first, then workers) on line
-    i mod L of the hostfile's L lines. Returns (each server's line, each worker's line)."""
-    n = len(lines)
-    return ([lines[i % n] for i in range(servers)],
-            [lines[(servers + i) % n] for i in range(workers)])
-
-
-def survivors_hostfile(server_lines: Sequence[HostEntry], worker_lines: Sequence[HostEntry],
-                       answering: Collection[str], servers: int, workers: int) -> str:
-    """The hostfile of an attempt with ``servers`` servers and ``workers`` workers on the
-    ``answering`` hosts only, as :func:`ssh_slots` lines of the declared job: one line per
-    process, the servers' first, so that dmlc puts process i on line i. The workers take the
-    first ``workers`` declared worker lines whose host answers (in order); the servers go
-    round-robin over the declared server lines that answer, or over the workers' if none does.
-
-    Raises:
-        ValueError: fewer answering worker lines than ``workers`` (the world does not fit).
-    """
-    live = [e for e in worker_lines if e.host in answering]
-    if len(live) < workers:
-        raise ValueError(f"{workers} worker(s) but {len(live)} answering worker line(s)")
-    homes = [e for e in server_lines if e.host in answering] or live[:workers]
-    chosen = [homes[i % len(homes)] for i in range(servers)] + live[:workers]
-    return "".join(f"{e.host}:{e.port}\n" if e.port else f"{e.host}\n" for e in chosen)
 
 
 @dataclass
@@ -231,3 +178,76 @@ def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
         where = "" if failure.step is None else f" at step {failure.step}"
         emit(f"restart {policy.restarts}/{policy.max_restarts} after: {failure.message}{where}")
 
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt of a job runs (:meth:`RestartPlan.attempt`).
+
+    Attributes:
+        number: 0 for the first, n for the n-th restart.
+        world: its world (the declared one unless ``--elastic`` chose another).
+        servers: its server processes.
+        resume: the checkpoint it resumes from, if any.
+        hostfile: the text of the hostfile it runs from, when the backend wrote one for the
+            answering hosts (an elastic ssh job that lost hosts); ``None``: the job's own.
+        new_world: the world differs from the previous attempt's (or it is an elastic job's
+            first): the run records it.
+        lost: the hosts that did not answer the last probe (elastic jobs).
+    """
+
+    number: int
+    world: World
+    servers: int
+    resume: Path | None = None
+    hostfile: str | None = None
+    new_world: bool = False
+    lost: tuple[str, ...] = ()
+
+
+class RestartPlan:
+    """The restart, elastic and resume choices of one job (module docstring).
+
+    Args:
+        policy: when to restart.
+        declared: the job's world; ``servers`` its servers.
+        elastic: the world keeper of an ``--elastic`` job.
+        resume: the checkpoint the first attempt resumes from (``--resume``).
+        latest: the newest checkpoint the job wrote so far (a restart resumes from it).
+        servers_of: the servers of a world other than the declared one.
+        hostfile_of: the hostfile text of an attempt (``elastic``, servers, workers) after the
+            probe, or ``None`` for the job's own (the backend's
+            :meth:`~mxlarge.launcher.backends.base.LaunchBackend.attempt_hostfile`).
+    """
+
+    def __init__(self, policy: RestartPolicy, declared: World, servers: int, *,
+                 elastic: Elastic | None = None, resume: Path | None = None,
+                 latest: Callable[[], Path | None] = lambda: None,
+                 servers_of: Callable[[World], int] | None = None,
+                 hostfile_of: Callable[[Elastic, int, int], str | None] | None = None) -> None:
+        self.policy, self.declared, self.servers = policy, declared, servers
+        self.elastic, self.resume, self.latest = elastic, resume, latest
+        self.servers_of = servers_of or (lambda world: world.processes)
+        self.hostfile_of = hostfile_of or (lambda elastic, servers, workers: None)
+        self.worlds = [declared]  # each attempt's, after the declared one
+
+    def attempt(self, number: int) -> Attempt:
+        """What attempt ``number`` runs; call once per attempt, in order."""
+        resume = self.resume if number == 0 else (self.latest() or self.resume)
+        if self.elastic is None:
+            return Attempt(number, self.declared, self.servers, resume)
+        world = self.elastic.world
+        new_world = number == 0 or world != self.worlds[-1]
+        self.worlds.append(world)
+        servers = self.servers if world == self.declared else self.servers_of(world)
+        return Attempt(number, world, servers, resume,
+                       self.hostfile_of(self.elastic, servers, world.processes), new_world,
+                       tuple(self.elastic.lost))
+
+    def run(self, attempt: Callable[[Attempt], Outcome], emit: Callable[[str], None],
+            on_failure: Callable[[Failure, int, str | None], None] | None = None) -> Outcome:
+        """:func:`run_with_restarts` of ``attempt`` over :meth:`attempt`'s choices (an elastic
+        job probes its hosts before each granted restart)."""
+        return run_with_restarts(lambda number: attempt(self.attempt(number)), self.policy,
+                                 emit, on_failure,
+                                 self.elastic.replan if self.elastic is not None else None)

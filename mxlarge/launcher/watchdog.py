@@ -28,7 +28,7 @@ The rules:
   stopped ticking (the watchdog calls it "not responding") gets none, whatever its last
   record said, and neither does a job with a host that does not answer the probe.
 * **Probe.** Once no worker advanced for half the timeout, the launcher probes the job's hosts
-  (:func:`mxlarge.launcher.probe.unreachable_hosts`, at most every :data:`PROBE_EVERY` s): a
+  (:func:`mxlarge.launcher.reach.unreachable_hosts`, at most every :data:`PROBE_EVERY` s): a
   host that does not answer is named as unreachable (a partition, a dead machine) in the
   warning and in the stall, and it ends the busy allowance.
 * **Done once a worker has exited**: the end of a job is the shutdown timeout's business.

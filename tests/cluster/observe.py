@@ -62,7 +62,7 @@ def job_processes(marker: str, exe: str | None = None) -> list[int]:
     """Live (not zombie) processes with a ``DMLC_ROLE`` whose argv or environment contains
     ``marker``; with ``exe``, only those running that executable (ps-lite processes, not the
     ``srun``/``mpirun``/``ssh`` that carry the same variables, nor the ssh backend's guard,
-    ``python -m mxlarge.launcher.probe guard``, which runs the same Python)."""
+    ``python -m mxlarge.launcher.guard guard``, which runs the same Python)."""
     real = os.path.realpath(exe) if exe else None
     found = []
     for d in Path("/proc").iterdir():
@@ -79,7 +79,7 @@ def job_processes(marker: str, exe: str | None = None) -> list[int]:
         except OSError:
             continue
         if b"DMLC_ROLE=" in env and marker.encode() in env + argv and state != "Z" \
-                and b"mxlarge.launcher.probe" not in argv:
+                and b"mxlarge.launcher.guard" not in argv:
             found.append(int(d.name))
     return found
 

@@ -2,7 +2,7 @@
 2-worker job (servers on h0 and h1, workers on h1 and h2; scheduler on h0) loses h2 for good
 (``ip link set eth0 down`` in h2's namespace, not restored while the job runs). The launcher
 sees the job stall, probes every host with ``ssh host true``, and relaunches on h0 and h1 only
-as 1 worker × 2 simulated workers (mxlarge.launcher.restart.survivors_hostfile), which finishes
+as 1 worker × 2 simulated workers (mxlarge.launcher.backends.ssh.survivors_hostfile), which finishes
 with weights, momentum and both units' BN statistics bitwise those of the same job
 uninterrupted (run at the same time on h3 alone), in one MLflow run that records the world
 change. Nothing of either job is left on any host, the cut-off one included. The same with 3

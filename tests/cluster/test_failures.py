@@ -170,7 +170,7 @@ def kill_a_worker_and_a_server(testbed: Testbed, work: Path, launcher: str, line
         for role in ("worker", "server"):
             (work / role).mkdir()
             # all at once: the launchers claim their scheduler ports themselves
-            # (mxlarge.launcher.cluster.claimed_scheduler_port)
+            # (mxlarge.launcher.scheduler_port.claimed_scheduler_port)
             jobs[role] = launch(testbed, work / role, launcher, hostfile=hostfile)
         if beside is not None:
             beside.work = work / "beside"
@@ -263,7 +263,7 @@ def busy_job(testbed: Testbed, stopped: list[tuple[int, float]]) -> Beside:
 @pytest.mark.timeout(300)
 def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
         testbed: Testbed, work: Path) -> None:
-    """ssh's status 255 hides the signal; the remote guard (mxlarge/launcher/probe.py) tells
+    """ssh's status 255 hides the signal; the remote guard (mxlarge/launcher/guard.py) tells
     it. The kvstore rank is the heartbeat's (worker) or the scheduler's assignment (server).
 
     Beside them, a worker stopped (SIGSTOP) while its heartbeat says it is evaluating: a
@@ -282,9 +282,9 @@ def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
         run = the_run(k.work)
         assert run.info.status == "FAILED"
         tags = run.data.tags
-        assert (tags["failed_role"], tags["failed_rank"], tags["failed_kvstore_rank"],
-                tags["failed_host"], tags["failed_status"]) == \
-            (role, str(said), str(said), testbed.addr("h2"), "-9"), tags
+        assert (tags["failed_role"], tags["failed_kvstore_rank"], tags["failed_host"],
+                tags["failed_status"]) == (role, str(said), testbed.addr("h2"), "-9"), tags
+        assert tags["failed_launch_index"] in ("0", "1"), tags
         assert tags["failure"] == f"{role} rank {said} on 198.18.0.12 killed by SIGKILL", tags
 
     assert frozen.job is not None and frozen.took is not None
@@ -339,7 +339,7 @@ def test_kill_9_of_a_remote_mpi_server_and_worker_and_scancel_of_a_batch_job(
         # rank the scheduler assigned to the process on h2 (a worker's: its heartbeat's)
         assert (tags["failed_role"], tags["failed_host"], tags["failed_status"]) == \
             (role, "h2", "-9"), (tags, k.job.text()[-3000:])
-        assert tags["failed_rank"] == k.line.group(1) in ("0", "1"), tags
+        assert tags["failed_kvstore_rank"] == k.line.group(1) in ("0", "1"), tags
         assert "killed by SIGKILL" in tags["failure"], tags
 
     assert cancel[0].wait(30) == 0, cancel[0].text()
@@ -349,8 +349,9 @@ def test_kill_9_of_a_remote_mpi_server_and_worker_and_scancel_of_a_batch_job(
     run = the_run(batch.work)
     assert run.info.status == "FAILED", out[-3000:]
     tags = run.data.tags
-    assert (tags["failed_role"], tags["failed_rank"], tags["failed_host"]) == \
-        ("launcher", "0", testbed.addr("h1")), (tags, out[-3000:])
+    assert (tags["failed_role"], tags["failed_host"]) == \
+        ("launcher", testbed.addr("h1")), (tags, out[-3000:])
+    assert "failed_kvstore_rank" not in tags, tags
     assert tags["failure"] == "launcher received SIGTERM; job torn down"
 
 
@@ -369,7 +370,7 @@ def test_kill_9_of_a_slurm_worker_and_server_and_sigterm_to_salloc(testbed: Test
                                 r"task \d\) killed by SIGKILL", beside=term)
     for role, k in jobs.items():
         tags = the_run(k.work).data.tags
-        assert (tags["failed_role"], tags["failed_rank"], tags["failed_host"],
+        assert (tags["failed_role"], tags["failed_kvstore_rank"], tags["failed_host"],
                 tags["failed_status"]) == (role, k.line.group(1), "h2", "-9"), tags
 
     assert term.work is not None and term.job is not None and term.took is not None

@@ -3,7 +3,7 @@ salloc), 2 workers + 2 servers over h1 and h2 each, each job in its own director
 Observer, heartbeats, MLflow store and :func:`anything_of`): one cut for all three.
 
 For each backend the launcher names h2 unreachable within the stall timeout (ssh's keepalive
-or the watchdog, then the probe: ``mxlarge.launcher.probe.unreachable``) and exits non-zero;
+or the watchdog, then the probe: ``mxlarge.launcher.reach.unreachable``) and exits non-zero;
 h2's worker and server, cut off from the launcher, end themselves (the guard's lease, carried
 by the ssh client's, mpirun's ``--stdin all`` or srun's ``--input=all`` stdin) while the link
 is still down: within 30 s of the job's end nothing of it is left on any host, and nothing

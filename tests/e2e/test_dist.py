@@ -207,15 +207,16 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     tags = runs[0].data.tags
     assert tags["failed_role"] == victim
     # the evidence: where and when it failed, and its last lines as the launcher printed them
-    index = int(tags["failed_rank"])
+    index = int(tags["failed_launch_index"])
     assert tags["failed_host"] == socket.gethostname()
     assert int(tags["failed_step"]) >= 1  # killed after rank 0's first progress line
     if victim == "worker":  # the kvstore rank from its heartbeat (a server has none)
         assert tags["failed_kvstore_rank"] in ("0", "1")
+        name = f"{victim}-{tags['failed_kvstore_rank']}"
     else:
         assert "failed_kvstore_rank" not in tags
-    log = client.download_artifacts(runs[0].info.run_id, f"failure/{victim}-{index}.log",
-                                    str(tmp_path))
+        name = f"{victim}-launch{index}"
+    log = client.download_artifacts(runs[0].info.run_id, f"failure/{name}.log", str(tmp_path))
     head, *lines = Path(log).read_text().splitlines()
     assert head.startswith(f"# {victim} {index} exited with signal 9 (SIGKILL); its last")
     printed = [x[len(f"[{victim} {index}] "):] for x in out.splitlines()

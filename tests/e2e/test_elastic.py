@@ -4,7 +4,7 @@ continues as 1 worker × 2 simulated workers, and finishes bitwise like the unin
 global batch is refused with the reason and the job fails as without --elastic.
 
 A local job's hosts are its worker processes (``worker-<i>``); ``--local-lost FILE`` lists
-those that are gone for good (:func:`mxlarge.launcher.restart.local_probe`)."""
+those that are gone for good (:func:`mxlarge.launcher.backends.local.local_probe`)."""
 import os
 import signal
 import subprocess

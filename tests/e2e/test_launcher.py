@@ -168,7 +168,7 @@ def test_local_job_pushes_and_pulls_correct_sums(servers: int, marker: str) -> N
     outcome = run_local([PY, WORKER, "--size", "8"], workers=2, servers=servers, env=env,
                         output=out)
     text = out.text()
-    assert outcome == Outcome(0, None, None, None, outcome.message), text
+    assert outcome == Outcome(0, outcome.message), text
     assert "exited 0" in outcome.message
     for rank in (0, 1):
         assert re.search(rf"^\[worker [01]\] kv_worker sum OK rank={rank}$", text, re.M), text
@@ -189,7 +189,7 @@ def test_worker_exit_code_fails_the_job(marker: str) -> None:
     returned = time.monotonic()
     index = launch_index_of_rank(out, 1)
     assert outcome.exit_code == 3
-    assert (outcome.failed_role, outcome.failed_rank, outcome.failed_status) == \
+    assert (outcome.failure.role, outcome.failure.launch_index, outcome.failure.status) == \
         ("worker", index, 3)
     assert outcome.message == f"worker {index} exited with status 3"
     assert returned - out.first_time(r"kv_worker exiting with 3") < 30
@@ -203,8 +203,8 @@ def test_worker_exception_under_fail_fast_fails_the_job(marker: str) -> None:
                         servers=1, env={MARKER_VAR: marker}, output=out)
     returned = time.monotonic()
     index = launch_index_of_rank(out, 1)
-    assert (outcome.exit_code, outcome.failed_role, outcome.failed_rank,
-            outcome.failed_status) == (1, "worker", index, 1), out.text()
+    assert (outcome.exit_code, outcome.failure.role, outcome.failure.launch_index,
+            outcome.failure.status) == (1, "worker", index, 1), out.text()
     assert re.search(rf"^\[worker {index}\] RuntimeError: kv_worker raising", out.text(), re.M)
     assert returned - out.first_time("RuntimeError: kv_worker raising") < 30
     assert_no_leftovers(marker)
@@ -240,7 +240,7 @@ def test_pinned_worker_exception_without_fail_fast_never_exits(marker: str) -> N
     if "error" in seen:
         raise seen["error"]  # type: ignore[misc]
     assert seen["alive"] == ["scheduler", "server", "worker", "worker"]
-    assert outcome == Outcome(143, None, None, None, "launcher received SIGTERM; job torn down")
+    assert outcome == Outcome(143, "launcher received SIGTERM; job torn down")
     assert signal.getsignal(signal.SIGTERM) == handler_before
     assert_no_leftovers(marker)
 
@@ -280,7 +280,7 @@ def test_kill_9_mid_run_tears_down_and_sockets_are_loopback_only(role: str, inde
     assert len(sockets) >= 4, sockets  # scheduler, server, 2 workers each listen once
     assert all(ipaddress.ip_address(addr).is_loopback for _, addr, _ in sockets), sockets
     assert outcome.exit_code == 128 + 9
-    assert (outcome.failed_role, outcome.failed_rank, outcome.failed_status) == \
+    assert (outcome.failure.role, outcome.failure.launch_index, outcome.failure.status) == \
         (role, index, -9)
     assert outcome.message == f"{role} {index} exited with signal 9 (SIGKILL)"
     assert returned - seen["killed_at"] < 30  # type: ignore[operator]
@@ -314,7 +314,7 @@ def test_hanging_servers_are_stopped_after_the_workers_succeed(marker: str) -> N
     outcome = run_local(["sh", "-c", script], workers=2, servers=1, env={MARKER_VAR: marker},
                         output=out, grace=1.0, shutdown_timeout=1.0)
     assert time.monotonic() - started < 15
-    assert outcome.exit_code == 0 and outcome.failed_role is None
+    assert outcome.exit_code == 0 and outcome.failure is None
     assert "server 0 did not exit within 1 s and were stopped" in outcome.message
     assert out.count(r"^\[worker [01]\] worker done$") == 2
     assert out.count(re.escape(outcome.message)) == 1  # the launcher's line, once
@@ -825,9 +825,12 @@ def test_mxnet_launch_py_local_job_listens_on_loopback_only(marker: str) -> None
 def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     """The lines are what Open MPI 4.1.4 and Slurm 22.05 printed on the namespace testbed
     (tests/cluster) for a rank killed with SIGKILL or exiting 3; the first report counts."""
-    from mxlarge.launcher.cluster import _Report, _ReportSink
+    from mxlarge.launcher.backends.mpi import MpiBackend
+    from mxlarge.launcher.backends.slurm import SlurmBackend
+    from mxlarge.launcher.explain import Report as _Report
+    from mxlarge.launcher.explain import ReportSink
 
-    mpi = _ReportSink(Collector(), "mpi")
+    mpi = ReportSink(Collector(), MpiBackend.report_patterns)
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 1 with PID 0 on node h2 "
                                    "exited on signal 9 (Killed).")
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 0 with PID 0 on node h1 "
@@ -835,7 +838,7 @@ def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     mpi.emit("workers via mpirun", "  Process name: [[37071,1],1]")
     assert mpi.reports == {"servers via mpirun": _Report(1, "h2", -9),
                            "workers via mpirun": _Report(1, None, None)}
-    slurm = _ReportSink(Collector(), "slurm")
+    slurm = ReportSink(Collector(), SlurmBackend.report_patterns)
     slurm.emit("workers via srun", "srun: error: h2: task 1: Killed")
     slurm.emit("servers via srun", "srun: error: h1: tasks 0-1: Exited with exit code 3")
     slurm.emit("other via srun", "srun: error: Unable to create step for job 4: busy")

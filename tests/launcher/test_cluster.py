@@ -6,14 +6,9 @@ import sys
 
 import pytest
 
-from mxlarge.launcher.cluster import (
-    OWNED_ENV,
-    check_hosts,
-    forwarded_env,
-    read_hostfile,
-    render_command,
-    shell_word,
-)
+from mxlarge.launcher.environment import OWNED_ENV, forwarded_env, render_command, shell_word
+from mxlarge.launcher.hostfile import read_hostfile
+from mxlarge.launcher.registry import backend_for
 
 PY = sys.executable
 
@@ -45,16 +40,21 @@ def test_forwarded_env_refuses_what_the_launcher_owns_and_bad_names():
 def test_hostfile_lines_ports_slots_and_comments(tmp_path):
     f = tmp_path / "hosts"
     f.write_text("# cluster\n10.0.0.1:2222\n10.0.0.2 slots=4  # big one\n\n10.0.0.3\n")
-    got = [(e.host, e.port, e.slots) for e in read_hostfile(str(f), "ssh")]
+    got = [(e.host, e.port, e.slots) for e in read_hostfile(str(f), colon="port")]
     assert got == [("10.0.0.1", "2222", None), ("10.0.0.2", None, 4), ("10.0.0.3", None, None)]
     f.write_text("h1:3\n")  # MPICH's host:slots
-    assert [(e.host, e.port, e.slots) for e in read_hostfile(str(f), "mpi")] == [("h1", None, 3)]
+    got = [(e.host, e.port, e.slots) for e in read_hostfile(str(f), colon="slots")]
+    assert got == [("h1", None, 3)]
     f.write_text("10.0.0.1\n10.0.0.2:http\n")
     with pytest.raises(ValueError, match=rf"hostfile {f}, line 2: cannot parse '10.0.0.2:http'"):
-        read_hostfile(str(f), "ssh")
+        read_hostfile(str(f), colon="port")
     f.write_text(":22\n")
     with pytest.raises(ValueError, match=rf"hostfile {f}, line 1: no host"):
-        read_hostfile(str(f), "ssh")
+        read_hostfile(str(f), colon="port")
+
+
+def check_hosts(path, launcher, workers, servers):
+    return backend_for(launcher).check_hosts(path, workers, servers)
 
 
 def test_check_hosts_names_the_file_and_what_is_missing(tmp_path):
@@ -88,19 +88,19 @@ def test_a_cluster_failure_is_one_outcome_and_an_interruption_is_not_restarted()
     returns: a crash has a reason (restarted) and the kvstore rank of a server or worker; the
     launcher interrupted first (scancel, SIGTERM to salloc) or a process ended by SIGTERM,
     SIGINT or SIGHUP (Slurm cancelling the steps) has none (not restarted)."""
-    from mxlarge.launcher.cluster import _failed
+    from mxlarge.launcher.explain import blame as _failed
 
     crash = _failed(137, "worker rank 1 on h2 killed by SIGKILL", "worker", 1, 0, "h2", -9)
-    assert (crash.reason, crash.failed_role, crash.failed_rank, crash.failed_kvstore_rank,
-            crash.failed_launch, crash.failed_host, crash.failed_status) == \
-        ("crashed", "worker", 1, 1, 0, "h2", -9)
+    f = crash.failure
+    assert (crash.reason, f.role, f.kvstore_rank, f.launch_index, f.host, f.status, f.signal) \
+        == ("crashed", "worker", 1, 0, "h2", -9, 9)
     scheduler = _failed(1, "scheduler exited with status 1", "scheduler", 0, None, "10.0.0.1", 1)
-    assert (scheduler.reason, scheduler.failed_kvstore_rank) == ("crashed", None)
+    assert (scheduler.reason, scheduler.failure.kvstore_rank) == ("crashed", None)
     launcher = _failed(143, "launcher received SIGTERM; job torn down", "launcher", 0, None,
                        "10.0.0.1", -15)
-    assert (launcher.reason, launcher.failed_role, launcher.failed_rank,
-            launcher.failed_kvstore_rank, launcher.failed_host) == \
-        (None, "launcher", 0, None, "10.0.0.1")
+    f = launcher.failure
+    assert (launcher.reason, f.role, f.kvstore_rank, f.launch_index, f.host) == \
+        (None, "launcher", None, None, "10.0.0.1")
     for code in (130, 143, 129):
         assert _failed(code, "x", "server", 0, 0, "h1", 128 - code).reason is None
 
@@ -109,7 +109,7 @@ def test_listening_reads_the_namespaces_tcp_table() -> None:
     """What the scheduler-port claim waits for: a listening socket, found without binding."""
     import socket
 
-    from mxlarge.launcher.cluster import listening
+    from mxlarge.launcher.scheduler_port import listening
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,7 +128,8 @@ def test_two_trackers_at_once_take_two_ports(tmp_path) -> None:
 
     from dmlc_tracker import tracker
 
-    from mxlarge.launcher.cluster import claimed_scheduler_port, tracker_compat
+    from mxlarge.launcher.dmlc_compat import tracker_compat
+    from mxlarge.launcher.scheduler_port import claimed_scheduler_port
 
     # a "scheduler" that listens on its DMLC_PS_ROOT_PORT after a delay, as ps-lite's does
     # after import mxnet, and holds it for a while

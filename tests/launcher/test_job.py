@@ -7,10 +7,9 @@ import dataclasses
 import pytest
 
 from mxlarge.cli import main as mxlarge_main
-from mxlarge.launcher import firewall
 from mxlarge.launcher.__main__ import main as launcher_main
-from mxlarge.launcher.cluster import SUPPORTED, UNSUPPORTED
 from mxlarge.launcher.job import BACKENDS, JobSpec, firewall_refusal, launcher_choice, run_job
+from mxlarge.launcher.registry import SUPPORTED, UNSUPPORTED, backend_for
 from mxlarge.plan import World
 from tests.helpers import EQ_CONFIG
 
@@ -52,10 +51,10 @@ def test_firewall_on_is_refused_only_where_it_cannot_apply(monkeypatch):
     for mode in ("auto", "off"):
         for name in BACKENDS:
             assert firewall_refusal(name, mode) is None
-    assert firewall_refusal("local", "on") == firewall.refusal("local")
+    assert firewall_refusal("local", "on") == backend_for("local").firewall_refusal()
     assert firewall_refusal("local", "on") is not None  # loopback jobs need no filter
     monkeypatch.setattr("mxlarge.launcher.job.local_refusal", lambda: "no nft here")
-    assert firewall_refusal("ssh", "on") == (firewall.refusal("ssh") or "no nft here")
+    assert firewall_refusal("ssh", "on") == (backend_for("ssh").firewall_refusal() or "no nft here")
 
 
 def test_a_job_spec_is_frozen_data_and_refuses_what_its_backend_cannot_apply():

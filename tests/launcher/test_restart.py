@@ -1,23 +1,26 @@
 """The restart policy and loop with scripted attempts (no processes; real restarted jobs are
-tests/e2e/test_restart.py), and the parts of an elastic ssh job that need no testbed (the
+tests/e2e/test_restart.py), the local probe and the elastic world of each attempt, the restart
+plan (what each attempt runs), and the parts of an elastic ssh job that need no testbed (the
 whole job: tests/cluster/test_elastic.py)."""
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
-from mxlarge.launcher.cluster import HostEntry
-from mxlarge.launcher.local import Outcome
-from mxlarge.launcher.probe import ssh_fails
+from mxlarge.launcher.backends.local import local_hosts, local_probe
+from mxlarge.launcher.backends.ssh import ssh_probe, ssh_slots, survivors_hostfile
+from mxlarge.launcher.hostfile import HostEntry
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.reach import ssh_fails
 from mxlarge.launcher.restart import (
+    Attempt,
     Elastic,
     Failure,
+    RestartPlan,
     RestartPolicy,
     run_with_restarts,
-    ssh_probe,
-    ssh_slots,
-    survivors_hostfile,
 )
 from mxlarge.plan import World
 
@@ -39,13 +42,13 @@ def test_policy_counts_restarts_and_spots_repeats():
 
 
 def _failed(step, status=1):
-    return Outcome(status, "worker", 0, status, f"worker 0 exited with status {status}",
-                   "crashed", step=step)
+    return Outcome(status, f"worker 0 exited with status {status}", "crashed", step,
+                   ProcessFailure("worker", 0, 0, status=status))
 
 
 def test_attempts_run_until_success_or_the_policy_stops():
     lines, told = [], []
-    outcomes = iter([_failed(3), _failed(5), Outcome(0, None, None, None, "done", None)])
+    outcomes = iter([_failed(3), _failed(5), Outcome(0, "done")])
     numbers = []
 
     def attempt(n):
@@ -73,7 +76,7 @@ def test_the_same_failure_twice_is_not_restarted_and_no_restarts_means_one_attem
 
 def test_an_interrupted_launcher_is_never_restarted():
     calls = []
-    stopped = Outcome(130, None, None, None, "interrupted", None)
+    stopped = Outcome(130, "interrupted")
     out = run_with_restarts(lambda n: calls.append(n) or stopped, RestartPolicy(3), print)
     assert out is stopped and calls == [0]
 
@@ -135,3 +138,119 @@ def test_ssh_probe_takes_a_host_whose_ssh_fails_as_lost():
     assert why is not None and why.startswith("ssh 127.0.0.1 true: status 255"), why
     assert ssh_probe({"127.0.0.1": port})(["127.0.0.1", "127.0.0.1"]) == []
     assert time.monotonic() - started < 6
+
+
+# --------------------------------------------------------------------------- local elastic jobs
+
+def test_local_probe_reads_the_lost_file_at_each_probe(tmp_path):
+    hosts = local_hosts(3)
+    assert hosts == ["worker-0", "worker-1", "worker-2"]
+    lost = tmp_path / "lost"
+    probe = local_probe(lost)
+    assert probe(hosts) == hosts  # no file: none lost
+    lost.write_text("worker-1\n\n")
+    assert probe(hosts) == ["worker-0", "worker-2"]
+    lost.write_text("")  # the host answers again
+    assert probe(hosts) == hosts
+    assert local_probe(None)(hosts) == hosts
+
+
+def test_elastic_follows_the_live_hosts_and_grows_back():
+    live = {"worker-0", "worker-1", "worker-2", "worker-3"}
+    e = Elastic(World(4, batch=8), local_hosts(4), lambda hs: [h for h in hs if h in live])
+    assert e.world == World(4, batch=8) and e.lost == []
+    live.discard("worker-3")
+    assert e.replan() is None
+    assert e.world == World(2, simulated=2, batch=8) and e.lost == ["worker-3"]
+    live.add("worker-3")
+    assert e.replan() is None and e.world == World(4, batch=8) and e.lost == []
+
+
+def test_elastic_refusal_keeps_the_last_world_and_names_the_lost():
+    e = Elastic(World(2, batch=8), local_hosts(2), lambda hs: hs[:1], min_workers=2)
+    why = e.replan()
+    assert why.startswith("no world keeps global batch 16") and why.endswith(
+        "(lost: worker-1)")
+    assert e.world == World(2, batch=8)
+
+
+def _crash(step):
+    return Outcome(137, "worker 1 exited with signal 9 (SIGKILL)", "crashed", step,
+                   ProcessFailure("worker", 1, 1))
+
+
+def test_run_with_restarts_asks_for_a_world_before_each_granted_restart():
+    outcomes = [_crash(10), _crash(20), Outcome(0, "")]
+    asked: list[int] = []
+    got = run_with_restarts(lambda n: outcomes[n], RestartPolicy(3), lambda line: None,
+                            replan=lambda: asked.append(1))
+    assert got.exit_code == 0 and len(asked) == 2
+
+
+def test_a_refused_world_ends_the_job_and_is_not_counted_as_a_restart():
+    lines: list[str] = []
+    told: list[tuple[int, str | None]] = []
+    policy = RestartPolicy(3)
+    got = run_with_restarts(lambda n: _crash(10), policy, lines.append,
+                            lambda f, restarts, why: told.append((restarts, why)),
+                            replan=lambda: "no world keeps global batch 16")
+    assert got.exit_code == 137 and policy.restarts == 0
+    assert told == [(0, "no world keeps global batch 16")]
+    assert lines == ["not restarting: no world keeps global batch 16; last failure: worker 1 "
+                     "exited with signal 9 (SIGKILL)"]
+
+
+# --------------------------------------------------------------------------- the restart plan
+
+def test_the_plan_resumes_the_first_attempt_from_resume_and_restarts_from_the_newest():
+    newest: list[Path | None] = [None]
+    plan = RestartPlan(RestartPolicy(2), World(2, batch=8), 1, resume=Path("/given"),
+                       latest=lambda: newest[0])
+    assert plan.attempt(0) == Attempt(0, World(2, batch=8), 1, Path("/given"))
+    assert plan.attempt(1).resume == Path("/given")  # no checkpoint of this job yet
+    newest[0] = Path("/ckpt-40")
+    assert plan.attempt(2) == Attempt(2, World(2, batch=8), 1, Path("/ckpt-40"))
+    assert RestartPlan(RestartPolicy(0), World(1), 1).attempt(0).resume is None
+
+
+def test_an_elastic_plan_runs_each_attempt_in_the_world_of_the_live_hosts():
+    """The declared world and servers while every host answers; after a loss the smaller world
+    with the servers of that world and the backend's hostfile; a world recorded when it
+    changes (and for the first attempt)."""
+    live = {"worker-0", "worker-1"}
+    elastic = Elastic(World(2, batch=8), ["worker-0", "worker-1"],
+                      lambda hs: [h for h in hs if h in live])
+    asked: list[tuple[int, int]] = []
+
+    def hostfile_of(e, servers, workers):
+        asked.append((servers, workers))
+        return "h0\n" if e.lost else None
+
+    plan = RestartPlan(RestartPolicy(3), World(2, batch=8), 2, elastic=elastic,
+                       servers_of=lambda world: 7, hostfile_of=hostfile_of)
+    first = plan.attempt(0)
+    assert (first.world, first.servers, first.hostfile, first.new_world, first.lost) == \
+        (World(2, batch=8), 2, None, True, ())
+    live.discard("worker-1")
+    assert elastic.replan() is None
+    second = plan.attempt(1)
+    assert (second.world, second.servers, second.hostfile, second.new_world, second.lost) == \
+        (World(1, simulated=2, batch=8), 7, "h0\n", True, ("worker-1",))
+    assert elastic.replan() is None
+    assert plan.attempt(2).new_world is False  # the same smaller world again
+    assert asked == [(2, 2), (7, 1), (7, 1)]
+
+
+def test_the_plan_runs_attempts_until_the_policy_stops_and_probes_before_each_restart():
+    probes: list[int] = []
+    elastic = Elastic(World(2, batch=8), ["a", "b"], lambda hs: probes.append(1) or list(hs))
+    outcomes = iter([_failed(3), _failed(5), Outcome(0, "done")])
+    seen: list[Attempt] = []
+
+    def attempt(a: Attempt) -> Outcome:
+        seen.append(a)
+        return next(outcomes)
+
+    out = RestartPlan(RestartPolicy(5), World(2, batch=8), 1, elastic=elastic).run(
+        attempt, lambda line: None)
+    assert out.exit_code == 0 and [a.number for a in seen] == [0, 1, 2] and len(probes) == 2

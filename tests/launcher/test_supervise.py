@@ -14,13 +14,13 @@ from mxlarge.launcher._supervise import (
     POLL_INTERVAL,
     Backend,
     LineSink,
-    Outcome,
     Supervisor,
     describe_status,
     exit_outcome,
     stall_outcome,
     supervise,
 )
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import FINISHED
 from tests.launcher.test_watchdog import Clock, put
@@ -91,9 +91,10 @@ def test_one_stall_rule_names_the_local_worker_behind(tmp_path):
     children = [_child(100, 0), _child(101, 1), _child(7, 0, role="server")]
     out = stall_outcome(_stalled_dog(tmp_path), children)
     assert out is not None
-    assert (out.exit_code, out.reason, out.failed_role, out.failed_rank, out.failed_launch,
-            out.failed_kvstore_rank, out.failed_host, out.step, out.failed_output) == \
-        (124, "stalled", "worker", 1, 1, 1, "hostA", 5, ("line of 101",))
+    f = out.failure
+    assert (out.exit_code, out.reason, f.role, f.launch_index, f.kvstore_rank, f.host, f.pid,
+            out.step, f.output) == \
+        (124, "stalled", "worker", 1, 1, "hostA", 101, 5, ("line of 101",))
     assert out.message.startswith("stalled: no worker advanced for 10 s")
 
 
@@ -104,8 +105,7 @@ def test_one_stall_rule_for_remote_workers_and_ended_ones(tmp_path):
     remote = [_child(9001, 0), _child(9002, 1)]
     out = stall_outcome(_stalled_dog(tmp_path / "a"), remote)
     assert out is not None
-    assert (out.exit_code, out.reason, out.failed_role, out.failed_rank, out.step) == \
-        (124, "stalled", None, None, 5)
+    assert (out.exit_code, out.reason, out.failure, out.step) == (124, "stalled", None, 5)
     ended = [_child(100, 0), _child(101, 1, status=0)]
     assert stall_outcome(_stalled_dog(tmp_path / "b"), ended) is None
     assert stall_outcome(None, remote) is None
@@ -134,7 +134,7 @@ def test_a_worker_stuck_in_exit_after_the_job_finished_is_named_once_and_the_job
     children = [_child(100, 0, status=0), _child(101, 1), _child(7, 0, role="server")]
     out = exit_outcome(_finished_dog(tmp_path / "a"), children, lines.append)
     assert out is not None
-    assert (out.exit_code, out.reason, out.failed_role, out.failed_rank) == (0, None, None, None)
+    assert (out.exit_code, out.reason, out.failure) == (0, None, None)
     assert out.message.startswith("job finished")
     assert lines == ["warning: worker rank 1 on hostA (pid 101) finished its work but did not "
                      "exit within 5 s of every worker finishing (stuck in MXNet's shutdown): "
@@ -169,8 +169,7 @@ def test_the_loop_ends_a_finished_job_stuck_in_exit_only_while_it_is_not_ending(
     out = supervise(_sup(worker), _backend(log), _finished_dog(tmp_path / "a"),
                     threading.Event(), [], clock=run.clock, sleep=run.sleep)
     assert (out.exit_code, out.reason, out.message[:12], log) == (0, None, "job finished", [])
-    ending = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, None, None, None,
-                                                                          "ended"))
+    ending = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, "ended"))
     out = supervise(_sup(worker), ending, _finished_dog(tmp_path / "b"), threading.Event(), [],
                     clock=run.clock, sleep=run.sleep)
     assert out.message == "ended"
@@ -212,11 +211,12 @@ def _sup(*kids):
 def _backend(log, ending=lambda: False, ended=lambda s: None):
     def explain(child):
         log.append(("explain", child.label))
-        return Outcome(1, child.role, child.index, child.status, "explained", "crashed")
+        return Outcome(1, "explained", "crashed", failure=ProcessFailure(
+            child.role, None, child.index, status=child.status))
 
     def terminated(sig):
         log.append(("terminated", sig))
-        return Outcome(128 + sig, None, None, None, "terminated")
+        return Outcome(128 + sig, "terminated")
 
     return Backend(explain, terminated, ending, ended)
 
@@ -229,8 +229,7 @@ def test_the_loop_asks_signal_then_failure_then_stall_then_the_end(tmp_path):
     stop, log = threading.Event(), []
     stop.set()
     dog = _stalled_dog(tmp_path / "a")
-    everything = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, None, None, None,
-                                                                              "done"))
+    everything = _backend(log, ending=lambda: True, ended=lambda s: Outcome(0, "done"))
     run = _Run({})
     out = supervise(_sup(server), everything, dog, stop, [signal.SIGHUP], clock=run.clock,
                     sleep=run.sleep)
@@ -241,7 +240,7 @@ def test_the_loop_asks_signal_then_failure_then_stall_then_the_end(tmp_path):
     worker = _Kid("worker", 1, 101)  # the stalled rank's heartbeat pid
     out = supervise(_sup(worker, _Kid("server", 0, 7)), everything, dog, threading.Event(), [],
                     clock=run.clock, sleep=run.sleep)
-    assert (out.reason, out.failed_rank) == ("stalled", 1)
+    assert (out.reason, out.failure.kvstore_rank, out.failure.launch_index) == ("stalled", 1, 1)
     stop.set()
     log.clear()
     supervise(_sup(), _backend(log), None, stop, [], clock=run.clock, sleep=run.sleep)
@@ -259,7 +258,7 @@ def test_the_first_child_seen_to_fail_is_explained_at_the_poll_after_its_exit():
     run = _Run({3: fail})
     out = supervise(_sup(a, b), _backend(log), None, threading.Event(), [], clock=run.clock,
                     sleep=run.sleep)
-    assert (out.failed_rank, log, run.sleeps) == (0, [("explain", "worker 0")], 3)
+    assert (out.failure.launch_index, log, run.sleeps) == (0, [("explain", "worker 0")], 3)
 
 
 def test_the_end_is_judged_on_the_seconds_since_the_job_began_ending():
@@ -270,7 +269,7 @@ def test_the_end_is_judged_on_the_seconds_since_the_job_began_ending():
 
     def ended(seconds):
         seen.append(seconds)
-        return Outcome(0, None, None, None, "over") if seconds > 0.12 else None
+        return Outcome(0, "over") if seconds > 0.12 else None
 
     def done():
         worker.status = 0

@@ -1,4 +1,4 @@
-"""The guard (``python -m mxlarge.launcher.probe guard``) with real processes on this host: its
+"""The guard (``python -m mxlarge.launcher.guard guard``) with real processes on this host: its
 stdin a pipe, as under mpirun and srun (no terminal), the lease keeping the command alive,
 its expiry or end of file ending the command's whole process group, and ``--reraise`` dying
 of the command's signal (or of the one it received) so that mpirun and srun report it."""
@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mxlarge.launcher.probe import LEASE_BYTE, TAG, guard_command
+from mxlarge.launcher.guard import LEASE_BYTE, TAG, guard_command
 
 # A guard with a 1 s lease (the real one is LEASE_TIMEOUT): the claims are the same.
-_SHORT_LEASE = ("import sys; from mxlarge.launcher.probe import guard; "
+_SHORT_LEASE = ("import sys; from mxlarge.launcher.guard import guard; "
                 "sys.exit(guard(sys.argv[1:], lease_timeout=1.0, reraise=True))")
 # the command: a group of two (a background sleep and the shell waiting on the other)
 _GROUP = ["sh", "-c", "sleep 60 & sleep 60; wait"]

@@ -1,57 +1,19 @@
-"""What the launcher learns about remote processes and hosts that ssh alone does not tell.
+"""The guard every cluster process runs under, and the lease that keeps it going.
 
-Tools checked on the namespace testbed (``tests/cluster/test_failures.py``,
-``tests/cluster/test_partition.py``).
+``python -m mxlarge.launcher.guard [--reraise] [--from-first-byte] -- CMD...`` runs CMD as its
+child in a process group of its own and prints what ssh cannot tell (``ssh`` exits 255 both for
+a refused connection and for a remote ``kill -9``): :data:`TAG` lines when the command started
+(its pid and host), when it died of a signal, and when the launcher's **lease** ran out. The
+launcher (:class:`Lease`) writes a byte every :data:`LEASE_EVERY` s to the stdin of each ssh
+client, ``mpirun --stdin all`` or ``srun --input=all`` it starts; no byte for
+:data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone (a partitioned
+host notices nothing else), and the guard ends the command's group.
 
-The guard (``python -m mxlarge.launcher.probe guard [--reraise] [--from-first-byte] -- CMD...``)
-    Every cluster backend (ssh, mpi, slurm) runs every process under it, the local scheduler
-    too. ``ssh`` exits with status 255 both when
-    it cannot connect and when the remote process dies of a signal (sshd reports
-    ``exit-signal``, and OpenSSH's client turns that into 255), so the launcher cannot tell a
-    ``kill -9`` from a refused connection. The guard runs COMMAND as its child, in a process
-    group of its own, and prints three kinds of lines, each starting with :data:`TAG`:
-
-    * ``mxlarge-guard: started pid P on HOST`` once the command runs (the launcher then knows
-      the connection works, and which remote pid is the process: the heartbeat records name
-      it, which gives a worker's kvstore rank);
-    * ``mxlarge-guard: pid P on HOST killed by SIGKILL`` when the command dies of a signal
-      (the guard then exits with 128 + n);
-    * ``mxlarge-guard: launcher connection lost ...`` when the lease (below) runs out.
-
-    The command's exit status is the guard's. The guard also ends the command's whole group
-    (SIGTERM, SIGKILL after :data:`GRACE` s) when it gets SIGHUP/SIGTERM/SIGINT (sshd hangs up
-    the ``-tt`` terminal when the connection closes) and when the **lease** runs out: after
-    the ``started`` line the launcher writes one byte (:data:`LEASE_BYTE`) every
-    :data:`LEASE_EVERY` s to the stdin of the ssh client, of ``mpirun --stdin all`` or of
-    ``srun --input=all``, each of which carries it to the stdin of every guard it started. No
-    byte for :data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone
-    (a partitioned host: its sshd, orted or slurmstepd notices nothing until the link is back),
-    and the guard ends the command. Echo and line mode are switched off first where stdin is a
-    terminal (ssh's ``-tt``), so the bytes never show in the output; under mpirun and srun it
-    is a pipe.
-
-    ``--reraise`` (mpi, slurm): a guard that ends by signal n (its command killed by n, or n
-    received) kills itself with n instead of exiting 128 + n, so that mpirun's ``exited on
-    signal 9`` and srun's ``task 1: Killed``, which the launcher parses, stay what they would
-    be unguarded. ``--from-first-byte`` (mpi): the lease runs from the first byte, not from the
-    start, because Open MPI 4.1's ``--stdin all`` forwards nothing to ranks on mpirun's own
-    host (measured with 4.1.4: they read nothing, and get no end of file either); those ranks
-    are mpirun's own children, which it ends itself.
-
-The probe (:func:`unreachable`)
-    A TCP connect to a host's ssh port with a short timeout. An answer, even a refusal (no
-    sshd there), means the host is up and reachable from here; silence or "no route" means it
-    is not: that is how a stalled job names a partitioned host instead of suspecting "a
-    server, the scheduler or the network".
-
-The ssh probe (:func:`ssh_silent`)
-    Whether ``ssh host true`` succeeds within a few seconds (:data:`SSH_PROBE_TIMEOUT`): the
-    host is up, its sshd lets the launcher in, and it can start a command. This is what an
-    ``--elastic`` ssh job asks of every host before each restart
-    (:func:`mxlarge.launcher.restart.ssh_probe`): a host that only answers a TCP connect but
-    cannot run the job's processes is no host for it.
-
-Importing this module does not import MXNet.
+``--reraise`` (mpi, slurm) dies of the command's signal so that mpirun's and srun's own reports
+stay what they would be unguarded; ``--from-first-byte`` (mpi) starts the lease at the first
+byte, because Open MPI 4.1's ``--stdin all`` gives ranks on mpirun's own host none. The
+measurements behind these choices are in ``docs/design/launcher.md``. Importing this module
+does not import MXNet.
 """
 from __future__ import annotations
 
@@ -70,7 +32,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 TAG = "mxlarge-guard:"
@@ -79,9 +41,6 @@ LEASE_EVERY = 1.0
 LEASE_TIMEOUT = 10.0
 GRACE = 5.0
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-PROBE_TIMEOUT = 2.0
-SSH_PROBE_TIMEOUT = 5.0
-
 _STARTED = re.compile(rf"^{TAG} started pid (?P<pid>\d+) on (?P<host>\S+)$")
 _KILLED = re.compile(rf"^{TAG} pid \d+ on \S+ killed by (?P<sig>SIG\w+)$")
 
@@ -115,7 +74,7 @@ def guard_command(command: Sequence[str], reraise: bool = False,
     """``command`` run under the guard by this Python (which must exist at the same path on
     every host, as the command itself must), with :func:`guard`'s ``reraise`` and
     ``from_first_byte`` (``--reraise``, ``--from-first-byte``)."""
-    return [sys.executable, "-m", "mxlarge.launcher.probe", "guard",
+    return [sys.executable, "-m", "mxlarge.launcher.guard", "guard",
             *(["--reraise"] if reraise else []),
             *(["--from-first-byte"] if from_first_byte else []), "--", *command]
 
@@ -277,79 +236,8 @@ class Lease:
                     pipe.close()  # type: ignore[attr-defined]
 
 
-def unreachable(host: str, port: int = 22, timeout: float = PROBE_TIMEOUT) -> str | None:
-    """``None`` if ``host`` answers a TCP connect to ``port`` (accepted or refused) within
-    ``timeout`` s, else why not, e.g. ``"no answer on port 22 within 2 s"``."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except ConnectionRefusedError:
-        return None  # refused: the host is up and answered
-    except TimeoutError:
-        return f"no answer on port {port} within {timeout:g} s"
-    except OSError as e:
-        return f"port {port}: {e.strerror or e}"
-
-
-def unreachable_hosts(hosts: Mapping[str, int], timeout: float = PROBE_TIMEOUT
-                      ) -> dict[str, str]:
-    """:func:`unreachable` for every host at once (threads): ``{host: why}`` of those that did
-    not answer; takes at most ``timeout`` s (+ thread start)."""
-    return _each(hosts, lambda host, port: unreachable(host, port, timeout), timeout)
-
-
-def ssh_fails(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> str | None:
-    """``None`` if ``ssh -p port host true`` (the ``ssh`` on PATH, non-interactive: no password
-    prompt, no host-key question) exits 0 within ``timeout`` s, else why not."""
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-           "-o", f"ConnectTimeout={max(1, int(timeout))}", "-p", str(port), host, "true"]
-    try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"ssh {host} true: no answer within {timeout:g} s"
-    except OSError as e:
-        return f"ssh {host} true: {e.strerror or e}"
-    if r.returncode == 0:
-        return None
-    said = r.stderr.strip().splitlines()
-    return f"ssh {host} true: status {r.returncode}" + (f" ({said[-1]})" if said else "")
-
-
-def ssh_silent(hosts: Mapping[str, int], timeout: float = SSH_PROBE_TIMEOUT) -> dict[str, str]:
-    """:func:`ssh_fails` for every host at once: ``{host: why}`` of those that did not let
-    ``ssh host true`` through; takes at most ``timeout`` s (+ thread start)."""
-    return _each(hosts, lambda host, port: ssh_fails(host, port, timeout), timeout)
-
-
-def _each(hosts: Mapping[str, int], fails: Callable[[str, int], str | None],
-          timeout: float) -> dict[str, str]:
-    """``fails(host, port)`` for every host in threads of its own; ``{host: why}`` of the
-    hosts it gave a reason for, or that had no verdict after ``timeout`` + 1 s."""
-    found: dict[str, str] = {}
-    lock = threading.Lock()
-
-    def one(host: str, port: int) -> None:
-        why = fails(host, port)
-        if why is not None:
-            with lock:
-                found[host] = why
-
-    threads = {host: threading.Thread(target=one, args=(host, port), daemon=True)
-               for host, port in hosts.items()}
-    for t in threads.values():
-        t.start()
-    deadline = time.monotonic() + timeout + 1
-    for t in threads.values():
-        t.join(max(0.0, deadline - time.monotonic()))
-    with lock:
-        late = {h: f"no verdict within {timeout + 1:g} s" for h, t in threads.items()
-                if t.is_alive() and h not in found}
-        return {**found, **late}
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mxlarge.launcher.probe",
+    p = argparse.ArgumentParser(prog="python -m mxlarge.launcher.guard",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="verb", required=True)
     g = sub.add_parser("guard", help="run COMMAND under the guard (the cluster backends do)")

@@ -8,6 +8,7 @@ import pytest
 
 from mxlarge.launcher import firewall
 from mxlarge.launcher.firewall import FirewallError, job_filter, merge_ranges, ruleset
+from mxlarge.launcher.registry import backend_for
 
 
 def test_port_ranges_merge_overlapping_and_adjacent_ones():
@@ -33,16 +34,17 @@ table ip mxlarge_abc_42 {
 
 
 def test_refused_where_it_cannot_apply_with_the_reason(monkeypatch):
-    assert "127.0.0.1 only" in (firewall.refusal("local") or "")
-    assert "slurm" in (firewall.refusal("slurm") or "")
-    assert firewall.refusal("ssh") is None and firewall.refusal("mpi") is None
+    assert "127.0.0.1 only" in (backend_for("local").firewall_refusal() or "")
+    assert "slurm" in (backend_for("slurm").firewall_refusal() or "")
+    assert backend_for("ssh").firewall_refusal() is None
+    assert backend_for("mpi").firewall_refusal() is None
     monkeypatch.setattr(firewall.os, "geteuid", lambda: 1000)
     assert "not run as root" in (firewall.local_refusal() or "")
     lines: list[str] = []
     with pytest.raises(FirewallError, match="--firewall on: the launcher does not run as root"):
-        with job_filter("on", "ssh", "j", [], (1, 2), lines.append):
+        with job_filter("on", None, "j", [], (1, 2), lines.append):
             pass
-    with job_filter("auto", "ssh", "j", [], (1, 2), lines.append) as allowed:
+    with job_filter("auto", None, "j", [], (1, 2), lines.append) as allowed:
         assert allowed is None  # the job runs, unfiltered, and says so
     assert lines == ["packet filter: off (the launcher does not run as root (nft needs "
                      "CAP_NET_ADMIN)); the job's ports take connections from anywhere (see "
@@ -51,12 +53,12 @@ def test_refused_where_it_cannot_apply_with_the_reason(monkeypatch):
 
 def test_off_and_local_say_nothing_and_install_nothing():
     lines: list[str] = []
-    for mode, launcher in (("off", "ssh"), ("auto", "local"), ("off", "local")):
-        with job_filter(mode, launcher, "j", [], (1, 2), lines.append) as allowed:
+    for mode, loopback in (("off", False), ("auto", True), ("off", True)):
+        with job_filter(mode, None, "j", [], (1, 2), lines.append, loopback=loopback) as allowed:
             assert allowed is None
     assert lines == []
     with pytest.raises(ValueError, match="expected one of auto, on, off"):
-        with job_filter("yes", "ssh", "j", [], (1, 2), lines.append):
+        with job_filter("yes", None, "j", [], (1, 2), lines.append):
             pass
 
 

@@ -1,0 +1,88 @@
+"""What every launch backend implements (:class:`LaunchBackend`), and the job it reads
+(:class:`Spec`, which :class:`~mxlarge.launcher.job.JobSpec` is).
+
+A backend owns everything that differs between the ways a job's processes are started: which
+options it refuses, its hosts and their probe for an elastic restart, whether the packet filter
+applies, and how it runs one attempt. The front ends and :func:`~mxlarge.launcher.job.run_job`
+only call these methods; none of them looks at a backend's name. The dmlc_tracker backends
+share more (:class:`mxlarge.launcher.cluster.DmlcBackend`).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import IO, Any, ClassVar, Protocol
+
+from mxlarge.launcher.hostfile import HostEntry
+from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.restart import Elastic
+from mxlarge.plan import World
+
+
+class Spec(Protocol):
+    """The fields of a job a backend reads (:class:`~mxlarge.launcher.job.JobSpec`)."""
+
+    launcher: str
+    world: World
+    servers: int
+    env: Mapping[str, str]
+    stall_timeout: float | None
+    tuning: bool
+    firewall: str
+    port: int | None
+    hostfile: str | None
+    host_ip: str | None
+    grace: float
+
+    @property
+    def argv(self) -> tuple[str, ...]: ...
+
+
+class LaunchBackend:
+    """One way to start a job's processes (the subclasses: one per ``--launcher`` name)."""
+
+    #: the ``--launcher`` name
+    name: ClassVar[str]
+
+    def check_spec(self, spec: Spec) -> None:
+        """Refuse an option this backend cannot apply (``ValueError`` with the reason)."""
+
+    def check_hosts(self, hostfile: str | None, workers: int, servers: int
+                    ) -> list[HostEntry] | None:
+        """The hostfile's lines, checked for this backend before anything starts (``None``:
+        the backend takes no hostfile).
+
+        Raises:
+            ValueError: naming the file and what is missing.
+        """
+        return None
+
+    def preflight(self, spec: Spec) -> None:
+        """Checks that need the machine (a port taken), before any run or process starts."""
+
+    def firewall_refusal(self) -> str | None:
+        """Why the packet filter (:mod:`mxlarge.launcher.firewall`) is not offered here."""
+        return None
+
+    def elastic(self, world: World, servers: int, lines: list[HostEntry] | None,
+                min_workers: int, local_lost: str | None) -> Elastic:
+        """The world keeper of an ``--elastic`` job: its worker hosts and their probe.
+
+        Raises:
+            ValueError: this backend's hosts cannot be probed, or an option does not apply.
+        """
+        raise ValueError(f"--elastic with --launcher {self.name}: probing {self.name} hosts "
+                         "is not built yet; elastic restarts run on local and ssh launches")
+
+    def attempt_env(self, spec: Spec, declared_workers: int) -> Mapping[str, str]:
+        """The environment of an attempt in a smaller world than the declared one."""
+        return spec.env
+
+    def attempt_hostfile(self, lines: list[HostEntry] | None, elastic: Elastic,
+                         declared_servers: int, servers: int, workers: int) -> str | None:
+        """The hostfile text of an elastic attempt with ``servers`` and ``workers`` after
+        :meth:`Elastic.replan` (``None``: the job's own hostfile)."""
+        return None
+
+    def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
+        """Run one attempt of ``spec``, supervised until it ends; prints the outcome's line."""
+        raise NotImplementedError

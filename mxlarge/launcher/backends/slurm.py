@@ -1,0 +1,88 @@
+"""The slurm backend: dmlc_tracker's ``slurm`` starts two ``srun`` job steps (servers, workers)
+inside the current allocation; the nodes are the allocation's.
+
+dmlc's step flags ``srun --share --exclusive=user`` are refused by Slurm >= 20.11, and without
+``--overlap`` the server step waits for the worker step to end, which never happens: where srun
+knows ``--overlap``, the two flags become ``--overlap`` and both steps run side by side.
+``--kill-on-bad-exit=1``: a task that dies ends its step (else srun waits on);
+``--input=all``: the guards' lease reaches every task. A failed task is named from srun's own
+report (``srun: error: H: task R: Killed``), so the guards ``--reraise``.
+
+A Slurm cancellation (``scancel``, a SIGTERM to ``salloc``) ends the steps and signals the
+launcher at about the same time: a failed step first waits a moment for that signal and asks
+Slurm whether the allocation is ending, so the cancellation, not the step it ended, is named
+(and not restarted). No packet filter: slurmctld, which may run outside the job, calls srun
+back on ports in the same ranges.
+"""
+from __future__ import annotations
+
+import re
+import signal
+
+from mxlarge.launcher._supervise import Child
+from mxlarge.launcher.cluster import DmlcBackend
+from mxlarge.launcher.explain import FailureContext, terminated
+from mxlarge.launcher.hostfile import HostEntry
+from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.slurm_query import allocation_ending, slurm_nodes, srun_has_overlap
+
+_SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
+# srun: a failed task ends its step; stdin (the lease) to every task (srun's default, stated)
+_SRUN_FLAGS = "--kill-on-bad-exit=1 --input=all "
+# How long a failed step waits for the launcher's termination signal (module docstring).
+_TERMINATION_WAIT = 1.0
+
+REFUSAL = ("not offered for --launcher slurm: slurmctld, which may run on a host outside "
+           "the job, calls srun back on ports in the same ranges; use the cluster's own "
+           "network policy")
+
+
+class SlurmBackend(DmlcBackend):
+    """``--launcher slurm``."""
+
+    name = "slurm"
+    tool = "srun"
+    # srun says what happened in strsignal(3)'s words ("Killed") or "Exited with exit code N"
+    report_patterns = (
+        re.compile(r"srun: error: (?P<host>[^:\s]+): tasks? (?P<rank>\d+)[-,\d]*: "
+                   r"(?P<what>.+?)\s*$"),
+    )
+
+    def __init__(self) -> None:
+        self._overlap = False
+
+    def check_hosts(self, hostfile: str | None, workers: int, servers: int) -> None:
+        if hostfile is not None:
+            raise ValueError("the slurm launcher takes its nodes from the allocation; "
+                             "pass hostfile=None")
+        return None
+
+    def firewall_refusal(self) -> str | None:
+        return REFUSAL
+
+    def guard_flags(self) -> dict[str, bool]:
+        return {"reraise": True}
+
+    def hosts(self, entries: list[HostEntry] | None) -> list[str]:
+        return slurm_nodes()
+
+    def prepare(self) -> None:
+        self._overlap = srun_has_overlap()
+
+    def fix_command(self, command: str) -> str:
+        """``--overlap``, ``--kill-on-bad-exit`` and ``--input=all`` (module docstring)."""
+        flags = "srun --overlap " if self._overlap else _SRUN_DMLC_FLAGS
+        return command.replace(_SRUN_DMLC_FLAGS, flags + _SRUN_FLAGS)
+
+    def before_explain(self, context: FailureContext) -> Outcome | None:
+        if context.stop.wait(_TERMINATION_WAIT):
+            received = context.received
+            return terminated(received[0] if received else signal.SIGTERM, context.host_ip)
+        ending = allocation_ending()
+        if ending is not None:
+            return context.failed(128 + signal.SIGTERM, f"{ending}; job torn down", "launcher",
+                                  None, None, context.host_ip, -signal.SIGTERM)
+        return None
+
+    def explain(self, context: FailureContext, child: Child) -> Outcome:
+        return context.explain_reported(child, "task")

@@ -1,0 +1,119 @@
+"""How a job ended (:class:`Outcome`), and the one record of the process it failed in
+(:class:`ProcessFailure`), on every backend.
+
+"rank" means the kvstore rank everywhere: in the launcher's lines (``worker rank 1 on h2``), in
+the MLflow tags (``failed_kvstore_rank``) and in the watchdog's messages. A process's number
+within its role as the launcher started it is its launch index (``failed_launch_index``: a local
+job's ``worker 1``, an ssh job's ``launch 1``, mpirun's and srun's task rank); the scheduler
+assigns kvstore ranks later, by host and port, so the two differ. Runs recorded before this
+distinction carry ``failed_rank``, which :func:`failure_tags` reads. Importing this module
+imports nothing else of mxlarge.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProcessFailure:
+    """The process a job failed in (or the launcher, when it was interrupted first).
+
+    Attributes:
+        role: ``"scheduler"``, ``"server"``, ``"worker"``; ``"launcher"`` when a cluster
+            launcher itself got SIGINT/SIGTERM/SIGHUP first (``scancel`` of a batch job, a
+            SIGTERM to ``salloc``).
+        kvstore_rank: its kvstore rank (from the scheduler's assignments or the heartbeats);
+            ``None`` for the scheduler and the launcher, or while not known.
+        launch_index: its number within its role as started (local, ssh) or its task rank
+            (mpirun, srun); ``None`` where no number applies.
+        host: where it ran (for the launcher and the scheduler: the scheduler's address).
+        pid: its process id on ``host`` as far as known (a local child's; a remote one's from
+            its guard or its heartbeat).
+        status: its Popen-style status as far as known: exit status, or ``-n`` for signal n
+            (for a remote process what the guard, mpirun or srun reported).
+        step: the last step it had completed, as far as its heartbeat tells (a worker).
+        output: the last lines of output of the local process that carried it.
+    """
+
+    role: str
+    kvstore_rank: int | None = None
+    launch_index: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    status: int | None = None
+    step: int | None = None
+    output: tuple[str, ...] = ()
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that ended it, if one did."""
+        return -self.status if self.status is not None and self.status < 0 else None
+
+    @property
+    def name(self) -> str:
+        """``worker-1`` (its kvstore rank), ``worker-launch1`` (its launch index while the rank
+        is not known), ``scheduler``: the name of its failure artifact."""
+        if self.kvstore_rank is not None:
+            return f"{self.role}-{self.kvstore_rank}"
+        if self.launch_index is not None:
+            return f"{self.role}-launch{self.launch_index}"
+        return self.role
+
+    def tags(self) -> dict[str, str]:
+        """The MLflow tags of the failure: ``failed_role``, ``failed_kvstore_rank``,
+        ``failed_launch_index``, ``failed_host``, ``failed_pid``, ``failed_status`` (those
+        known)."""
+        out = {"failed_role": self.role}
+        for key, value in (("failed_kvstore_rank", self.kvstore_rank),
+                           ("failed_launch_index", self.launch_index),
+                           ("failed_host", self.host), ("failed_pid", self.pid),
+                           ("failed_status", self.status)):
+            if value is not None:
+                out[key] = str(value)
+        return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended, on any backend (local, ssh, mpi, slurm).
+
+    Attributes:
+        exit_code: 0 on success; the failed process's exit code; 128 + n for a signal n (also
+            when the launcher itself was interrupted by signal n); 124 for a stall.
+        message: one human-readable line, e.g. ``"worker 1 exited with signal 9 (SIGKILL)"``.
+        reason: ``"crashed"`` (a process failed) or ``"stalled"`` (the stall watchdog stopped
+            the job): what the restart policy restarts; ``None`` on success or when the
+            launcher was interrupted (128 + SIGINT/SIGTERM/SIGHUP of a cluster process is taken
+            as that too: Slurm cancelling the steps).
+        step: on failure, the last step the failed worker (a crash), or every worker (a
+            stall or a server crash), had completed, as far as the heartbeats tell.
+        failure: the process it failed in; ``None`` on success, for a stall no worker process
+            can be named for, and when a local launcher was interrupted.
+        hosts: a cluster job's scheduler address, then the hosts the backend was given (ssh
+            targets used, the mpi hostfile's hosts, the Slurm allocation's nodes), without
+            repeats; empty for a local job.
+    """
+
+    exit_code: int
+    message: str
+    reason: str | None = None
+    step: int | None = None
+    failure: ProcessFailure | None = None
+    hosts: tuple[str, ...] = ()
+
+
+def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    """The ``failed_*`` tags of a run, in today's names, from a run recorded now or before
+    ``failed_rank`` was split: there it was a local job's launch index (tag ``launcher`` =
+    ``local``) and a cluster job's kvstore rank."""
+    out = {k: v for k, v in tags.items() if k.startswith("failed_") and k != "failed_rank"}
+    old = tags.get("failed_rank")
+    if old is None or old == "None":
+        return out
+    if tags.get("launcher", "local") == "local":
+        out.setdefault("failed_launch_index", old)
+    elif tags.get("failed_role") in ("server", "worker"):
+        out.setdefault("failed_kvstore_rank", old)
+    return out
+

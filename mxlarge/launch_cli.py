@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mxlarge.config import Config, ConfigError, load_config
+from mxlarge.config import Config, ConfigError, DistConfig, load_config, parse_overrides, read_yaml
 from mxlarge.errors import InputError
 from mxlarge.launcher.backends.base import LaunchBackend
 from mxlarge.launcher.hostfile import HostEntry
@@ -82,8 +82,10 @@ def launch_config(path: str | Path, overrides: list[str], workers: int | None,
     ``dist.workers`` (:func:`~mxlarge.plan.with_world`): the config is what ``mxlarge show``
     reads with the returned overrides and ``dist.workers=<workers>``.
     """
-    cfg = load_config(path, overrides)
-    extra = [] if cfg.dist.kvstore.startswith("dist") else ["dist.kvstore=dist_sync"]
+    # the store the file and overrides ask for, read before validating: a setting that needs a
+    # dist store (dist.wire_dtype, dist.compression) must be judged with the one launching adds
+    extra = [] if _kvstore_asked(path, overrides).startswith("dist") else \
+        ["dist.kvstore=dist_sync"]
     if servers is not None:
         extra.append(f"dist.servers={servers}")
     overrides = [*overrides, *extra]
@@ -93,6 +95,23 @@ def launch_config(path: str | Path, overrides: list[str], workers: int | None,
         world = dataclasses.replace(world, processes=workers)
         cfg = with_world(cfg, world, "-n/--workers")
     return cfg, world, overrides
+
+
+def _kvstore_asked(path: str | Path, overrides: list[str]) -> str:
+    """``dist.kvstore`` as the file and ``overrides`` set it (the default without either); the
+    file's and the overrides' errors are left to :func:`load_config`."""
+    asked = DistConfig.kvstore
+    try:
+        tree = read_yaml(path) or {}
+        dist = tree.get("dist") if isinstance(tree, dict) else None
+        if isinstance(dist, dict) and "kvstore" in dist:
+            asked = dist["kvstore"]
+        for key, value in parse_overrides(overrides):
+            if key == "dist.kvstore":
+                asked = value
+    except ConfigError:
+        pass
+    return str(asked)
 
 
 def job_spec(args: argparse.Namespace) -> tuple[JobSpec, Config]:

@@ -87,3 +87,16 @@ def test_a_launched_amp_job_with_the_16_bit_wire_is_deterministic(tmp_path):
                  f"train.save_params={tmp_path}/{name}-{{rank}}.params"], tmp_path)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     _assert_same(tmp_path / "first", tmp_path / "again", 2)
+
+
+def test_launch_judges_the_wire_with_the_store_launching_adds():
+    """A local-store config launched with the 16-bit wire: launching makes the store dist_sync,
+    so the wire is accepted (it was refused against the file's local store)."""
+    from pathlib import Path
+
+    from mxlarge.launch_cli import launch_config
+
+    path = Path(__file__).resolve().parents[2] / "experiments/proxy/mnist1d-recipe.yaml"
+    cfg, world, overrides = launch_config(path, ["dist.wire_dtype=float16"], 2, None)
+    assert (cfg.dist.kvstore, cfg.dist.wire_dtype, world.processes) == ("dist_sync", "float16", 2)
+    assert overrides == ["dist.wire_dtype=float16", "dist.kvstore=dist_sync"]

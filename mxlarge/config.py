@@ -9,6 +9,9 @@ The loader also reads other YAML files made of such dataclasses (sweep files: a 
 be a list of mappings, ``tuple[Dataclass, ...]``; a field without a default is required).
 What the world size makes of a config (global batch, LR, steps) is decided in
 :mod:`mxlarge.plan`, not here.
+
+It is over 500 lines because the whole schema (every field with its doc and range) and the
+cross-field rules live with the loader, so a key's rule and its error message are in one place.
 """
 from __future__ import annotations
 

@@ -38,6 +38,9 @@ run before any process starts, hands its id to every worker as ``mxlarge train -
 (the workers log into it and do not end it) and ends it by the job's exit status;
 ``mxlarge sweep`` opens each cell's run and passes its id to ``train`` in-process or to
 ``mxlarge launch --run-id ID``.
+
+It is over 500 lines because it is the one module that imports ``mlflow``: every MLflow call of
+the project (a run's life, its params, metrics, model and failure evidence) is here.
 """
 from __future__ import annotations
 

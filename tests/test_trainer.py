@@ -250,7 +250,8 @@ def test_gluoncv_lr_sequential_is_a_schedule():
 
 
 def test_optimizer_instance_honoured_and_others_refused():
-    """Call 4, an ``mx.optimizer.SGD`` instance: same as the name; Adam is refused."""
+    """Call 4, an ``mx.optimizer.SGD`` instance: same as the name; SGLD (noise per worker)
+    and Nadam (state in the optimizer object) are refused with the reason."""
     batches = _batches(steps=4)
     a, b = _net(), _net()
     ta = Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
@@ -258,10 +259,12 @@ def test_optimizer_instance_honoured_and_others_refused():
     for x, y in zip(_train(a, lambda n, t: ta.step(n), batches),
                     _train(b, lambda n, t: tb.step(n), batches)):
         np.testing.assert_array_equal(x, y)
-    with pytest.raises(ValueError, match="Adam is not supported"):
-        Trainer(_net().collect_params(), mx.optimizer.Adam())
-    with pytest.raises(ValueError, match="'adam' is not supported"):
-        Trainer(_net().collect_params(), "adam")
+    with pytest.raises(ValueError, match="SGLD is not supported: it adds random noise"):
+        Trainer(_net().collect_params(), mx.optimizer.SGLD())
+    with pytest.raises(ValueError, match="Nadam is not supported: its m_schedule"):
+        Trainer(_net().collect_params(), "nadam")
+    with pytest.raises(ValueError, match="'adamw': MXNet registers no such optimizer"):
+        Trainer(_net().collect_params(), "adamw")
     nag = Trainer(_net().collect_params(), "nag", {"momentum": 0.9})
     lars = Trainer(_net().collect_params(), "lars", {"momentum": 0.9, "eta": 0.02})
     assert nag.optimizer.nesterov and lars.optimizer.lars and lars.optimizer.lars_eta == 0.02
@@ -637,3 +640,87 @@ def test_resume_from_gluon_states_continues_the_schedule_bitwise(tmp_path):
     assert ts.num_update == 8
     for p_, q in zip(whole.collect_params().values(), second.collect_params().values()):
         np.testing.assert_array_equal(p_.data().asnumpy(), q.data().asnumpy())
+
+
+def _sched():
+    return mx.lr_scheduler.MultiFactorScheduler(step=[2, 4], factor=0.5, base_lr=0.01)
+
+
+def _adam_family(name, make, steps=6, **kwargs):
+    """Weights and per-step LRs of ``make(params, name, optimizer_params)`` on the BN net."""
+    net = _net()
+    tr = make(net.collect_params(), name, {"learning_rate": 0.01, "wd": 1e-3,
+                                           "lr_scheduler": _sched()}, **kwargs)
+    lrs = []
+    w = _train(net, lambda n, t: (tr.step(n), lrs.append(tr.learning_rate)), _batches(steps=steps))
+    return w, lrs, tr, net
+
+
+@pytest.mark.parametrize("name", ["adam", "lamb", "rmsprop"])
+def test_any_mxnet_optimizer_is_gluons_update_with_the_recipes_roles(name):
+    """Adam, LAMB (and RMSProp) with an lr_scheduler in one process: with decay_bn_bias=True
+    bitwise gluon.Trainer's weights and LR sequence; by default (no decay on BN γ/β and biases)
+    bitwise gluon.Trainer's with wd_mult = 0 on the 1-D tensors; reference_batch and warmup
+    reshape the LR sequence as for SGD."""
+    wa, la, _, _ = _adam_family(name, gluon.Trainer)
+    wb, lb, tb, _ = _adam_family(name, Trainer, decay_bn_bias=True)
+    assert lb == la == pytest.approx([0.01, 0.01, 0.005, 0.005, 0.0025, 0.0025])
+    for x, y in zip(wa, wb):
+        np.testing.assert_array_equal(x, y)
+    assert tb.optimizer.momentum == 0.0  # nothing to correct: the moments carry no LR
+
+    def no_decay_on_1d(params, *args):
+        for p in params.values():
+            if p.grad_req != "null" and len(p.shape) <= 1:
+                p.wd_mult = 0.0
+        return gluon.Trainer(params, *args)
+
+    wc, _, _, _ = _adam_family(name, no_decay_on_1d)
+    wd_, _, _, _ = _adam_family(name, Trainer)
+    for x, y in zip(wc, wd_):
+        np.testing.assert_array_equal(x, y)
+    assert max(float(np.abs(x - y).max()) for x, y in zip(wa, wd_)) > 0
+
+    _, le, _, _ = _adam_family(name, Trainer, reference_batch=4, warmup_steps=2,
+                               warmup_lr=0.001)
+    # ρ = 8/4 = 2 times η_user, warmed up linearly from 0.001 to ρ·η_user(2) over 2 updates
+    assert le == pytest.approx([0.001, 0.0055, 0.01, 0.01, 0.005, 0.005])
+
+
+def test_adam_states_resume_bitwise_and_gluon_adam_states_are_read(tmp_path):
+    """Adam's mean and variance (and the update count its bias correction reads) travel in
+    mxlarge's states file: 3 + 3 resumed steps are bitwise the 6 uninterrupted ones; a
+    gluon.Trainer Adam states file is read too."""
+    batches = _batches(steps=6)
+    whole = _net()
+    tw = Trainer(whole.collect_params(), "adam", {"learning_rate": 0.01, "wd": 1e-3})
+    want = _train(whole, lambda n, t: tw.step(n), batches)
+
+    first = _net()
+    tf = Trainer(first.collect_params(), "adam", {"learning_rate": 0.01, "wd": 1e-3})
+    _train(first, lambda n, t: tf.step(n), batches[:3])
+    first.save_parameters(str(tmp_path / "p"))
+    tf.save_states(str(tmp_path / "s"))
+    assert {k.split(":")[0] for k in mx.nd.load(str(tmp_path / "s"))} == \
+        {"state0", "state1", "num_update"}
+    again = _net(seed=5)
+    again.load_parameters(str(tmp_path / "p"))
+    ta = Trainer(again.collect_params(), "adam", {"learning_rate": 0.01, "wd": 1e-3})
+    ta.load_states(str(tmp_path / "s"))
+    assert ta.num_update == 3
+    got = _train(again, lambda n, t: ta.step(n), batches[3:])
+    for x, y in zip(want, got):
+        np.testing.assert_array_equal(x, y)
+
+    g = _net()
+    gt = gluon.Trainer(g.collect_params(), "adam", {"learning_rate": 0.01})
+    _train(g, lambda n, t: gt.step(n), batches[:2])
+    gt.save_states(str(tmp_path / "g"))
+    m = Trainer(_net().collect_params(), "adam", {"learning_rate": 0.01})
+    m.load_states(str(tmp_path / "g"))
+    assert m.num_update == 2
+    names = sorted(m.names)
+    for key, value in m.state_arrays().items():
+        kind, i = key.split(":")
+        ref = gt._updaters[0].states[names.index(m.names[int(i)])][int(kind[-1])]
+        np.testing.assert_array_equal(value.asnumpy(), ref.asnumpy())

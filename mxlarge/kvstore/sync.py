@@ -37,7 +37,9 @@ from mxlarge.kvstore.fusion import Bucket, fuse
 from mxlarge.kvstore.roles import ParamRole
 from mxlarge.kvstore.shutdown import leave_together
 
-KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync")
+KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync", "dist")
+#: MXNet runs ``'dist'`` as ``'dist_sync'`` (no ``_async`` suffix: synchronous).
+SAME_STORE = {"dist": "dist_sync"}
 WIRE_DTYPES = ("float32", "float16")
 # MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C int:
 # keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with 2 servers.
@@ -92,7 +94,7 @@ def create(kind: str) -> mx.kv.KVStore:
     live = live_dist_store()
     if live is None:
         live = mx.kv.create(kind)
-    if live.type != kind:
+    if SAME_STORE.get(live.type, live.type) != SAME_STORE.get(kind, kind):
         raise InputError(f"kvstore {kind!r}: this process already has a {live.type!r} store "
                          "and MXNet hangs creating a second one; pass that store "
                          f"(kvstore=kv) or create it as {kind!r}")
@@ -310,8 +312,9 @@ class SyncStore:
 
     def _init(self, indices: list[int], keys: list[int], values: list[mx.nd.NDArray]) -> None:
         """One ``kv.init`` of parameters ``indices`` (this rank's values; the store keeps rank
-        0's) and of ``keys``/``values``; then rank 0's parameter values pulled into every
-        device and waited for (what keeps the first gradient push from racing the broadcast)."""
+        0's) and of ``keys``/``values``; then rank 0's values of the trainable ones pulled into
+        every device and waited for (what keeps the first gradient push from racing the
+        broadcast); local statistics (``grad_req='null'``) keep this worker's values."""
         self._broadcast.update(indices)
         if self.kv is None or not (indices or keys):
             return
@@ -323,6 +326,11 @@ class SyncStore:
         # an MKLDNN-layout weight either).
         for i in indices:
             p = self.params[i]
+            if p.grad_req == "null":
+                # a local statistic (BN running mean/var) is each worker's own: what a resumed
+                # worker loaded before the Trainer was built stays (a fresh one is the same
+                # constant on every rank anyway)
+                continue
             pulled = [mx.nd.zeros(p.shape, ctx=a.context, dtype=a.dtype) for a in p.list_data()]
             self.kv.pull(i, out=pulled, priority=-i)
             for src, dst in zip(pulled, p.list_data()):

@@ -139,6 +139,12 @@ class LargeBatchSGD(mxopt.Optimizer):
             return (self.create_state(index, master), master)
         return self.create_state(index, weight)
 
+    @staticmethod
+    def parts(state: Any, dtype: Any) -> dict[str, nd.NDArray]:
+        """The named arrays of one state: ``momentum`` and ``master`` (either may be absent)."""
+        momentum, master = state if isinstance(state, tuple) else (state, None)
+        return {k: v for k, v in (("momentum", momentum), ("master", master)) if v is not None}
+
     def update(self, index, weight, grad, state):  # noqa: D401 - MXNet's signature
         """MXNet's per-call entry (e.g. when run by ``gluon.Trainer`` or on a server).
 

@@ -29,6 +29,7 @@ the class (argument translation, states files, deferred init) has its own module
 """
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,9 +42,11 @@ import numpy as np
 
 from mxlarge import schedulers
 from mxlarge.bnstats import BNStats
+from mxlarge.errors import InputError
 from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore
+from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.plan import World
 from mxlarge.protocol.failfast import install_fail_fast
@@ -66,6 +69,23 @@ def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | No
                          "must push every gradient each step; give parameters that get no "
                          "gradient grad_req='null' before building the Trainer")
     return step
+
+
+def _check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
+    """Refuses a store that cannot be what the process is: a non-dist store in a launched job
+    of several workers (each would train its own model, silently), a dist one outside it."""
+    name = kvstore if kvstore is None or isinstance(kvstore, str) else kvstore.type
+    dist = isinstance(name, str) and name.startswith("dist")
+    workers = os.environ.get("DMLC_NUM_WORKER", "1")
+    if not dist and os.environ.get("DMLC_ROLE") == "worker" and workers.isdigit() \
+            and int(workers) > 1:
+        raise InputError(f"kvstore {name!r} in a launched job of {workers} workers: each "
+                         "worker would train a model of its own; pass kvstore='dist_sync' "
+                         "(or the script's mx.kv.create('dist') store)")
+    if dist and isinstance(kvstore, str) and os.environ.get("DMLC_ROLE") != "worker":
+        raise InputError(f"kvstore {name!r} needs a launched job (scheduler, servers and "
+                         "workers): run the script with `python -m mxlarge.launcher -n K -s S "
+                         "-- python SCRIPT`, or pass kvstore='local' for one process")
 
 
 class Trainer(mx.gluon.Trainer):
@@ -156,11 +176,15 @@ class Trainer(mx.gluon.Trainer):
                              f"{', '.join(WIRE_DTYPES)}")
         named = self._named(params)
         self.names = list(named)
-        self.updater = LargeBatchSGD(
-            opt["base"], momentum=opt["momentum"], nesterov=opt["nesterov"],
-            momentum_correction=momentum_correction, wd=opt["wd"],
-            lars=opt["lars"], lars_eta=opt["lars_eta"], lars_eps=opt["lars_eps"],
-            multi_precision=opt["multi_precision"])
+        self.updater: LargeBatchSGD | MXNetUpdate
+        if opt.get("sgd", True):
+            self.updater = LargeBatchSGD(
+                opt["base"], momentum=opt["momentum"], nesterov=opt["nesterov"],
+                momentum_correction=momentum_correction, wd=opt["wd"],
+                lars=opt["lars"], lars_eta=opt["lars_eta"], lars_eps=opt["lars_eps"],
+                multi_precision=opt["multi_precision"])
+        else:  # any other MXNet optimizer runs its own update (kvstore/any_optimizer.py)
+            self.updater = MXNetUpdate(opt["base"], opt["mxnet"])
         self.updater.num_update = opt["begin"]
         # Gluon's own construction, with no store of its own: ``_params`` in this order,
         # ``_optimizer`` the updater, the attributes AMP and Gluon's helpers read.
@@ -170,6 +194,7 @@ class Trainer(mx.gluon.Trainer):
         self._param_map = named
         self._scale = opt["rescale"]
         kind = "local" if kvstore is None else kvstore
+        _check_store_for_the_process(kvstore)
         if (kind if isinstance(kind, str) else kind.type).startswith("dist"):
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
             # that wait in push/pull for it: every script using this Trainer leaves at once
@@ -204,7 +229,11 @@ class Trainer(mx.gluon.Trainer):
         self._loaded: dict[str, mx.nd.NDArray] | None = None  # states loaded before shapes
         self._masters_current = False  # master copies taken from the weights (or a file)
         if gluon_form and self.store.rank == 0:
-            note_differences(momentum_correction, decay_bn_bias, opt)
+            note_differences(momentum_correction, decay_bn_bias, opt,
+                             lr_changes=not isinstance(opt["base"], schedulers.Constant)
+                             or bool(warmup_steps), workers=self.num_workers, rank=self.rank,
+                             scaled=reference_batch is not None)
+        self._batch_warned = False
         # Rank 0's initial values: now for parameters with shapes, at their initialisation for
         # the others (deferred: the first forward), before that forward reads it.
         self.store.init_params([i for i, p in enumerate(self.params) if p._data is not None])
@@ -416,7 +445,7 @@ class Trainer(mx.gluon.Trainer):
         self.updater.num_update = int(value)
 
     @property
-    def optimizer(self) -> LargeBatchSGD:
+    def optimizer(self) -> LargeBatchSGD | MXNetUpdate:
         """The optimizer that runs the update (an ``mx.optimizer.Optimizer``)."""
         return self.updater
 
@@ -480,6 +509,20 @@ class Trainer(mx.gluon.Trainer):
               "(gluoncv.data.sampler.SplitSampler(len(dataset), num_parts=trainer.num_workers, "
               "part_index=trainer.rank))", file=sys.stderr, flush=True)
 
+    def _check_batch(self, batch_size: int) -> None:
+        """Warns once (kvstore rank 0) when ``step(b)`` gets b = k·n, k workers and n the
+        batch the schedule was fixed for: a gluon script's ``step(batch_size * num_workers)``,
+        which here would make steps k times smaller (the mean is over k·b images)."""
+        k, n = self.num_workers, self._batch
+        if k < 2 or n is None or batch_size != k * n:
+            return
+        self._batch_warned = True
+        if self.rank == 0:
+            print(f"mxlarge.Trainer (kvstore rank 0 of {k}): warning: step({batch_size}) is "
+                  f"{k}x the first step's batch {n}: step(n) takes this worker's own n (the "
+                  f"mean is over the {k}*n global batch already), so these steps are {k}x "
+                  "smaller", file=sys.stderr, flush=True)
+
     def update(self, batch_size: int, step: int | None = None,
                ignore_stale_grad: bool = False) -> bool:
         """Applies update ``step`` (default :attr:`num_update`) to already-reduced gradients,
@@ -497,6 +540,8 @@ class Trainer(mx.gluon.Trainer):
         self._check_ready()
         if self._batch is None:
             self._fix_schedule(batch_size)
+        elif not self._batch_warned:
+            self._check_batch(batch_size)
         t = self.num_update if step is None else int(step)
         beat = self.heartbeat
         if beat is not None:
@@ -575,8 +620,14 @@ class Trainer(mx.gluon.Trainer):
         self._masters_current = True
         for i in self.pushed:
             for w, state in zip(self.params[i].list_data(), self.states[i]):
-                if isinstance(state, tuple):
-                    w.astype(np.float32).copyto(state[1])
+                master = self.updater.parts(state, w.dtype).get("master")
+                if master is not None:
+                    w.astype(np.float32).copyto(master)
+
+    def _parts(self, i: int, state: Any) -> dict[str, mx.nd.NDArray]:
+        """Parameter i's optimizer state by part (:mod:`mxlarge.trainer.states`)."""
+        dtype = self.params[i].dtype if 0 <= i < len(self.params) else None
+        return self.updater.parts(state, dtype)
 
     def state_arrays(self) -> dict[str, mx.nd.NDArray]:
         """Device 0's momentum buffers and float32 master weights, keyed ``momentum:<i>`` and
@@ -584,7 +635,7 @@ class Trainer(mx.gluon.Trainer):
         self._check_ready()
         if not self._masters_current:
             self._refresh_masters()
-        out = states_file.state_arrays(self.states, self.pushed)
+        out = states_file.state_arrays(self.states, self.pushed, self._parts)
         scaler = getattr(self, "_amp_loss_scaler", None)
         if scaler is not None:  # AMP's dynamic loss scale, so a resume continues it exactly
             out[states_file.AMP_KEY] = mx.nd.array(
@@ -610,7 +661,7 @@ class Trainer(mx.gluon.Trainer):
         checked; before the first forward of a net with deferred initialisation the states
         are kept, and checked and set once the shapes are known.
         """
-        loaded, count = states_file.read(fname, self.names)
+        loaded, count = states_file.read(fname, self.names, self._parts)
         amp_state = loaded.pop(states_file.AMP_KEY, None)
         scaler = getattr(self, "_amp_loss_scaler", None)
         if amp_state is not None and scaler is not None:
@@ -625,12 +676,10 @@ class Trainer(mx.gluon.Trainer):
             self.num_update = count
 
     def _set_states(self, loaded: dict[str, mx.nd.NDArray], fname: str) -> None:
-        expected = states_file.state_arrays(self.states, self.pushed)
+        expected = states_file.state_arrays(self.states, self.pushed, self._parts)
         states_file.check(loaded, expected, self.names, fname)
-        for key in expected:
-            kind, i = key.split(":")
-            for state in self.states[int(i)]:
-                target = state if not isinstance(state, tuple) else \
-                    state[0] if kind == "momentum" else state[1]
+        for d in range(self.num_devices if self.params else 0):
+            for key, target in states_file.state_arrays(self.states, self.pushed, self._parts,
+                                                        device=d).items():
                 loaded[key].astype(target.dtype).copyto(target)
         self._masters_current = True

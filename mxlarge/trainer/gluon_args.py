@@ -1,5 +1,6 @@
 """Gluon's optimizer arguments (a name + ``optimizer_params``, or an ``mx.optimizer`` instance)
-translated into what :class:`~mxlarge.kvstore.updater.LargeBatchSGD` runs.
+translated into what :class:`~mxlarge.kvstore.updater.LargeBatchSGD` (the momentum-SGD family)
+or :class:`~mxlarge.kvstore.any_optimizer.MXNetUpdate` (any other MXNet optimizer) runs.
 
 MXNet parses the arguments itself (``mx.optimizer.create``), so its own names and defaults
 apply; what the recipe's update cannot honour is refused here with the reason.
@@ -13,10 +14,16 @@ from typing import Any
 import mxnet as mx
 
 from mxlarge import schedulers
+from mxlarge.kvstore.any_optimizer import REFUSED
+from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.schedulers import Schedule
 
-# Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name.
+# Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name (every
+# other MXNet optimizer runs its own update: mxlarge.kvstore.any_optimizer).
 HONOURED = {"SGD": "sgd", "NAG": "nag", "LARS": "lars", "LBSGD": "lbsgd"}
+#: MXNet's registered optimizer names mxlarge accepts (its own ``largebatchsgd`` excluded).
+REGISTERED = frozenset(n for n, c in mx.optimizer.Optimizer.opt_registry.items()
+                       if c.__name__ not in REFUSED and c is not LargeBatchSGD)
 
 
 class MXNetSchedule:
@@ -38,47 +45,66 @@ class MXNetSchedule:
         return self.values[step]
 
 
-def note_differences(momentum_correction: bool, decay_bn_bias: bool,
-                     opt: Mapping[str, Any]) -> None:
-    """The Gluon form's one note on stderr (rank 0, at construction): what this update does by
-    default that gluon.Trainer's does not, and the keywords that make it gluon's."""
-    differ = []
-    if momentum_correction and opt["momentum"]:
+def note_differences(momentum_correction: bool, decay_bn_bias: bool, opt: Mapping[str, Any],
+                     *, lr_changes: bool, workers: int = 1, rank: int = 0,
+                     scaled: bool = False) -> None:
+    """The Gluon form's one note on stderr (the kvstore-rank-0 process, at construction, labelled
+    with its rank on dist): what this update does by default that gluon.Trainer's does not, the
+    keywords that make it gluon's, and on dist (``workers`` k > 1, no ``reference_batch``:
+    ``scaled`` False) the step size: ``step(n)`` applies the mean over the k·n global batch,
+    where gluon.Trainer on dist_sync applies k times that (the servers sum)."""
+    differ, keys = [], []
+    if momentum_correction and opt["momentum"] and lr_changes:
         differ.append("momentum correction (the velocity is rescaled by lr_t/lr_{t-1} when "
                       "the LR changes: Goyal et al.'s eq. 9, not MXNet's eq. 10)")
+        keys.append("momentum_correction=False")
     if not decay_bn_bias and opt["wd"]:
         differ.append("no weight decay on BatchNorm gamma/beta and biases")
-    if not differ:
+        keys.append("decay_bn_bias=True")
+    said = []
+    if differ:
+        nag = (" (nag with wd: the decay term reads the weight before the update, MXNet's "
+               "in-place kernel the updated one)" if opt["nesterov"] and opt["wd"] else "")
+        said.append(f"the update differs from gluon.Trainer's by {' and '.join(differ)}; "
+                    f"{', '.join(keys)} give{'s' if len(keys) == 1 else ''} gluon.Trainer's "
+                    f"update{nag}")
+    if workers > 1 and not scaled:
+        said.append(f"step(n) applies the mean gradient over the global batch of {workers}*n "
+                    f"images, where gluon.Trainer on dist_sync applies {workers}x that update "
+                    "(the servers sum): for gluon's step size pass reference_batch=n (linear "
+                    f"scaling) or multiply the LR by {workers}")
+    if not said:
         return
-    nag = (" (nag with wd: the decay term reads the weight before the update, MXNet's in-place "
-           "kernel the updated one)" if opt["nesterov"] and opt["wd"] else "")
-    print(f"mxlarge.Trainer: note: the update differs from gluon.Trainer's by "
-          f"{' and '.join(differ)}; momentum_correction=False, decay_bn_bias=True give "
-          f"gluon.Trainer's update{nag}", file=sys.stderr, flush=True)
+    who = f"mxlarge.Trainer (kvstore rank {rank} of {workers})" if workers > 1 else \
+        "mxlarge.Trainer"
+    print(f"{who}: note: {'; '.join(said)}", file=sys.stderr, flush=True)
 
 
 def optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
                        optimizer_params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What an MXNet optimizer (name + params, or instance) asks for, as LargeBatchSGD
-    arguments (``base`` schedule, ``momentum``, ``nesterov``, ``wd``, ``lars*``, ``rescale``,
-    ``begin``, ``multi_precision``, and the parsed optimizer as ``mxnet``)."""
+    """What an MXNet optimizer (name + params, or instance) asks for: ``base`` schedule,
+    ``rescale``, ``begin``, ``multi_precision``, ``wd``, the parsed optimizer as ``mxnet``, and
+    ``sgd``: True for the momentum-SGD family (:data:`HONOURED`), which LargeBatchSGD runs with
+    ``momentum``, ``nesterov``, ``lars*``; False for any other MXNet optimizer, which
+    :class:`~mxlarge.kvstore.any_optimizer.MXNetUpdate` runs (``momentum`` 0: nothing to
+    correct)."""
     if isinstance(optimizer, str):
         name = optimizer.lower()
-        if name not in HONOURED.values():
-            raise ValueError(f"optimizer {optimizer!r} is not supported: mxlarge applies "
-                             "Goyal et al.'s momentum SGD; expected one of "
-                             f"{', '.join(HONOURED.values())}")
+        if name not in mx.optimizer.Optimizer.opt_registry:
+            raise ValueError(f"optimizer {optimizer!r}: MXNet registers no such optimizer "
+                             f"(expected one of {', '.join(sorted(REGISTERED))})")
         opt = mx.optimizer.create(name, **dict(optimizer_params or {}))
     else:
         if optimizer_params:
             raise ValueError("optimizer_params must be None when an optimizer instance is "
                              "given (as in gluon.Trainer)")
         opt = optimizer
-        if type(opt).__name__ not in HONOURED:
-            raise ValueError(f"optimizer {type(opt).__name__} is not supported: mxlarge "
-                             "applies Goyal et al.'s momentum SGD; expected an instance of "
-                             f"mx.optimizer.{', '.join(HONOURED)}")
-    kind = HONOURED[type(opt).__name__]
+    cls = type(opt).__name__
+    if cls in REFUSED:
+        raise ValueError(f"optimizer {cls} is not supported: {REFUSED[cls]}")
+    if isinstance(opt, LargeBatchSGD):
+        raise ValueError("optimizer LargeBatchSGD: pass its schedule to the Trainer (the "
+                         "explicit form) or an MXNet optimizer")
     if opt.clip_gradient is not None:
         raise ValueError("clip_gradient is not supported: Goyal et al.'s update does not clip "
                          "(clip the summed gradient yourself between allreduce_grads() and "
@@ -86,6 +112,18 @@ def optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
     if opt.lr_mult or opt.wd_mult:
         raise ValueError("per-index lr_mult/wd_mult on the optimizer are not supported: set "
                          "Parameter.wd_mult = 0 for tensors without weight decay")
+    base: Schedule
+    if opt.lr_scheduler is not None:
+        base = MXNetSchedule(opt.lr_scheduler)
+    else:
+        base = schedulers.Constant(float(opt.lr))
+    common = {"base": base, "wd": float(opt.wd), "rescale": float(opt.rescale_grad),
+              "begin": int(opt.begin_num_update),
+              "multi_precision": bool(opt.multi_precision), "mxnet": opt}
+    if cls not in HONOURED:
+        return {**common, "sgd": False, "momentum": 0.0, "nesterov": False, "lars": False,
+                "lars_eta": 0.001, "lars_eps": 0.0}
+    kind = HONOURED[cls]
     if kind == "lbsgd":
         # LBSGD's own warmup/batch scaling would be applied on top of mxlarge's.
         defaults = {"warmup_strategy": "linear", "warmup_epochs": 5, "batch_scale": 1}
@@ -96,14 +134,7 @@ def optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
                              "warmup_steps and warmup_lr keywords (the warmup and LR "
                              "scaling are derived from the store's world size)")
     lars = kind in ("lars", "lbsgd")
-    base: Schedule
-    if opt.lr_scheduler is not None:
-        base = MXNetSchedule(opt.lr_scheduler)
-    else:
-        base = schedulers.Constant(float(opt.lr))
-    return {"base": base, "momentum": float(getattr(opt, "momentum", 0.0)),
-            "nesterov": kind == "nag", "wd": float(opt.wd), "lars": lars,
+    return {**common, "sgd": True, "momentum": float(getattr(opt, "momentum", 0.0)),
+            "nesterov": kind == "nag", "lars": lars,
             "lars_eta": float(getattr(opt, "eta", 0.001)),
-            "lars_eps": float(getattr(opt, "eps", 0.0)) if kind == "lars" else 0.0,
-            "rescale": float(opt.rescale_grad), "begin": int(opt.begin_num_update),
-            "multi_precision": bool(opt.multi_precision), "mxnet": opt}
+            "lars_eps": float(getattr(opt, "eps", 0.0)) if kind == "lars" else 0.0}

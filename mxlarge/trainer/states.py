@@ -5,15 +5,20 @@ mxlarge's file holds, by parameter *position* (Gluon 1.x names parameters with p
 counters, so the same net built twice in one process gets other names): ``momentum:<i>`` (the
 velocity, MXNet's eq. (10) quantity), ``master:<i>`` (the float32 master copy of a float16
 weight under ``multi_precision``), ``num_update`` (an int64 array) and, under AMP,
-``amp_loss_scaler`` (its dynamic loss scale, so a resume continues it).
+``amp_loss_scaler`` (its dynamic loss scale, so a resume continues it). Any other MXNet
+optimizer's state (Adam's mean and variance, ...) is kept as its arrays in order, ``state0:<i>``,
+``state1:<i>``, ... (:meth:`~mxlarge.kvstore.any_optimizer.MXNetUpdate.parts`).
 """
 from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import mxnet as mx
+
+from mxlarge.kvstore.updater import LargeBatchSGD
 
 #: The update count's key in mxlarge's states files.
 NUM_UPDATE_KEY = "num_update"
@@ -38,38 +43,44 @@ class _GluonStates(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a states file")
 
 
-def state_arrays(states: list[list[Any]], pushed: list[int]) -> dict[str, mx.nd.NDArray]:
-    """Device 0's states of the ``pushed`` parameters, keyed as in the module docstring.
-
-    ``states[i][d]`` is a momentum array, None, or ``(momentum or None, master)``."""
-    out = {}
-    for i in pushed:
-        state = states[i][0]
-        momentum, master = state if isinstance(state, tuple) else (state, None)
-        if momentum is not None:
-            out[f"momentum:{i}"] = momentum
-        if master is not None:
-            out[f"master:{i}"] = master
-    return out
+#: ``parts(i, state)``: the named arrays of parameter i's optimizer state (the updater's
+#: ``parts``), e.g. ``{"momentum": v, "master": w32}``.
+Parts = Callable[[int, Any], dict[str, mx.nd.NDArray]]
 
 
-def read(fname: str, names: list[str]) -> tuple[dict[str, mx.nd.NDArray], int | None]:
+def sgd_parts(i: int, state: Any) -> dict[str, mx.nd.NDArray]:
+    """The momentum-SGD family's state (a momentum array, None, or ``(momentum or None,
+    master)``) by part."""
+    return LargeBatchSGD.parts(tuple(state) if isinstance(state, list) else state, None)
+
+
+def state_arrays(states: list[list[Any]], pushed: list[int], parts: Parts = sgd_parts,
+                 device: int = 0) -> dict[str, mx.nd.NDArray]:
+    """Device ``device``'s states of the ``pushed`` parameters, keyed ``<part>:<i>`` (module
+    docstring)."""
+    return {f"{kind}:{i}": array for i in pushed
+            for kind, array in parts(i, states[i][device]).items()}
+
+
+def read(fname: str, names: list[str], parts: Parts = sgd_parts
+         ) -> tuple[dict[str, mx.nd.NDArray], int | None]:
     """The arrays and update count of mxlarge's file or of Gluon's (told apart by the pickle's
     first byte); ``names`` are the Trainer's parameter names in its order."""
     with open(fname, "rb") as fh:
         head = fh.read(1)
     if head == b"\x80":
-        return _gluon_states(fname, names)
+        return _gluon_states(fname, names, parts)
     loaded = mx.nd.load(fname)
     count = loaded.pop(NUM_UPDATE_KEY, None)
     return loaded, None if count is None else int(count.asnumpy()[0])
 
 
-def _gluon_states(fname: str, names: list[str]) -> tuple[dict[str, mx.nd.NDArray], int | None]:
+def _gluon_states(fname: str, names: list[str], parts: Parts
+                  ) -> tuple[dict[str, mx.nd.NDArray], int | None]:
     """Gluon's states by parameter index, re-keyed to this Trainer's positions (gluon.Trainer
     numbers a ParameterDict's parameters in *sorted name* order), and the pickled optimizer's
-    ``num_update`` (None when the file has no optimizer). A multi-precision state is MXNet's
-    ``(momentum, master)`` pair."""
+    ``num_update`` (None when the file has no optimizer), each state split by ``parts`` (the
+    same optimizer makes the same layout)."""
     with open(fname, "rb") as fh:
         try:
             obj = _GluonStates(io.BytesIO(fh.read())).load()
@@ -82,11 +93,7 @@ def _gluon_states(fname: str, names: list[str]) -> tuple[dict[str, mx.nd.NDArray
     out = {}
     for index, state in states.items():
         i = by_gluon_index.get(int(index), -1)
-        momentum, master = state if isinstance(state, (tuple, list)) else (state, None)
-        if momentum is not None:
-            out[f"momentum:{i}"] = momentum
-        if master is not None:
-            out[f"master:{i}"] = master
+        out.update({f"{kind}:{i}": array for kind, array in parts(i, state).items()})
     count = getattr(optimizer, "num_update", None)
     return out, None if count is None else int(count)
 

@@ -44,9 +44,9 @@ from mxlarge import schedulers
 from mxlarge.bnstats import BNStats
 from mxlarge.errors import InputError
 from mxlarge.kvstore import FUSION_BYTES
+from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore
-from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.plan import World
 from mxlarge.protocol.failfast import install_fail_fast

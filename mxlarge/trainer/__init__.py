@@ -81,7 +81,7 @@ def _check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
             and int(workers) > 1:
         raise InputError(f"kvstore {name!r} in a launched job of {workers} workers: each "
                          "worker would train a model of its own; pass kvstore='dist_sync' "
-                         "(or the script's mx.kv.create('dist') store)")
+                         "(or pass the script's own dist store)")
     if dist and isinstance(kvstore, str) and os.environ.get("DMLC_ROLE") != "worker":
         raise InputError(f"kvstore {name!r} needs a launched job (scheduler, servers and "
                          "workers): run the script with `python -m mxlarge.launcher -n K -s S "

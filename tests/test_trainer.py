@@ -724,3 +724,45 @@ def test_adam_states_resume_bitwise_and_gluon_adam_states_are_read(tmp_path):
         kind, i = key.split(":")
         ref = gt._updaters[0].states[names.index(m.names[int(i)])][int(kind[-1])]
         np.testing.assert_array_equal(value.asnumpy(), ref.asnumpy())
+
+
+@pytest.mark.parametrize("kvstore", ["local", "device", None])
+def test_a_non_dist_store_in_a_launched_job_of_several_workers_is_refused(monkeypatch, kvstore):
+    """What a launched worker's environment says (DMLC_ROLE=worker, 2 workers) with a store
+    that would train a model per worker: refused at construction, naming the store and the
+    fix; one worker, or outside a launcher, it is accepted."""
+    from mxlarge.errors import InputError
+
+    monkeypatch.setenv("DMLC_ROLE", "worker")
+    monkeypatch.setenv("DMLC_NUM_WORKER", "2")
+    with pytest.raises(InputError, match=f"kvstore {kvstore!r} in a launched job of 2 workers: "
+                       "each worker would train a model of its own; pass "
+                       "kvstore='dist_sync'"):
+        Trainer(_net().collect_params(), "sgd", kvstore=kvstore)
+    monkeypatch.setenv("DMLC_NUM_WORKER", "1")
+    Trainer(_net().collect_params(), "sgd", kvstore=kvstore)
+
+
+def test_a_dist_store_outside_a_launcher_names_the_trainers_fix_not_a_config_key(monkeypatch):
+    from mxlarge.errors import InputError
+
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    for name in ("dist", "dist_sync"):
+        with pytest.raises(InputError) as e:
+            Trainer(_net().collect_params(), "adam", kvstore=name)
+        assert str(e.value).startswith(f"kvstore {name!r} needs a launched job")
+        assert "kvstore='local'" in str(e.value) and "dist.kvstore" not in str(e.value)
+
+
+def test_the_note_names_momentum_correction_only_when_the_lr_changes(capsys):
+    capsys.readouterr()
+    Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    assert capsys.readouterr().err == ""  # constant LR, no wd: nothing differs from gluon's
+    Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+            warmup_steps=3)
+    assert "momentum correction" in capsys.readouterr().err
+    Trainer(_net().collect_params(), "adam", {"learning_rate": 0.1, "wd": 1e-4},
+            warmup_steps=3)
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "momentum" not in err, err
+    assert "decay_bn_bias=True gives gluon.Trainer's update" in err

@@ -14,8 +14,13 @@ given 127.0.0.1 instead, and servers/workers get ``DMLC_NODE_HOST=127.0.0.1`` an
 ``DMLC_INTERFACE=lo`` unless set. Other launchers (``ssh``, ``mpi``) keep launch.py's own
 address choice: the scheduler on the address of this host's name.
 
-MXNet's local launcher neither prefixes output nor tears the job down when one process fails
-(it retries); ``mxlarge launch`` does both and is the recommended front end.
+Under ``--launcher local`` every process dmlc starts (the scheduler, the servers, the workers)
+runs under the launcher's :class:`~mxlarge.launcher._supervise.Supervisor`: dmlc's
+``subprocess`` is a shim for the time of the submission (:class:`_LocalShim`), so each line is
+labelled ``[worker i]``/``[server i]``/``[scheduler]`` (i: dmlc's launch index, not the kvstore
+rank), the first process to fail ends the job with its exit status (dmlc's local backend
+retries, logs and returns 0), and nothing outlives the command. ``mxlarge launch`` is still the
+recommended front end (stall watchdog, restarts, MLflow).
 """
 from __future__ import annotations
 
@@ -23,12 +28,30 @@ import argparse
 import contextlib
 import os
 import runpy
+import subprocess
 import sys
+import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from mxlarge.launcher.dmlc_compat import scheduler_address, tracker_compat
+from mxlarge.launcher._supervise import (
+    Backend,
+    Child,
+    Supervisor,
+    exit_code_for,
+    failure_message,
+    supervise,
+)
+from mxlarge.launcher.dmlc_compat import patched_subprocess, scheduler_address, tracker_compat
 from mxlarge.launcher.local import LOOPBACK
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
+
+#: Seconds the processes get between SIGTERM and SIGKILL at teardown.
+GRACE = 5.0
+#: Seconds the servers and workers may take to exit once the scheduler has.
+SHUTDOWN_TIMEOUT = 30.0
 
 
 def launch_py() -> Path:
@@ -49,8 +72,109 @@ def launcher_of(argv: list[str]) -> str:
     return str(known.launcher)
 
 
+class _LocalShim:
+    """dmlc's ``subprocess`` during a local submission: each ``call``/``check_call`` (one per
+    process, in dmlc's threads) runs under the supervisor and returns its status."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self._sup = sup
+        self._servers = 0
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    def _label(self, env: Mapping[str, str] | None) -> tuple[str, int | None]:
+        role = (env or {}).get("DMLC_ROLE", "process")
+        if role == "worker":
+            return role, int((env or {}).get("DMLC_TASK_ID", 0))
+        if role == "server":
+            with self._lock:
+                self._servers += 1
+                return role, self._servers - 1
+        return role, None
+
+    def call(self, args: Any, *, env: Mapping[str, str] | None = None, shell: bool = False,
+             executable: str | None = None, **kwargs: Any) -> int:
+        role, index = self._label(env)
+        try:
+            child = self._sup.spawn(role, index, args, env=env, shell=shell,
+                                    executable=executable)
+        except RuntimeError:
+            return 0  # teardown has begun
+        child.wait_exit()
+        # 0 to dmlc, whatever happened: it would retry a failed worker or print a traceback;
+        # the supervision loop has seen the exit and acts on it
+        return 0
+
+    check_call = call
+
+
+def _explain(child: Child) -> Outcome:
+    assert child.status is not None
+    child.join_pump(timeout=1.0)
+    return Outcome(exit_code_for(child.status), f"{child.label} {failure_message(child)}")
+
+
+def _run_local(path: Path, tracker: Any) -> int:
+    """launch.py's local submission under the supervisor (module docstring): its exit status.
+
+    launch.py runs in the main thread (it installs a SIGINT handler, which only the main thread
+    may), the supervision loop beside it; a failure's teardown ends the scheduler, so
+    ``tracker.submit`` and launch.py return."""
+    import signal
+
+    import dmlc_tracker.local as local
+
+    sup = Supervisor(sys.stdout)
+    returned = threading.Event()
+    stop = threading.Event()
+    received: list[int] = []
+    outcomes: list[Outcome] = []
+
+    def ended(seconds: float) -> Outcome | None:
+        if sup.all_exited():
+            return Outcome(0, "")
+        if seconds > SHUTDOWN_TIMEOUT:
+            hung = ", ".join(c.label for c in sup.children if c.status is None)
+            return Outcome(1, f"{hung} still running {SHUTDOWN_TIMEOUT:g} s after the "
+                              "scheduler exited")
+        return None
+
+    backend = Backend(_explain, lambda sig: Outcome(128 + sig, "job torn down"),
+                      returned.is_set, ended)
+
+    def watch() -> None:
+        outcome = supervise(sup, backend, None, stop, received)
+        if outcome.message:
+            sup.sink.emit("launcher", outcome.message + ("; stopping the job"
+                                                         if outcome.exit_code else ""))
+        sup.teardown(GRACE)
+        outcomes.append(outcome)
+
+    watcher = threading.Thread(target=watch, name="supervise", daemon=True)
+    try:
+        with patched_subprocess([local, tracker], _LocalShim(sup)):
+            watcher.start()
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as e:  # launch.py's SIGINT handler (or its argument errors)
+                if not sup.children:
+                    return int(e.code or 0) if not isinstance(e.code, str) else 2
+                received.append(signal.SIGINT)
+                stop.set()
+            finally:
+                returned.set()
+            watcher.join()
+    finally:
+        stop.set()
+        sup.close(GRACE)
+    return outcomes[0].exit_code if outcomes else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run launch.py with ``argv``; returns 0 when it returns (it exits itself on errors)."""
+    """Run launch.py with ``argv``: under ``--launcher local`` the job's exit status (module
+    docstring); else 0 when it returns (it exits itself on errors)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     local = launcher_of(argv) == "local"
     if local:
@@ -64,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.enter_context(claimed_scheduler_port(tracker))
         if local:
             stack.enter_context(scheduler_address(tracker, LOOPBACK))
+            return _run_local(path, tracker)
         runpy.run_path(str(path), run_name="__main__")
     return 0
 

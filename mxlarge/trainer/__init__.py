@@ -71,15 +71,21 @@ def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | No
     return step
 
 
+def _store_name(kvstore: str | mx.kv.KVStore | None) -> str:
+    return "None" if kvstore is None else kvstore if isinstance(kvstore, str) else kvstore.type
+
+
 def _check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
     """Refuses a store that cannot be what the process is: a non-dist store in a launched job
     of several workers (each would train its own model, silently), a dist one outside it."""
-    name = kvstore if kvstore is None or isinstance(kvstore, str) else kvstore.type
-    dist = isinstance(name, str) and name.startswith("dist")
+    name = _store_name(kvstore)
+    dist = name.startswith("dist")
     workers = os.environ.get("DMLC_NUM_WORKER", "1")
     if not dist and os.environ.get("DMLC_ROLE") == "worker" and workers.isdigit() \
             and int(workers) > 1:
-        raise InputError(f"kvstore {name!r} in a launched job of {workers} workers: each "
+        given = repr(kvstore) if kvstore is None or isinstance(kvstore, str) else \
+            f"(a {name!r} store)"
+        raise InputError(f"kvstore {given} in a launched job of {workers} workers: each "
                          "worker would train a model of its own; pass kvstore='dist_sync' "
                          "(or pass the script's own dist store)")
     if dist and isinstance(kvstore, str) and os.environ.get("DMLC_ROLE") != "worker":
@@ -153,6 +159,13 @@ class Trainer(mx.gluon.Trainer):
                  fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32",
                  bn_stats: str = "reduce", simulate_workers: int = 1,
                  heartbeat: str | Path | Launched | None = LAUNCHED):
+        if _store_name(kvstore).startswith("dist"):
+            # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
+            # that wait in push/pull for it: every script using this Trainer leaves at once
+            # (installed first: the process may have a dist store already, see sync.create,
+            # and a refused argument below must end it too).
+            install_fail_fast()
+        _check_store_for_the_process(kvstore)
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: on MXNet 1.9.1 the "
                              "servers would run a pickled optimizer that loses wd_mult and LR "
@@ -194,12 +207,6 @@ class Trainer(mx.gluon.Trainer):
         self._param_map = named
         self._scale = opt["rescale"]
         kind = "local" if kvstore is None else kvstore
-        _check_store_for_the_process(kvstore)
-        if (kind if isinstance(kind, str) else kind.type).startswith("dist"):
-            # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
-            # that wait in push/pull for it: every script using this Trainer leaves at once
-            # (installed first: the process may have a dist store already, see sync.create).
-            install_fail_fast()
         self.store = SyncStore(kind, self.params, compression=compression,
                                fusion_bytes=fusion_bytes, wire_dtype=wire_dtype)
         self._init_kvstore()

@@ -13,7 +13,8 @@ Usage: ``python gluon_script.py --data D.npz --kvstore local|dist_sync --batch-s
 --steps T --out PREFIX``; writes ``PREFIX-init.params`` (rank 0, ``--net dense`` only),
 ``PREFIX-first-<rank>.params`` (the parameters the first forward used) and
 ``PREFIX-out0-<rank>.npy`` (its output), ``PREFIX-<rank>.params`` (final), and with
-``--save-dir`` ``DIR/e<epoch>.params|.states`` (rank 0).
+``--save-dir`` ``DIR/e<epoch>.params|.states`` (rank 0) and ``DIR/e<epoch>-<rank>.params`` (every
+rank: its own BN running statistics); ``--resume-params`` may name ``{rank}``.
 """
 import argparse
 
@@ -60,7 +61,7 @@ else:
         net.add(gluon.nn.BatchNorm())
     net.add(gluon.nn.Activation("relu"), gluon.nn.MaxPool2D(2), gluon.nn.Dense(10))
 if opt.resume_params:
-    net.load_parameters(opt.resume_params)
+    net.load_parameters(opt.resume_params.format(rank=rank))
 else:
     net.initialize(mx.init.Xavier())
 if opt.hybridize:
@@ -101,6 +102,8 @@ for epoch in range(opt.resume_epoch, opt.epochs):
             np.save(f"{opt.out}-out0-{rank}.npy", out.asnumpy())
         trainer.step(n)
     mx.nd.waitall()
+    if opt.save_dir:
+        net.save_parameters(f"{opt.save_dir}/e{epoch + 1}-{rank}.params")
     if rank == 0:
         print(f"[Epoch {epoch}] lr={trainer.learning_rate:.6f} "
               f"num_update={trainer.optimizer.num_update}", flush=True)

@@ -113,7 +113,7 @@ class _LocalShim:
 def _explain(child: Child) -> Outcome:
     assert child.status is not None
     child.join_pump(timeout=1.0)
-    return Outcome(exit_code_for(child.status), f"{child.label} {failure_message(child)}")
+    return Outcome(exit_code_for(child.status), failure_message(child))
 
 
 def _run_local(path: Path, tracker: Any) -> int:

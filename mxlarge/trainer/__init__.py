@@ -508,7 +508,8 @@ class Trainer(mx.gluon.Trainer):
         the workers read the same data, and k identical copies train."""
         if not self.store.same_on_every_rank(checksum) or self.rank != 0:
             return
-        print(f"mxlarge.Trainer: warning: the first gradients of all {self.num_workers} "
+        print(f"mxlarge.Trainer (kvstore rank 0 of {self.num_workers}): warning: the first "
+              f"gradients of all {self.num_workers} "
               "workers are bitwise equal: every worker reads the same data, so the job trains "
               f"{self.num_workers} identical copies. Give each worker its own part: "
               "mx.io.ImageRecordIter(..., num_parts=trainer.num_workers, "
@@ -526,9 +527,10 @@ class Trainer(mx.gluon.Trainer):
         self._batch_warned = True
         if self.rank == 0:
             print(f"mxlarge.Trainer (kvstore rank 0 of {k}): warning: step({batch_size}) is "
-                  f"{k}x the first step's batch {n}: step(n) takes this worker's own n (the "
-                  f"mean is over the {k}*n global batch already), so these steps are {k}x "
-                  "smaller", file=sys.stderr, flush=True)
+                  f"{k}x the batch of {n} the schedule was fixed for (batch_size=, or the "
+                  "first step's): step(n) takes this worker's own n (the mean is over the "
+                  f"{k}*n global batch already), so these steps are {k}x smaller",
+                  file=sys.stderr, flush=True)
 
     def update(self, batch_size: int, step: int | None = None,
                ignore_stale_grad: bool = False) -> bool:

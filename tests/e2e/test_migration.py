@@ -133,8 +133,9 @@ def test_migrated_loop_equals_mxlarge_train_on_the_same_data(tmp_path):
 HOROVOD = SCRIPT.parent / "horovod_script.py"
 GLUONCV = ["--net", "conv-bn", "--hybridize", "--optimizer", "nag", "--lr-mode", "cosine",
            "--warmup-epochs", "1", "--epochs", "4", "--steps", "3", "--batch-size", "8"]
-NOTE = "mxlarge.Trainer: note: the update differs from gluon.Trainer's"
-UNSHARDED = "mxlarge.Trainer: warning: the first gradients of all 2 workers are bitwise equal"
+NOTE = "mxlarge.Trainer (kvstore rank 0 of 2): note: the update differs from gluon.Trainer's"
+UNSHARDED = ("mxlarge.Trainer (kvstore rank 0 of 2): warning: the first gradients of all 2 "
+             "workers are bitwise equal")
 
 
 def _migrated(tmp_path, line, name="script_mxlarge.py"):
@@ -196,7 +197,9 @@ def test_gluoncv_style_script_deferred_init_nag_lrsequential_resume_launched(tmp
     forward of every rank uses rank 0's values; the ranks end bitwise equal; rank 0 says once
     what differs from gluon.Trainer; sharded data draws no warning; ``optimizer.num_update`` is
     the count. Resumed at epoch 2 from mxlarge's own states file (``--resume-states``, a new
-    launch): bitwise the 4-epoch run, schedule and momentum correction included."""
+    launch, every rank from its own parameters): bitwise the 4-epoch run on every rank, schedule,
+    momentum correction and each rank's BN running statistics included (the Trainer built
+    after ``load_parameters`` keeps them)."""
     x, _ = _data(tmp_path / "d.npz")
     script = _migrated(tmp_path, MXLARGE_LINE.replace(", reference_batch=8, warmup_steps=4", ""))
     (tmp_path / "ckpt").mkdir()
@@ -204,7 +207,7 @@ def test_gluoncv_style_script_deferred_init_nag_lrsequential_resume_launched(tmp
     code, out = _launch([*common, "--save-dir", tmp_path / "ckpt", "--out", tmp_path / "w"],
                         tmp_path)
     assert code == 0, out[-3000:]
-    whole = _assert_ranks_equal(tmp_path / "w")
+    _assert_ranks_equal(tmp_path / "w")
     _assert_first_forward_used_rank0s_values(tmp_path / "w", _conv_bn_net(),
                                              x[8:16].reshape(8, 1, 8, 8))
     assert out.count(NOTE) == 1, out[-3000:]
@@ -214,12 +217,16 @@ def test_gluoncv_style_script_deferred_init_nag_lrsequential_resume_launched(tmp
     assert [e.split("num_update=")[1] for e in epochs] == ["3", "6", "9", "12"], out[-3000:]
 
     code, out2 = _launch([*common, "--resume-epoch", "2", "--resume-params",
-                          tmp_path / "ckpt" / "e2.params", "--resume-states",
+                          tmp_path / "ckpt" / "e2-{rank}.params", "--resume-states",
                           tmp_path / "ckpt" / "e2.states", "--out", tmp_path / "r"], tmp_path)
     assert code == 0, out2[-3000:]
-    resumed = _assert_ranks_equal(tmp_path / "r")
-    for k in whole:
-        np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)
+    _assert_ranks_equal(tmp_path / "r")
+    for r in range(2):  # every rank, its own BN running statistics included
+        resumed = load_params(tmp_path / f"r-{r}.params")
+        want = load_params(tmp_path / f"w-{r}.params")
+        assert resumed.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(resumed[k], want[k], err_msg=f"rank {r}: {k}")
     assert [line.split("] ", 1)[1] for line in out2.splitlines() if "[Epoch " in line] == \
         epochs[2:]
 
@@ -291,15 +298,24 @@ def test_unmodified_script_under_the_launcher_is_told_no_worker_joined(tmp_path)
 
 @pytest.mark.timeout(300)
 def test_horovod_style_script_asking_for_another_dist_store_is_refused_at_once(tmp_path):
-    """The script's own dist_sync store and ``kvstore='dist_device_sync'`` to the Trainer: one
-    line naming both, the job down within seconds (MXNet would hang in the second store)."""
+    """The script's own dist_sync store and ``kvstore='dist_device_sync'`` to the Trainer, run
+    through MXNet's launch.py (``python -m mxlarge.launcher.mxnet_launch --launcher local``):
+    one line per worker naming both stores (MXNet would hang in the second store), the wrapper
+    exits with the workers' status within seconds, and no process of the job is left."""
     import time
 
     _data(tmp_path / "d.npz")
     started = time.monotonic()
-    code, out = _launch([HOROVOD, "--data", tmp_path / "d.npz", "--out", tmp_path / "h",
-                         "--trainer-kvstore", "dist_device_sync"], tmp_path, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "mxlarge.launcher.mxnet_launch", "-n", "2", "-s",
+                        "1", "--launcher", "local", sys.executable, str(HOROVOD), "--data",
+                        str(tmp_path / "d.npz"), "--out", str(tmp_path / "h"),
+                        "--trainer-kvstore", "dist_device_sync"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    code, out = r.returncode, r.stdout + r.stderr
     assert time.monotonic() - started < 40, out[-3000:]
     assert code == 1, out[-3000:]
-    assert ("InputError: kvstore 'dist_device_sync': this process already has a 'dist_sync' "
-            "store and MXNet hangs creating a second one") in out, out[-3000:]
+    assert out.count("InputError: kvstore 'dist_device_sync': this process already has a "
+                     "'dist_sync' store and MXNet hangs creating a second one") == 2, out[-3000:]
+    assert "[launcher] worker " in out and "stopping the job" in out, out[-3000:]
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout

@@ -7,7 +7,8 @@ process's); ``hvd.broadcast_parameters`` is gone (the Trainer gives every worker
 values, also for parameters initialised at the first forward, which this net's all are).
 The data is split with a sampler over this rank's part, unless ``--unsharded`` (every worker
 reads all of it). Every worker seeds MXNet with its rank. ``--trainer-kvstore`` names another
-store type for the Trainer (refused: the process has a dist_sync store).
+store type for the Trainer (refused: the process has a dist_sync store). Horovod's
+``--fp16-allreduce`` and ``--gradient-predivide-factor`` are kept (see their comment).
 
 Usage, under ``python -m mxlarge.launcher -n 2 -s 1 --``: ``python horovod_script.py --data
 D.npz --out PREFIX [--unsharded] [--epochs E] [--batch-size n]``; writes
@@ -31,6 +32,10 @@ parser.add_argument("--epochs", type=int, default=1)
 parser.add_argument("--samples", type=int, default=128, help="images used (of the file)")
 parser.add_argument("--unsharded", action="store_true")
 parser.add_argument("--trainer-kvstore", default="dist_sync")
+# Horovod's MNIST example's flags, migrated: --fp16-allreduce (hvd.Compression.fp16) is the
+# 16-bit wire; --gradient-predivide-factor is passed on (mxlarge takes 1.0 only, saying why)
+parser.add_argument("--fp16-allreduce", action="store_true")
+parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)
 args = parser.parse_args()
 
 kv = mx.kv.create("dist_sync")
@@ -50,7 +55,9 @@ net.initialize(mx.init.Xavier())
 
 optimizer_params = {"learning_rate": 0.05 * size, "momentum": 0.9, "wd": 1e-4}
 trainer = mxlarge.Trainer(net.collect_params(), "sgd", optimizer_params,
-                          kvstore=args.trainer_kvstore)
+                          kvstore=args.trainer_kvstore,
+                          wire_dtype="float16" if args.fp16_allreduce else "float32",
+                          gradient_predivide_factor=args.gradient_predivide_factor)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
 for epoch in range(args.epochs):
@@ -65,4 +72,5 @@ for epoch in range(args.epochs):
         trainer.step(args.batch_size)
 mx.nd.waitall()
 net.save_parameters(f"{args.out}-{rank}.params")
-print(f"horovod_script rank {rank} of {size} done", flush=True)
+wire = "float16" if trainer.store.wire16 else "float32"
+print(f"horovod_script rank {rank} of {size} done, wire {wire}", flush=True)

@@ -766,3 +766,22 @@ def test_the_note_names_momentum_correction_only_when_the_lr_changes(capsys):
     err = capsys.readouterr().err
     assert err.count("note:") == 1 and "momentum" not in err, err
     assert "decay_bn_bias=True gives gluon.Trainer's update" in err
+
+
+def test_horovods_keywords_are_mapped_or_refused_with_the_reason():
+    """A migrated ``hvd.DistributedTrainer`` line may keep ``compression=`` (a Horovod
+    compressor) or ``gradient_predivide_factor=``: the first is refused naming
+    ``wire_dtype='float16'``, the second accepted at 1.0 only, each with the reason."""
+    class FP16Compressor:  # what hvd.Compression.fp16 is: a class with compress/decompress
+        @staticmethod
+        def compress(tensor):
+            return tensor.astype("float16"), tensor.dtype
+
+    with pytest.raises(ValueError, match=r"compression=FP16Compressor: expected MXNet's "
+                       r"gradient-compression dict .* for Horovod's Compression.fp16 "
+                       r"\(--fp16-allreduce\) pass wire_dtype='float16'"):
+        Trainer(_net().collect_params(), "sgd", compression=FP16Compressor)
+    with pytest.raises(ValueError, match="gradient_predivide_factor=2.0: Horovod splits its "
+                       "1/size average"):
+        Trainer(_net().collect_params(), "sgd", gradient_predivide_factor=2.0)
+    Trainer(_net().collect_params(), "sgd", gradient_predivide_factor=1.0)

@@ -94,6 +94,24 @@ def _check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
                          "-- python SCRIPT`, or pass kvstore='local' for one process")
 
 
+def _check_horovod_keywords(compression: Any, predivide: float) -> None:
+    """Horovod's ``DistributedTrainer`` keywords, which a migrated line may keep: what maps is
+    said, what has no meaning here is refused with the reason (none is dropped silently)."""
+    if compression is not None and not isinstance(compression, Mapping):
+        name = getattr(compression, "__name__", type(compression).__name__)
+        raise ValueError(f"compression={name}: expected MXNet's gradient-compression dict "
+                         "(e.g. {'type': '2bit', 'threshold': 0.5}); for Horovod's "
+                         "Compression.fp16 (--fp16-allreduce) pass wire_dtype='float16' (the "
+                         "same float16 rounding on the wire, summed in float32 by the "
+                         "servers); for Compression.none pass nothing")
+    if float(predivide) != 1.0:
+        raise ValueError(f"gradient_predivide_factor={predivide}: Horovod splits its 1/size "
+                         "average into 1/f before its float16 sum and f/size after; mxlarge's "
+                         "sum is of s*g already (s = rescale_grad; the 16-bit wire sums in "
+                         "float32) and its mean is the same whatever f, so there is nothing "
+                         "to predivide: leave it at 1.0")
+
+
 class Trainer(mx.gluon.Trainer):
     """A ``gluon.Trainer`` running large-minibatch SGD over a KVStore (module docstring).
 
@@ -134,6 +152,8 @@ class Trainer(mx.gluon.Trainer):
             only; the servers sum in float32, :mod:`mxlarge.kvstore.sync`).
         multi_precision: explicit form only (the Gluon form takes it from
             ``optimizer_params``): float32 master weights and momentum for float16 weights.
+        gradient_predivide_factor: Horovod's keyword, 1.0 only (refused otherwise, with the
+            reason); Horovod's ``compression=Compression.fp16`` is ``wire_dtype='float16'``.
         heartbeat: the directory a dist worker reports its progress to for the launcher's stall
             watchdog (:mod:`mxlarge.protocol.heartbeat`; the file is named by the kvstore rank),
             or None for no reports. The default, :data:`~mxlarge.protocol.heartbeat.LAUNCHED`,
@@ -158,7 +178,8 @@ class Trainer(mx.gluon.Trainer):
                  decay_bn_bias: bool = False, compression: dict | None = None,
                  fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32",
                  bn_stats: str = "reduce", simulate_workers: int = 1,
-                 heartbeat: str | Path | Launched | None = LAUNCHED):
+                 heartbeat: str | Path | Launched | None = LAUNCHED,
+                 gradient_predivide_factor: float = 1.0):
         if _store_name(kvstore).startswith("dist"):
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
             # that wait in push/pull for it: every script using this Trainer leaves at once
@@ -175,6 +196,7 @@ class Trainer(mx.gluon.Trainer):
             raise ValueError("compression_params and compression are the same setting: "
                              "give one")
         compression = compression or compression_params
+        _check_horovod_keywords(compression, gradient_predivide_factor)
         gluon_form = isinstance(optimizer, (str, mx.optimizer.Optimizer))
         opt = self._settings(optimizer, optimizer_params, gluon_form, {
             "momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,

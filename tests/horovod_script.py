@@ -1,13 +1,14 @@
 """A Horovod-style MNIST script migrated to ``mxlarge.Trainer``, as a user would write it.
 
 Horovod's ``hvd.init(); rank, size = hvd.rank(), hvd.size()`` became the script's own
-``kv = mx.kv.create('dist_sync')``; ``hvd.DistributedTrainer(params, opt)`` became
-``mxlarge.Trainer(..., kvstore='dist_sync')`` (a second store by name: mxlarge reuses the
+``kv = mx.kv.create('dist')`` (MXNet's synchronous store, as in its own examples);
+``hvd.DistributedTrainer(params, opt)`` became ``mxlarge.Trainer(..., kvstore='dist_sync')``
+(a second store by name, the same kind: mxlarge reuses the
 process's); ``hvd.broadcast_parameters`` is gone (the Trainer gives every worker rank 0's
 values, also for parameters initialised at the first forward, which this net's all are).
 The data is split with a sampler over this rank's part, unless ``--unsharded`` (every worker
 reads all of it). Every worker seeds MXNet with its rank. ``--trainer-kvstore`` names another
-store type for the Trainer (refused: the process has a dist_sync store). Horovod's
+store type for the Trainer (refused: the process has a 'dist' store). Horovod's
 ``--fp16-allreduce`` and ``--gradient-predivide-factor`` are kept (see their comment).
 
 Usage, under ``python -m mxlarge.launcher -n 2 -s 1 --``: ``python horovod_script.py --data
@@ -38,7 +39,7 @@ parser.add_argument("--fp16-allreduce", action="store_true")
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)
 args = parser.parse_args()
 
-kv = mx.kv.create("dist_sync")
+kv = mx.kv.create("dist")
 rank, size = kv.rank, kv.num_workers
 
 arrays = np.load(args.data)

@@ -255,9 +255,9 @@ def test_gluoncv_style_script_resumes_a_gluon_trainer_run_bitwise(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_horovod_style_script_with_its_own_store_and_unsharded_data(tmp_path):
-    """A Horovod-style migration: its own ``mx.kv.create('dist_sync')`` for rank and size and
-    ``kvstore='dist_sync'`` to the Trainer (MXNet hangs in a second store's barrier: mxlarge
-    reuses the process's); a deferred, non-hybridized net without BN; every worker reads the
+    """A Horovod-style migration: its own ``mx.kv.create('dist')`` for rank and size and
+    ``kvstore='dist_sync'`` to the Trainer (the same synchronous store to MXNet; it hangs in a
+    second store's barrier: mxlarge reuses the process's); a deferred, non-hybridized net without BN; every worker reads the
     whole dataset: rank 0 warns once, naming the fix; the ranks stay bitwise equal. Horovod's
     ``--fp16-allreduce`` runs the 16-bit wire."""
     from mxnet import gluon
@@ -299,9 +299,10 @@ def test_unmodified_script_under_the_launcher_is_told_no_worker_joined(tmp_path)
 
 @pytest.mark.timeout(300)
 def test_horovod_style_script_asking_for_another_dist_store_is_refused_at_once(tmp_path):
-    """The script's own dist_sync store and ``kvstore='dist_device_sync'`` to the Trainer, run
+    """The script's own 'dist' store and ``kvstore='dist_device_sync'`` to the Trainer, run
     through MXNet's launch.py (``python -m mxlarge.launcher.mxnet_launch --launcher local``):
-    one line per worker naming both stores (MXNet would hang in the second store), the wrapper
+    the refusal naming both stores (MXNet would hang in the second store; the first worker to
+    fail ends the job, so the other may not get to print it), the wrapper
     exits with the workers' status within seconds, and no process of the job is left."""
     import time
 
@@ -316,7 +317,7 @@ def test_horovod_style_script_asking_for_another_dist_store_is_refused_at_once(t
     assert time.monotonic() - started < 40, out[-3000:]
     assert code == 1, out[-3000:]
     assert out.count("InputError: kvstore 'dist_device_sync': this process already has a "
-                     "'dist_sync' store and MXNet hangs creating a second one") == 2, out[-3000:]
+                     "'dist' store and MXNet hangs creating a second one") >= 1, out[-3000:]
     assert "[launcher] worker " in out and "stopping the job" in out, out[-3000:]
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout

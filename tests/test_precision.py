@@ -294,3 +294,33 @@ def test_simulated_workers_under_amp_are_refused():
     trainer._amp_original_scale = 1.0
     with pytest.raises(ValueError, match="simulate_workers with AMP is not supported"):
         _train(net, trainer, 1)
+
+
+@pytest.mark.parametrize("name", ["adam", "lamb"])
+def test_float16_adam_and_lamb_with_multi_precision_equal_gluon_trainers_bitwise(tmp_path, name):
+    """Any MXNet optimizer's multi-precision state (MXNet's ``(master, (mean, var))``): float16
+    weights, float32 master copies and moments equal gluon.Trainer's bitwise after 6 steps, and
+    gluon.Trainer's states file reads back into the same arrays."""
+    nets = []
+    for _ in range(2):
+        mx.random.seed(0)
+        net = build(mx)
+        net.initialize()
+        net.cast("float16")
+        nets.append(net)
+    params = {"learning_rate": 0.01, "wd": 1e-4, "multi_precision": True}
+    ours = mxlarge.Trainer(nets[0].collect_params(), name, dict(params), **GLUON_FORM)
+    ref = gluon.Trainer(nets[1].collect_params(), name, dict(params))
+    _fp16_steps(nets[0], ours, 6)
+    _fp16_steps(nets[1], ref, 6)
+    assert any(p.data().dtype == np.float16 for p in nets[0].collect_params().values())
+    for (n, p), q in zip(nets[0].collect_params().items(), nets[1].collect_params().values()):
+        np.testing.assert_array_equal(p.data().asnumpy(), q.data().asnumpy(), err_msg=n)
+    ref.save_states(str(tmp_path / "gluon.states"))
+    theirs, count = states_file.read(str(tmp_path / "gluon.states"), ours.names, ours._parts)
+    mine = ours.state_arrays()
+    assert count == 6 and sorted(theirs) == sorted(mine)
+    assert {k.split(":")[0] for k in mine} == {"master", "state0", "state1"}
+    for key, value in mine.items():
+        assert value.dtype == np.float32, key
+        np.testing.assert_array_equal(value.asnumpy(), theirs[key].asnumpy(), err_msg=key)

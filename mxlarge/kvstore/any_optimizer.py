@@ -27,6 +27,8 @@ import numpy as np
 from mxnet import ndarray as nd
 from mxnet import optimizer as mxopt
 
+from mxlarge.kvstore.updater import ScheduledLR
+
 #: Optimizers that cannot keep the replicas identical or resume, with the reason.
 REFUSED = {
     "SGLD": "it adds random noise on every worker, so the replicas would drift apart",
@@ -35,7 +37,7 @@ REFUSED = {
 }
 
 
-class MXNetUpdate(mxopt.Optimizer):
+class MXNetUpdate(ScheduledLR, mxopt.Optimizer):
     """Runs ``optimizer`` (an ``mx.optimizer`` instance, copied) at η(t) (module docstring).
 
     Args:

@@ -63,8 +63,23 @@ _CHUNK = 16  # tensors per multi-tensor kernel call (MXNet's aggregation is boun
 ALONE = 1 << 14
 
 
+class ScheduledLR:
+    """MXNet's own LR accessors would answer from a stored LR that mxlarge's optimizers never
+    use (their LR is ``schedule(step)``): they are refused instead of answering η(0) or
+    ignoring a change."""
+
+    @property
+    def learning_rate(self) -> float:
+        raise AttributeError("the LR of mxlarge's optimizer is a function of the step: read "
+                             "trainer.learning_rate (or optimizer.lr_at(step))")
+
+    def set_learning_rate(self, lr: float) -> None:
+        raise AttributeError("the LR of mxlarge's optimizer is a function of the step: use "
+                             "trainer.set_learning_rate(lr), which keeps the momentum correction")
+
+
 @mxopt.register
-class LargeBatchSGD(mxopt.Optimizer):
+class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
     """SGD with momentum, momentum correction, per-role weight decay and optional LARS.
 
     Args:
@@ -96,17 +111,6 @@ class LargeBatchSGD(mxopt.Optimizer):
         self.lars = bool(lars)
         self.lars_eta = float(lars_eta)
         self.lars_eps = float(lars_eps)
-
-    # MXNet's own LR accessors would answer from a stored LR that this optimizer never uses (its
-    # LR is schedule(step)): refuse them instead of answering η(0) or ignoring a change.
-    @property
-    def learning_rate(self) -> float:
-        raise AttributeError("the LR of mxlarge's optimizer is a function of the step: read "
-                             "trainer.learning_rate (or optimizer.lr_at(step))")
-
-    def set_learning_rate(self, lr: float) -> None:
-        raise AttributeError("the LR of mxlarge's optimizer is a function of the step: use "
-                             "trainer.set_learning_rate(lr), which keeps the momentum correction")
 
     # -- pure functions of the step ------------------------------------------------------------
     def lr_at(self, step: int) -> float:

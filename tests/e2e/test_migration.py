@@ -257,9 +257,9 @@ def test_gluoncv_style_script_resumes_a_gluon_trainer_run_bitwise(tmp_path):
 def test_horovod_style_script_with_its_own_store_and_unsharded_data(tmp_path):
     """A Horovod-style migration: its own ``mx.kv.create('dist')`` for rank and size and
     ``kvstore='dist_sync'`` to the Trainer (the same synchronous store to MXNet; it hangs in a
-    second store's barrier: mxlarge reuses the process's); a deferred, non-hybridized net without BN; every worker reads the
-    whole dataset: rank 0 warns once, naming the fix; the ranks stay bitwise equal. Horovod's
-    ``--fp16-allreduce`` runs the 16-bit wire."""
+    second store's barrier: mxlarge reuses the process's); a deferred, non-hybridized net
+    without BN; every worker reads the whole dataset: rank 0 warns once, naming the fix; the
+    ranks stay bitwise equal. Horovod's ``--fp16-allreduce`` runs the 16-bit wire."""
     from mxnet import gluon
 
     x, _ = _data(tmp_path / "d.npz")

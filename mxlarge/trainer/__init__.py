@@ -46,7 +46,7 @@ from mxlarge.errors import InputError
 from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
-from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore
+from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore, live_dist_store
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.plan import World
 from mxlarge.protocol.failfast import install_fail_fast
@@ -77,12 +77,14 @@ def _store_name(kvstore: str | mx.kv.KVStore | None) -> str:
 
 def _check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
     """Refuses a store that cannot be what the process is: a non-dist store in a launched job
-    of several workers (each would train its own model, silently), a dist one outside it."""
+    of several workers whose process has no dist store (each worker would train its own model,
+    silently; a local Trainer beside the process's dist one, e.g. a reference, is deliberate),
+    a dist one outside a launched job."""
     name = _store_name(kvstore)
     dist = name.startswith("dist")
     workers = os.environ.get("DMLC_NUM_WORKER", "1")
     if not dist and os.environ.get("DMLC_ROLE") == "worker" and workers.isdigit() \
-            and int(workers) > 1:
+            and int(workers) > 1 and live_dist_store() is None:
         given = repr(kvstore) if kvstore is None or isinstance(kvstore, str) else \
             f"(a {name!r} store)"
         raise InputError(f"kvstore {given} in a launched job of {workers} workers: each "

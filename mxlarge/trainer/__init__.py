@@ -573,7 +573,7 @@ class Trainer(mx.gluon.Trainer):
         self._check_ready()
         if self._batch is None:
             self._fix_schedule(batch_size)
-        elif not self._batch_warned:
+        elif batch_size != self._batch and not self._batch_warned:  # one comparison a step
             self._check_batch(batch_size)
         t = self.num_update if step is None else int(step)
         beat = self.heartbeat

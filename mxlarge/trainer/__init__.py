@@ -29,7 +29,6 @@ the class (argument translation, states files, deferred init) has its own module
 """
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,11 +41,10 @@ import numpy as np
 
 from mxlarge import schedulers
 from mxlarge.bnstats import BNStats
-from mxlarge.errors import InputError
 from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
-from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore, live_dist_store
+from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.plan import World
 from mxlarge.protocol.failfast import install_fail_fast
@@ -54,7 +52,15 @@ from mxlarge.protocol.heartbeat import LAUNCHED, Beat, Launched, launched_dir
 from mxlarge.schedulers import Schedule
 from mxlarge.trainer import states as states_file
 from mxlarge.trainer.deferred import on_init
-from mxlarge.trainer.gluon_args import HONOURED, MXNetSchedule, note_differences, optimizer_settings
+from mxlarge.trainer.gluon_args import (
+    HONOURED,
+    MXNetSchedule,
+    check_horovod_keywords,
+    check_store_for_the_process,
+    note_differences,
+    optimizer_settings,
+    store_name,
+)
 from mxlarge.trainer.states import NUM_UPDATE_KEY
 
 __all__ = ["Trainer", "HONOURED", "MXNetSchedule", "NUM_UPDATE_KEY"]
@@ -71,58 +77,18 @@ def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | No
     return step
 
 
-def _store_name(kvstore: str | mx.kv.KVStore | None) -> str:
-    return "None" if kvstore is None else kvstore if isinstance(kvstore, str) else kvstore.type
-
-
-def _check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
-    """Refuses a store that cannot be what the process is: a non-dist store in a launched job
-    of several workers whose process has no dist store (each worker would train its own model,
-    silently; a local Trainer beside the process's dist one, e.g. a reference, is deliberate),
-    a dist one outside a launched job."""
-    name = _store_name(kvstore)
-    dist = name.startswith("dist")
-    workers = os.environ.get("DMLC_NUM_WORKER", "1")
-    if not dist and os.environ.get("DMLC_ROLE") == "worker" and workers.isdigit() \
-            and int(workers) > 1 and live_dist_store() is None:
-        given = repr(kvstore) if kvstore is None or isinstance(kvstore, str) else \
-            f"(a {name!r} store)"
-        raise InputError(f"kvstore {given} in a launched job of {workers} workers: each "
-                         "worker would train a model of its own; pass kvstore='dist_sync' "
-                         "(or pass the script's own dist store)")
-    if dist and isinstance(kvstore, str) and os.environ.get("DMLC_ROLE") != "worker":
-        raise InputError(f"kvstore {name!r} needs a launched job (scheduler, servers and "
-                         "workers): run the script with `python -m mxlarge.launcher -n K -s S "
-                         "-- python SCRIPT`, or pass kvstore='local' for one process")
-
-
-def _check_horovod_keywords(compression: Any, predivide: float) -> None:
-    """Horovod's ``DistributedTrainer`` keywords, which a migrated line may keep: what maps is
-    said, what has no meaning here is refused with the reason (none is dropped silently)."""
-    if compression is not None and not isinstance(compression, Mapping):
-        name = getattr(compression, "__name__", type(compression).__name__)
-        raise ValueError(f"compression={name}: expected MXNet's gradient-compression dict "
-                         "(e.g. {'type': '2bit', 'threshold': 0.5}); for Horovod's "
-                         "Compression.fp16 (--fp16-allreduce) pass wire_dtype='float16' (the "
-                         "same float16 rounding on the wire, summed in float32 by the "
-                         "servers); for Compression.none pass nothing")
-    if float(predivide) != 1.0:
-        raise ValueError(f"gradient_predivide_factor={predivide}: Horovod splits its 1/size "
-                         "average into 1/f before its float16 sum and f/size after; mxlarge's "
-                         "sum is of s*g already (s = rescale_grad; the 16-bit wire sums in "
-                         "float32) and its mean is the same whatever f, so there is nothing "
-                         "to predivide: leave it at 1.0")
-
-
 class Trainer(mx.gluon.Trainer):
     """A ``gluon.Trainer`` running large-minibatch SGD over a KVStore (module docstring).
 
     Args:
         params: ``net.collect_params()`` (initialised; shapes may come from the first forward).
-        optimizer: Gluon form: ``sgd``, ``nag``, ``lars``/``lbsgd`` or an ``mx.optimizer``
-            instance of SGD/NAG/LARS/LBSGD. Explicit form: ``schedule(step) -> lr``.
+        optimizer: Gluon form: any optimizer name MXNet registers (``sgd``, ``nag``,
+            ``lars``/``lbsgd`` run mxlarge's momentum-SGD update; ``adam``, ``lamb``, ... their
+            own, :mod:`mxlarge.kvstore.any_optimizer`) or an ``mx.optimizer`` instance.
+            Explicit form: ``schedule(step) -> lr``.
         optimizer_params: MXNet optimizer arguments (Gluon form only).
-        kvstore: ``local``, ``device``, ``dist_sync``, ``dist_device_sync``, a store from
+        kvstore: ``local``, ``device``, ``dist_sync`` (or ``dist``, MXNet's name for it),
+            ``dist_device_sync``, a store from
             :func:`mxlarge.kvstore.sync.create` / ``mx.kv.create``, or None (no store: one
             process; several devices are still summed, so their replicas stay identical).
         compression_params: Gluon's name for ``compression``.
@@ -182,13 +148,13 @@ class Trainer(mx.gluon.Trainer):
                  bn_stats: str = "reduce", simulate_workers: int = 1,
                  heartbeat: str | Path | Launched | None = LAUNCHED,
                  gradient_predivide_factor: float = 1.0):
-        if _store_name(kvstore).startswith("dist"):
+        if store_name(kvstore).startswith("dist"):
             # A dist worker that raises would wait forever in ps-lite's exit barrier for peers
             # that wait in push/pull for it: every script using this Trainer leaves at once
             # (installed first: the process may have a dist store already, see sync.create,
             # and a refused argument below must end it too).
             install_fail_fast()
-        _check_store_for_the_process(kvstore)
+        check_store_for_the_process(kvstore)
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True is not supported: on MXNet 1.9.1 the "
                              "servers would run a pickled optimizer that loses wd_mult and LR "
@@ -198,7 +164,7 @@ class Trainer(mx.gluon.Trainer):
             raise ValueError("compression_params and compression are the same setting: "
                              "give one")
         compression = compression or compression_params
-        _check_horovod_keywords(compression, gradient_predivide_factor)
+        check_horovod_keywords(compression, gradient_predivide_factor)
         gluon_form = isinstance(optimizer, (str, mx.optimizer.Optimizer))
         opt = self._settings(optimizer, optimizer_params, gluon_form, {
             "momentum": momentum, "nesterov": nesterov, "weight_decay": weight_decay,

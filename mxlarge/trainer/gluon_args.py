@@ -1,12 +1,14 @@
 """Gluon's optimizer arguments (a name + ``optimizer_params``, or an ``mx.optimizer`` instance)
 translated into what :class:`~mxlarge.kvstore.updater.LargeBatchSGD` (the momentum-SGD family)
-or :class:`~mxlarge.kvstore.any_optimizer.MXNetUpdate` (any other MXNet optimizer) runs.
+or :class:`~mxlarge.kvstore.any_optimizer.MXNetUpdate` (any other MXNet optimizer) runs, and
+the checks of the store and of Horovod's keywords a migrated Trainer line may bring.
 
 MXNet parses the arguments itself (``mx.optimizer.create``), so its own names and defaults
 apply; what the recipe's update cannot honour is refused here with the reason.
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +16,9 @@ from typing import Any
 import mxnet as mx
 
 from mxlarge import schedulers
+from mxlarge.errors import InputError
 from mxlarge.kvstore.any_optimizer import REFUSED
+from mxlarge.kvstore.sync import live_dist_store
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.schedulers import Schedule
 
@@ -43,6 +47,50 @@ class MXNetSchedule:
         while len(self.values) <= step:
             self.values.append(float(self.scheduler(len(self.values) + 1)))
         return self.values[step]
+
+
+def store_name(kvstore: str | mx.kv.KVStore | None) -> str:
+    """The store's type name (``'None'`` for no store)."""
+    return "None" if kvstore is None else kvstore if isinstance(kvstore, str) else kvstore.type
+
+
+def check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
+    """Refuses a store that cannot be what the process is: a non-dist store in a launched job
+    of several workers whose process has no dist store (each worker would train its own model,
+    silently; a local Trainer beside the process's dist one, e.g. a reference, is deliberate),
+    a dist one outside a launched job."""
+    name = store_name(kvstore)
+    dist = name.startswith("dist")
+    workers = os.environ.get("DMLC_NUM_WORKER", "1")
+    if not dist and os.environ.get("DMLC_ROLE") == "worker" and workers.isdigit() \
+            and int(workers) > 1 and live_dist_store() is None:
+        given = repr(kvstore) if kvstore is None or isinstance(kvstore, str) else \
+            f"(a {name!r} store)"
+        raise InputError(f"kvstore {given} in a launched job of {workers} workers: each "
+                         "worker would train a model of its own; pass kvstore='dist_sync' "
+                         "(or pass the script's own dist store)")
+    if dist and isinstance(kvstore, str) and os.environ.get("DMLC_ROLE") != "worker":
+        raise InputError(f"kvstore {name!r} needs a launched job (scheduler, servers and "
+                         "workers): run the script with `python -m mxlarge.launcher -n K -s S "
+                         "-- python SCRIPT`, or pass kvstore='local' for one process")
+
+
+def check_horovod_keywords(compression: Any, predivide: float) -> None:
+    """Horovod's ``DistributedTrainer`` keywords, which a migrated line may keep: what maps is
+    said, what has no meaning here is refused with the reason (none is dropped silently)."""
+    if compression is not None and not isinstance(compression, Mapping):
+        name = getattr(compression, "__name__", type(compression).__name__)
+        raise ValueError(f"compression={name}: expected MXNet's gradient-compression dict "
+                         "(e.g. {'type': '2bit', 'threshold': 0.5}); for Horovod's "
+                         "Compression.fp16 (--fp16-allreduce) pass wire_dtype='float16' (the "
+                         "same float16 rounding on the wire, summed in float32 by the "
+                         "servers); for Compression.none pass nothing")
+    if float(predivide) != 1.0:
+        raise ValueError(f"gradient_predivide_factor={predivide}: Horovod splits its 1/size "
+                         "average into 1/f before its float16 sum and f/size after; mxlarge's "
+                         "sum is of s*g already (s = rescale_grad; the 16-bit wire sums in "
+                         "float32) and its mean is the same whatever f, so there is nothing "
+                         "to predivide: leave it at 1.0")
 
 
 def note_differences(momentum_correction: bool, decay_bn_bias: bool, opt: Mapping[str, Any],

@@ -66,14 +66,21 @@ def _epochs(out):
     return rows
 
 
+def _gluons_lrs(base_lr):
+    """(update count, LR) at each epoch end (8 and 16 updates) as gluon.Trainer reads them:
+    ``lr_scheduler(num_update)`` of the script's MultiFactor schedule (--lr-step 4 12)."""
+    import mxnet as mx
+
+    gluons = mx.lr_scheduler.MultiFactorScheduler(step=[4, 12], factor=0.5, base_lr=base_lr)
+    return {(8, gluons(8)), (16, gluons(16))}
+
+
 @pytest.mark.timeout(300)
 def test_mxnets_cifar10_dist_example_with_adam_runs_with_the_trainer_line_alone(tmp_path):
     """Adam with a MultiFactor schedule, ``kv.create('dist')`` passed as the store, 2 contexts
     per worker: exit 0; the ranks bitwise equal; the LR at every epoch end is what gluon's
     Adam reads from the same schedule at that count; one note, from kvstore rank 0 and labelled
     with it, says the dist step size and nothing of momentum correction."""
-    import mxnet as mx
-
     script = _migrated(tmp_path)
     code, out = _run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1", "--",
                       sys.executable, str(script), "--lr-step", "4", "12",
@@ -83,9 +90,7 @@ def test_mxnets_cifar10_dist_example_with_adam_runs_with_the_trainer_line_alone(
     rows = _epochs(out)
     assert sorted(label for label, _, _ in rows) == ["worker 0", "worker 0", "worker 1",
                                                        "worker 1"], out[-3000:]
-    gluons = mx.lr_scheduler.MultiFactorScheduler(step=[4, 12], factor=0.5, base_lr=0.001)
-    want = {(8, gluons(8)), (16, gluons(16))}
-    assert {(t, lr) for _, lr, t in rows} == want, out[-3000:]
+    assert {(t, lr) for _, lr, t in rows} == _gluons_lrs(0.001), out[-3000:]
     assert out.count(NOTE) == 1, out[-3000:]
     note = next(line for line in out.splitlines() if NOTE in line)
     assert TRAP in note and "momentum" not in note, note
@@ -94,22 +99,24 @@ def test_mxnets_cifar10_dist_example_with_adam_runs_with_the_trainer_line_alone(
 
 @pytest.mark.timeout(300)
 def test_the_example_through_mxnets_launch_py_with_lamb(tmp_path):
-    """Through launch.py (``--launcher local``) with LAMB: exit 0, every line labelled with its
-    process (the note from kvstore rank 0 under whichever worker that is), the ranks bitwise
-    equal. The script calls ``step(16 * 2)`` (it normalises by the global batch itself) and
-    the Trainer line says ``batch_size=batch_size`` (16): warned once, by rank 0. (A failing
-    job through launch.py: tests/e2e/test_migration.py.)"""
+    """Through launch.py (``--launcher local``) with LAMB under the MultiFactor schedule: exit 0,
+    every line labelled with its process (the note from kvstore rank 0 under whichever worker
+    that is), the ranks bitwise equal, gluon's LR at each epoch end. The script calls
+    ``step(16 * 2)`` (it normalises by the global batch itself) and the Trainer line says
+    ``batch_size=batch_size`` (16): warned once, by rank 0. (A failing job through launch.py:
+    tests/e2e/test_migration.py.)"""
     script = _migrated(tmp_path, MXLARGE_LINE.replace("kvstore=store)",
                                                       "kvstore=store, batch_size=batch_size)"))
     code, out = _run([sys.executable, "-m", "mxlarge.launcher.mxnet_launch", "-n", "2", "-s",
                       "1", "--launcher", "local", sys.executable, str(script), "--optimizer",
-                      "lamb", "--lr", "0.01", "--step-size", "global",
+                      "lamb", "--lr", "0.01", "--lr-step", "4", "12", "--step-size", "global",
                       "--out", str(tmp_path / "l")], tmp_path)
     assert code == 0, out[-3000:]
     _assert_ranks_equal(tmp_path / "l")
     rows = _epochs(out)
     assert sorted(label for label, _, _ in rows) == ["worker 0", "worker 0", "worker 1",
                                                        "worker 1"], out[-3000:]
+    assert {(t, lr) for _, lr, t in rows} == _gluons_lrs(0.01), out[-3000:]
     assert out.count(NOTE) == 1, out[-3000:]
     assert next(line for line in out.splitlines() if NOTE in line).startswith("[worker ")
     assert all(line.startswith("[") for line in out.splitlines() if line), out[-3000:]

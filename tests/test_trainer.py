@@ -785,3 +785,24 @@ def test_horovods_keywords_are_mapped_or_refused_with_the_reason():
                        "1/size average"):
         Trainer(_net().collect_params(), "sgd", gradient_predivide_factor=2.0)
     Trainer(_net().collect_params(), "sgd", gradient_predivide_factor=1.0)
+
+
+def test_clip_gradient_is_mxnets_for_adam_and_refused_for_the_sgd_family():
+    """Adam clips inside MXNet's kernel after the 1/(k·n) rescale, so ``clip_gradient`` is
+    gluon.Trainer's (bitwise, one process); the momentum-SGD family refuses it."""
+    batches = _batches(steps=4)
+    p = {"learning_rate": 0.01, "clip_gradient": 0.05}
+    a, b = _net(), _net()
+    ga = gluon.Trainer(a.collect_params(), "adam", dict(p))
+    tb = Trainer(b.collect_params(), "adam", dict(p), decay_bn_bias=True)
+    for x, y in zip(_train(a, lambda n, t: ga.step(n), batches),
+                    _train(b, lambda n, t: tb.step(n), batches)):
+        np.testing.assert_array_equal(x, y)
+    c = _net()
+    tc = Trainer(c.collect_params(), "adam", {"learning_rate": 0.01}, decay_bn_bias=True)
+    unclipped = _train(c, lambda n, t: tc.step(n), batches)
+    clipped = [v.data().asnumpy() for v in b.collect_params().values()]
+    assert any(not np.array_equal(x, y) for x, y in zip(unclipped, clipped))  # it did clip
+    with pytest.raises(ValueError, match="clip_gradient is not supported with the "
+                       "momentum-SGD family"):
+        Trainer(_net().collect_params(), "sgd", {"clip_gradient": 1.0})

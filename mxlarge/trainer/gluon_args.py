@@ -153,10 +153,12 @@ def optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
     if isinstance(opt, LargeBatchSGD):
         raise ValueError("optimizer LargeBatchSGD: pass its schedule to the Trainer (the "
                          "explicit form) or an MXNet optimizer")
-    if opt.clip_gradient is not None:
-        raise ValueError("clip_gradient is not supported: Goyal et al.'s update does not clip "
-                         "(clip the summed gradient yourself between allreduce_grads() and "
-                         "update())")
+    if opt.clip_gradient is not None and cls in HONOURED:
+        # MXNet's other optimizers clip inside their kernels, after the 1/(k*n) rescale: the
+        # global mean gradient is clipped, as one process's over the global batch would be
+        raise ValueError("clip_gradient is not supported with the momentum-SGD family: Goyal "
+                         "et al.'s update does not clip (clip the summed gradient yourself "
+                         "between allreduce_grads() and update())")
     if opt.lr_mult or opt.wd_mult:
         raise ValueError("per-index lr_mult/wd_mult on the optimizer are not supported: set "
                          "Parameter.wd_mult = 0 for tensors without weight decay")

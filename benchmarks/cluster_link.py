@@ -254,3 +254,41 @@ def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
            f"per round = its best of {iters} iterations.")
     return BenchResult("cluster_link", ratios, {"configs": details,
                                                 "started": time.time()}, md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.cluster_link --prefix floor_``: only the configs whose key starts
+    with the prefix (root; the testbed), results to ``--out``.json/.md with the commit."""
+    import argparse
+
+    from benchmarks.common import git_commit
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--prefix", default="floor_")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cluster/floor")
+    a = p.parse_args(argv)
+    global CONFIGS
+    CONFIGS = tuple(c for c in CONFIGS if c.key.startswith(a.prefix))
+    if not CONFIGS:
+        raise SystemExit(f"--prefix {a.prefix!r}: no config of cluster_link starts with it")
+    commit = git_commit()
+    with open(a.out.with_suffix(".log"), "w") as log:
+        res = run(a.reps, a.iters, log=log)
+    a.out.with_suffix(".json").write_text(json.dumps(
+        {"commit": commit, "ratios": [r.as_dict() for r in res.ratios],
+         "details": res.details}, indent=1, default=str) + "\n")
+    lines = [f"# cluster_link --prefix {a.prefix} (commit {commit}, {a.reps} rounds of "
+             f"{a.iters} iterations)", "", res.markdown, ""]
+    lines += [f"- `{r.key}`: median {r.median:.3f} (rounds "
+              f"{', '.join(f'{v:.3f}' for v in r.values)}), target "
+              f"{'—' if r.target is None else r.target} {r.status}: {r.title}"
+              for r in res.ratios]
+    a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -206,8 +206,10 @@ def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
                     floor = [min(x) for x in res["sec_per_iter"]["bare_even"]]
                     ratios.append(Ratio(
                         c.key, f"mxlarge push+pull ÷ bare equal keys sliced over every server, "
-                               f"W = S = {c.workers} co-located, {c.rate_gbit:g} Gbit/s per "
-                               f"host, {c.net}", [t / f for t, f in zip(best, floor)],
+                               f"W = S = {c.workers} "
+                               f"{'co-located' if c.colocated else 'on hosts of their own'}, "
+                               f"{c.rate_gbit:g} Gbit/s per host, {c.net}",
+                        [t / f for t, f in zip(best, floor)],
                         target=c.target, higher_is_better=False,
                         note=f"{keys} keys; floor {1e3 * median(floor):.0f} ms"))
                     rows.append([c.key, c.net, c.workers, f"{c.rate_gbit:g}", "", keys, "",

@@ -61,6 +61,7 @@ class Config:
     env: tuple[tuple[str, str], ...] = ()  # extra environment of the launcher (forwarded)
     target: float | None = None
     worker_args: tuple[str, ...] = ()  # extra arguments of benchmarks.pushpull_worker
+    colocated: bool = False  # server i and worker i on host h(i+1) (else hosts of their own)
 
     @property
     def label(self) -> str:
@@ -78,7 +79,17 @@ CONFIGS: tuple[Config, ...] = (
     Config("link_resnet50_w2_5g", "resnet50", 2, 5.0),
     Config("link_demo_w2_1g", "demo", 2, 1.0),
     Config("link_demo_w2_1g_perkey", "demo", 2, 1.0, fusion=0),
+    # co-located, against the engine's floor (bare equal keys sliced over every server)
+    Config("floor_resnet50_w3_200m_colocated", "resnet50", 3, 0.2, target=1.02,
+           worker_args=("--even",), colocated=True),
+    Config("floor_resnet50_w3_1g_colocated", "resnet50", 3, 1.0, target=1.02,
+           worker_args=("--even",), colocated=True),
+    # the same job with the 3 servers on hosts of their own (placement: |g| per worker host)
+    Config("floor_resnet50_w3_200m", "resnet50", 3, 0.2, target=1.02, worker_args=("--even",)),
 )
+#: server hosts ÷ co-located, the same floats at the same rate: (own hosts, co-located) keys
+PLACEMENT = {"placement_resnet50_w3_200m": ("floor_resnet50_w3_200m",
+                                            "floor_resnet50_w3_200m_colocated")}
 
 
 def demo_shapes() -> list[list[int]]:
@@ -136,7 +147,7 @@ def probe(tb: Any, src: str, dst: str) -> float:
 
 def _job(tb: Any, work: Path, shapes: Path, c: Config, reps: int, iters: int,
          log: IO[str] | None, bar: Any) -> dict[str, Any]:
-    hosts = [f"h{i}" for i in range(1, 2 * c.workers + 1)]
+    hosts = [f"h{i}" for i in range(1, (1 if c.colocated else 2) * c.workers + 1)]
     hostfile = work / f"hosts-{c.key}"
     hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in hosts))
     fusion = [] if c.fusion is None else ["--fusion", str(c.fusion)]
@@ -167,6 +178,7 @@ def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
 
     n_hosts = 2 * max(c.workers for c in CONFIGS) + 1
     ratios, rows, details = [], [], []
+    exchange: dict[str, list[float]] = {}  # floor_* key -> mxlarge's push+pull per round
     shapes = {"resnet50": resnet50_shapes(), "demo": demo_shapes()}
     with exclusive():
         tb = Testbed(n=n_hosts)
@@ -190,6 +202,24 @@ def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
                 mode = next(m for m in res["sec_per_iter"] if m.startswith("pushpull_"))
                 keys = res["keys"][mode]
                 best = [min(x) for x in res["sec_per_iter"][mode]]  # per round
+                if "bare_even" in res["sec_per_iter"]:  # ÷ the engine's floor, round by round
+                    floor = [min(x) for x in res["sec_per_iter"]["bare_even"]]
+                    ratios.append(Ratio(
+                        c.key, f"mxlarge push+pull ÷ bare equal keys sliced over every server, "
+                               f"W = S = {c.workers} "
+                               f"{'co-located' if c.colocated else 'on hosts of their own'}, "
+                               f"{c.rate_gbit:g} Gbit/s per host, {c.net}",
+                        [t / f for t, f in zip(best, floor)],
+                        target=c.target, higher_is_better=False,
+                        note=f"{keys} keys; floor {1e3 * median(floor):.0f} ms"))
+                    rows.append([c.key, c.net, c.workers, f"{c.rate_gbit:g}", "", keys, "",
+                                 mmm([1e3 * t for t in best], "{:.1f}"),
+                                 f"÷ floor {median([t / f for t, f in zip(best, floor)]):.3f}",
+                                 ""])
+                    details.append({**c.__dict__, "bytes": nbytes,
+                                    "sec_per_iter": res["sec_per_iter"]})
+                    exchange[c.key] = best
+                    continue
                 ratio = [t / bound for t in best]
                 ratios.append(Ratio(
                     c.key, f"push+pull time ÷ |g|/B, W = S = {c.workers}, {c.rate_gbit:g} "
@@ -209,11 +239,58 @@ def run(reps: int = 5, iters: int = 3, log: IO[str] | None = None,
         finally:
             shape_links(tb, [f"h{i}" for i in range(1, n_hosts)], None)
             tb.down()
+    for key, (own, co) in PLACEMENT.items():
+        if own in exchange and co in exchange:  # BytePS's placement: 1 ÷ (2(n-1)/n) = 0.75
+            ratios.append(Ratio(
+                key, "mxlarge push+pull with 3 server hosts ÷ co-located (3 worker hosts), "
+                     "0.2 Gbit/s per host, resnet50", [a / b for a, b in
+                                                      zip(exchange[own], exchange[co])],
+                higher_is_better=False,
+                note="bytes per worker host each way |g| against 2(n-1)/n·|g| = 4/3·|g|"))
     md = md_table(["config", "net", "W = S", "tbf Gbit/s", "measured goodput Gbit/s", "keys",
                    "bound |g|/B ms", "push+pull ms (min / med / max)", "÷ bound (median)",
                    "÷ goodput bound (median)"], rows)
-    md += ("\n\nServers on h1..hS, workers on h(S+1)..h(2S), launcher and scheduler on h0; "
-           "every host but h0 shaped in both directions. Time per round = its best of "
-           f"{iters} iterations.")
+    md += ("\n\nServers on h1..hS, workers on h(S+1)..h(2S) (`floor_*`: server i and worker i "
+           "on h(i+1), against bare equal keys sliced over every server in the same rounds), "
+           "launcher and scheduler on h0; every host but h0 shaped in both directions. Time "
+           f"per round = its best of {iters} iterations.")
     return BenchResult("cluster_link", ratios, {"configs": details,
                                                 "started": time.time()}, md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.cluster_link --prefix floor_``: only the configs whose key starts
+    with the prefix (root; the testbed), results to ``--out``.json/.md with the commit."""
+    import argparse
+
+    from benchmarks.common import git_commit
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--prefix", default="floor_")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cluster/floor")
+    a = p.parse_args(argv)
+    global CONFIGS
+    CONFIGS = tuple(c for c in CONFIGS if c.key.startswith(a.prefix))
+    if not CONFIGS:
+        raise SystemExit(f"--prefix {a.prefix!r}: no config of cluster_link starts with it")
+    commit = git_commit()
+    with open(a.out.with_suffix(".log"), "w") as log:
+        res = run(a.reps, a.iters, log=log)
+    a.out.with_suffix(".json").write_text(json.dumps(
+        {"commit": commit, "ratios": [r.as_dict() for r in res.ratios],
+         "details": res.details}, indent=1, default=str) + "\n")
+    lines = [f"# cluster_link --prefix {a.prefix} (commit {commit}, {a.reps} rounds of "
+             f"{a.iters} iterations)", "", res.markdown, ""]
+    lines += [f"- `{r.key}`: median {r.median:.3f} (rounds "
+              f"{', '.join(f'{v:.3f}' for v in r.values)}), target "
+              f"{'—' if r.target is None else r.target} {r.status}: {r.title}"
+              for r in res.ratios]
+    a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -78,7 +78,7 @@ import mxnet as mx
 
 from benchmarks.common import KEY_STRIDE, emit_result, worker_main
 from benchmarks.models import build_net, synthetic_batches
-from benchmarks.pushpull_worker import BareKV
+from benchmarks.pushpull_worker import BareKV, even_sizes
 
 #: The peers; how each is built: :func:`make_trainer` (described in ``benchmarks.peers``).
 PEERS = ("mxlarge", "gluon_kv", "gluon", "horovod", "mxlarge_fp16", "horovod_fp16")
@@ -89,9 +89,6 @@ DRIFT_MARK = "PEERS_DRIFT "
 #: Key offsets of phase 3's two layouts: above a trainer's parameter keys (< KEY_STRIDE for
 #: nets of fewer tensors) and below mxlarge's statistic, bucket and collective keys (≥ 100,000).
 FLOOR_KEYS = {"per_tensor": KEY_STRIDE, "buckets": 2 * KEY_STRIDE, "even": 3 * KEY_STRIDE}
-#: MXNet slices a key over every server from this many elements (mxlarge.launcher.tuning sets
-#: ``MXNET_KVSTORE_BIGARRAY_BOUND``; MXNet's own default is 1,000,000).
-BIGARRAY_BOUND = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
 DRIFT_EXIT = 3
 
 
@@ -438,13 +435,6 @@ def work(opts: argparse.Namespace) -> None:
     emit_result({**result, "sec_per_step": secs, "cores_busy": cores, "machine_busy": machine,
                  "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
                  "comm_update": [c for _, c in split], "floor": floor})
-
-
-def even_sizes(total: int, most: int = 64) -> list[tuple[int]]:
-    """``total`` floats as K ≤ ``most`` keys of equal size (the last takes the remainder), K as
-    large as keeps every key at :data:`BIGARRAY_BOUND` elements or more (at least 1)."""
-    k = max(1, min(most, total // BIGARRAY_BOUND))
-    return [(total // k + (total % k if j == k - 1 else 0),) for j in range(k)]
 
 
 def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any],

@@ -242,7 +242,11 @@ def render(data: Mapping[str, Any]) -> str:
            "`benchmarks/peers.py` and benchmarks/README.md. Peers: "
            + "; ".join(f"`{p}` = {PEER_LINES[p]}" for p in PEER_ORDER) + ".", "",
            "## Same math: findings", "", FINDINGS]
-    testbeds = [(key, f"Testbed: 3 hosts, tc tbf {data[key].get('rate', '')} per host")
+    testbeds = [(key, "Testbed: 3 hosts"
+                 + (f" + {len(data[key]['server_hosts'])} server hosts "
+                    f"({', '.join(data[key]['server_hosts'])})"
+                    if data[key].get("server_hosts") else "")
+                 + f", tc tbf {data[key].get('rate', '')} per host")
                 for key in sorted(data, key=_rate_order) if key.startswith("testbed")]
     for key, title in (("loopback", "Loopback"), *testbeds, ("accuracy", "Accuracy twin")):
         part = data.get(key)
@@ -280,8 +284,10 @@ def merge_part(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, 
 
 
 def _rate_order(key: str) -> tuple[int, str]:
-    """Testbed parts fastest link first (1gbit before 200mbit)."""
-    return (0 if key.endswith("gbit") else 1, key)
+    """Testbed parts fastest link first (1gbit before 200mbit), co-located before server
+    hosts (``testbed-RATE-servers``)."""
+    rate = key.removesuffix("-servers")
+    return (0 if rate.endswith("gbit") else 1, key)
 
 
 def render_accuracy(part: Mapping[str, Any]) -> str:
@@ -326,6 +332,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", action="append", default=None,
                    help="testbed part: tc tbf rate per host link (repeatable; default "
                         "1gbit and 200mbit)")
+    p.add_argument("--server-hosts", type=int, default=0, metavar="N",
+                   help="testbed part: the dist_sync peers' 3 servers on N hosts of their own "
+                        "(h3...), Horovod on the same 3 worker hosts (part testbed-RATE-servers)")
     p.add_argument("--rounds", type=int, default=None, help="launch rounds (default 3)")
     p.add_argument("--blocks", type=int, default=None, help="timed blocks per launch (3)")
     p.add_argument("--check-steps", type=int, default=3)
@@ -347,6 +356,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 "its step time the denominator")
     if a.workers < 2:
         p.error(f"--workers {a.workers}: expected an integer >= 2")
+    if not 0 <= a.server_hosts <= 3:
+        p.error(f"--server-hosts {a.server_hosts}: expected 0..3 (3 servers, each server host "
+                "runs at least one)")
     for name in ("rounds", "blocks", "check_steps"):
         value = getattr(a, name)
         if value is not None and value < 1:
@@ -394,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
 
                 data.pop("testbed", None)  # one part per rate since the 200 Mbit/s rows
                 for rate, part in run_testbed(a, log).items():
-                    data[f"testbed-{rate}"] = merge_part(data.get(f"testbed-{rate}"), part)
+                    key = f"testbed-{rate}" + ("-servers" if a.server_hosts else "")
+                    data[key] = merge_part(data.get(key), part)
                     save(a.out, data)
             if "accuracy" in a.part:
                 from benchmarks.peers_accuracy import run_accuracy

@@ -10,7 +10,9 @@ testbed's ``on``
 wrapper:
 
 * dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts`` with the
-  hosts' addresses: the scheduler on h0, one server and one worker per host;
+  hosts' addresses: the scheduler on h0, one server and one worker per host; with
+  ``--server-hosts N`` the 3 servers on N more hosts h3... (``role=server`` lines, every link
+  shaped alike), the workers and Horovod's ranks on h0..h2 as before;
 * Horovod (both peers): ``horovodrun -H h0:1,h1:1,h2:1 --gloo --network-interface eth0``
   over the testbed's ssh, its own sockets bound to h0's address
   (:mod:`benchmarks.horovodrun_bound`).
@@ -86,18 +88,21 @@ def _root() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
-def testbed_launcher(tb: Any, work: Path) -> Any:
-    """Runs a peer's job from h0 across h0..h2 (module docstring)."""
+def testbed_launcher(tb: Any, work: Path, server_hosts: list[str]) -> Any:
+    """Runs a peer's job from h0 across h0..h2 (module docstring), the dist_sync peers'
+    servers on ``server_hosts`` (``role=server`` lines) if any."""
     from benchmarks.peers_jobs import HOROVOD_PEERS, WORKER, PeerOutput, check_job, job_env, stream
 
+    workers = [h for h in tb.hosts if h not in server_hosts]
     hostfile = work / "hosts"
-    hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in tb.hosts))
+    hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in workers) +
+                        "".join(f"{tb.addr(h)} role=server\n" for h in server_hosts))
 
     def run(peer: str, args: list[str], out: PeerOutput) -> None:
         argv = [sys.executable, "-m", WORKER, "--peer", peer, *args]
         if peer in HOROVOD_PEERS:
             cmd = [sys.executable, "-m", "benchmarks.horovodrun_bound", "--bind", tb.addr("h0"),
-                   "-np", str(WORKERS), "-H", ",".join(f"{h}:1" for h in tb.hosts), "--gloo",
+                   "-np", str(WORKERS), "-H", ",".join(f"{h}:1" for h in workers), "--gloo",
                    "--network-interface", "eth0", "--", *argv]
         else:
             cmd = [sys.executable, "-m", "mxlarge.launcher", "-n", str(WORKERS), "-s",
@@ -122,7 +127,8 @@ def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, dict[str, Any]
             raise BenchmarkError(f"testbed namespaces {', '.join(our_namespaces())} exist "
                                  "without the lock's holder: someone else's testbed is up; "
                                  "not touching it")
-        tb = Testbed(n=WORKERS)
+        tb = Testbed(n=WORKERS + a.server_hosts)
+        homes = tb.hosts[WORKERS:]
         try:
             tb.up()
         except TestbedError as e:
@@ -135,16 +141,20 @@ def run_testbed(a: argparse.Namespace, log: IO[str]) -> dict[str, dict[str, Any]
                 shape(tb, rate)
                 gbit = link_rate(tb, mbytes=100 if rate.endswith("gbit") else 25)
                 print(f"  link h0 → h1 with tbf {rate}: {gbit:.3f} Gbit/s", flush=True)
+                placed = (f"dist_sync peers: {WORKERS} servers on the server hosts "
+                          f"{', '.join(homes)} (role=server lines), scheduler on h0" if homes
+                          else "dist_sync peers: one server per host, scheduler on h0")
                 part = run_timing(
-                    a, testbed_launcher(tb, work), WORKERS, log,
+                    a, testbed_launcher(tb, work, homes), WORKERS, log,
                     f"{WORKERS} hosts (network namespaces on one 2-core machine), one worker "
-                    f"per host; dist_sync peers: one server per host, scheduler on h0; "
+                    f"per host; {placed}; "
                     f"horovod: 3 ranks over gloo on eth0. Every host link shaped with tc tbf "
                     f"{rate} each way (measured h0 → h1: {gbit:.3f} Gbit/s, one TCP transfer). "
                     f"OMP_NUM_THREADS=1; SGD η 0.1, m 0.9, λ 1e-4 on every tensor, constant η.",
                     TARGETS["testbed"], tmpdir=work)
                 part["link_gbit_s"] = gbit
                 part["rate"] = rate
+                part["server_hosts"] = homes
                 parts[rate] = part
             return parts
         finally:

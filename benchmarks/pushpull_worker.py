@@ -8,6 +8,10 @@ each size in ``--fusion``, 0: one key per tensor; backward order, priorities), t
 of it. Each bucket size is its own mode of the same rounds, on its own copy of the tensors under
 its own range of keys of the one store, so that sizes are compared in the same processes.
 
+With ``--even``, one more: the same floats as up to 64 equal keys sliced evenly over every server
+(:func:`even_sizes`), the fastest bare layout of the peers benchmark's
+exchange floor.
+
 With ``--bare``, one more mode of the same rounds is MXNet's store with no mxlarge code at all:
 the same tensors, one ``kv.pushpull`` per tensor (in place, backward order, priority −i, as
 mxlarge issues them), then ``mx.nd.waitall()``; mxlarge's modes ÷ this one is the share of the
@@ -60,6 +64,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "type its own mode of the same rounds (float16: mode name + '_float16')")
     p.add_argument("--bare", action="store_true",
                    help="also a mode of bare mx.kv pushpull of the same tensors, one key each")
+    p.add_argument("--even", action="store_true",
+                   help="also a mode of bare mx.kv pushpull of the same floats as up to 64 "
+                        "equal keys, each sliced evenly over every server (the engine's "
+                        "floor: even_sizes)")
     return p.parse_args(argv)
 
 
@@ -81,6 +89,18 @@ class RawTCP:
     def close(self) -> None:
         self.sock.close()
         self.peer.wait(timeout=30)
+
+
+#: MXNet slices a key over every server from this many elements (mxlarge.launcher.tuning sets
+#: ``MXNET_KVSTORE_BIGARRAY_BOUND``; MXNet's own default is 1,000,000).
+BIGARRAY_BOUND = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
+
+
+def even_sizes(total: int, most: int = 64) -> list[tuple[int]]:
+    """``total`` floats as K ≤ ``most`` keys of equal size (the last takes the remainder), K as
+    large as keeps every key at :data:`BIGARRAY_BOUND` elements or more (at least 1)."""
+    k = max(1, min(most, total // BIGARRAY_BOUND))
+    return [(total // k + (total % k if j == k - 1 else 0),) for j in range(k)]
 
 
 class BareKV:
@@ -124,6 +144,9 @@ def work(opts: argparse.Namespace) -> None:
         stores[name] = SyncStore(OffsetKV(kv, KEY_STRIDE * v), list(params.values()),
                                  param_roles(params), fusion_bytes=fusion, wire_dtype=wire)
     bare = BareKV(kv, shapes, KEY_STRIDE * len(variants)) if opts.bare else None
+    even = None
+    if opts.even:
+        even = BareKV(kv, even_sizes(nbytes // 4), KEY_STRIDE * (len(variants) + 1))
     kv._barrier()
     raw = RawTCP(nbytes) if rank == 0 and not opts.no_raw else None
 
@@ -152,13 +175,16 @@ def work(opts: argparse.Namespace) -> None:
 
     for store in stores.values():  # warm-up: server-side buffers, connections
         push_pull(store)
-    if bare is not None:
-        bare.push_pull()
+    for b in (bare, even):
+        if b is not None:
+            b.push_pull()
     if raw is not None:
         raw.round_trip()
     modes = {name: (lambda s=store: timed_pushpull(s)) for name, store in stores.items()}
     if bare is not None:
         modes["bare_kv"] = lambda: (kv._barrier(), timed(bare.push_pull))[1]
+    if even is not None:
+        modes["bare_even"] = lambda: (kv._barrier(), timed(even.push_pull))[1]
     if not opts.no_raw:
         modes["raw_tcp"] = timed_raw
     t = interleave(modes, opts.reps, progress=emit_progress if rank == 0 else None)

@@ -84,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="how processes are started (sge and yarn are refused: dmlc_tracker's "
                          "backends cannot run a parameter-server job on MXNet 1.9.1)")
     la.add_argument("-H", "--hostfile", default=None)
+    la.add_argument("--server-hosts", default=None, metavar="HOST[,HOST...]",
+                    help="hosts that run servers only, as the override dist.server_hosts "
+                         "sets them (ssh: addresses, mpi: names, slurm: nodes of the "
+                         "allocation; default: the config's, else the hostfile's role=server "
+                         "lines, else servers share the worker hosts)")
     la.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
     la.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
                     help="continue from a checkpoint (default: the latest of "
@@ -158,7 +163,7 @@ def _explain(key: str) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from mxlarge.config import dump_yaml, to_dict
-    from mxlarge.plan import plan_for, precision
+    from mxlarge.plan import plan_for, precision, server_layout
 
     if args.explain is not None:
         return _explain(args.explain)
@@ -179,6 +184,7 @@ def _show(args: argparse.Namespace) -> int:
            "plan": {**p.summary(), "lr_at": {str(s): p.schedule(s) for s in steps}},
            "param_roles": roles,
            "precision": precision(cfg),
+           "layout": server_layout(cfg, roles["pushed_elements"]),
            "zero_gamma": {"blocks": len(init.zero_gamma),
                           "residual_blocks": init.residual_blocks,
                           "skipped": [f"{name} ({kind})" for name, kind in init.skipped]}}
@@ -198,6 +204,19 @@ def _show(args: argparse.Namespace) -> int:
         print(f"params {k}: {v}")
     for k, v in out["precision"].items():
         print(f"precision {k}: {v}")
+    lay = out["layout"]
+    mb = lay["worker_host_bytes_each_way"] / 1e6
+    if cfg.dist.server_hosts:
+        print(f"layout: {lay['servers']} server(s) on their own host(s) "
+              f"{', '.join(cfg.dist.server_hosts)}: each worker host sends and receives "
+              f"|g| = {mb:.3g} MB per step (co-located: 2(n-1)/n·|g| = "
+              f"{lay['colocated_bytes_each_way'] / 1e6:.3g} MB), each server host "
+              f"{lay['server_host_bytes_each_way'] / 1e6:.3g} MB")
+    else:
+        print(f"layout: {lay['servers']} server(s) co-located with the workers: each worker "
+              f"host sends and receives 2(n-1)/n·|g| = {mb:.3g} MB per step (with server "
+              f"hosts, dist.server_hosts: |g| = "
+              f"{lay['server_hosts_bytes_each_way'] / 1e6:.3g} MB)")
     print(f"zero_gamma: {len(init.zero_gamma)} of {init.residual_blocks} residual blocks"
           + (f" (skipped: {len(init.skipped)})" if init.skipped else ""))
     return 0

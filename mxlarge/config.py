@@ -159,6 +159,11 @@ class DistConfig:
     servers: int = _f(0, "parameter servers the experiment is written for (0: one per worker, "
                          "as MXNet's launch.py: each server then carries a worker's share of "
                          "every gradient, |g| per step, as much as a worker's own link)", ge=0)
+    server_hosts: tuple[str, ...] = _f((), "hosts that run parameter servers only (ssh: "
+                                           "addresses, mpi: names, slurm: nodes of the "
+                                           "allocation); empty: servers share the worker "
+                                           "hosts. Each worker host then moves |g| per step "
+                                           "each way instead of 2(n-1)/n·|g| (n worker hosts)")
     bn_stats: str = _f("reduce", "BN statistics for evaluation/checkpoints",
                        choices=("local", "broadcast", "reduce"))
     check_every: int = _f(50, "compare a weight checksum across ranks every N steps (0: never)",

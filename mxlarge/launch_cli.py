@@ -73,12 +73,14 @@ def elastic_of(args: argparse.Namespace, backend: LaunchBackend, world: World, s
 
 
 def launch_config(path: str | Path, overrides: list[str], workers: int | None,
-                  servers: int | None) -> tuple[Config, World, list[str]]:
+                  servers: int | None, server_hosts: str | None = None
+                  ) -> tuple[Config, World, list[str]]:
     """The config and world a launched job runs, and its workers' overrides.
 
     The overrides are ``overrides`` and what launching adds to the config: a dist store (a
     local one would train k unsynchronised copies) and ``dist.servers`` = ``servers``, if
-    given. ``workers`` (``-n``), if given, is the world's processes, put into the config as
+    given, and ``dist.server_hosts`` = ``server_hosts`` (``--server-hosts``, comma-separated),
+    if given. ``workers`` (``-n``), if given, is the world's processes, put into the config as
     ``dist.workers`` (:func:`~mxlarge.plan.with_world`): the config is what ``mxlarge show``
     reads with the returned overrides and ``dist.workers=<workers>``.
     """
@@ -88,6 +90,11 @@ def launch_config(path: str | Path, overrides: list[str], workers: int | None,
         ["dist.kvstore=dist_sync"]
     if servers is not None:
         extra.append(f"dist.servers={servers}")
+    if server_hosts is not None:
+        hosts = [h.strip() for h in server_hosts.split(",") if h.strip()]
+        if not hosts:
+            raise ConfigError(f"--server-hosts {server_hosts!r}: expected HOST[,HOST...]")
+        extra.append(f"dist.server_hosts=[{','.join(hosts)}]")
     overrides = [*overrides, *extra]
     cfg = load_config(path, overrides)
     world = world_of(cfg, str(path))
@@ -130,7 +137,7 @@ def job_spec(args: argparse.Namespace) -> tuple[JobSpec, Config]:
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts}: expected an integer >= 0")
     cfg, world, overrides = launch_config(args.config, list(args.overrides), args.workers,
-                                          args.servers)
+                                          args.servers, args.server_hosts)
     if args.max_restarts and not cfg.train.checkpoint_every:
         # a restart resumes from the job's newest checkpoint: without any, it would start over
         overrides.append("train.checkpoint_every=1")
@@ -144,7 +151,7 @@ def job_spec(args: argparse.Namespace) -> tuple[JobSpec, Config]:
         spec = JobSpec(args.launcher, command, world, servers_of(cfg),
                        stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
                        firewall=args.firewall, port=args.port, hostfile=args.hostfile,
-                       pass_world=True)
+                       pass_world=True, server_hosts=cfg.dist.server_hosts)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     return spec, cfg
@@ -199,7 +206,7 @@ def prepare(args: argparse.Namespace) -> Launch:
     plan = plan_for(cfg, args.config, world=spec.world)
     backend = backend_for(spec.launcher)
     try:
-        lines = backend.check_hosts(args.hostfile, workers, servers)
+        lines = backend.check_hosts(args.hostfile, workers, servers, spec.server_hosts)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     elastic = elastic_of(args, backend, plan.world, servers, lines)

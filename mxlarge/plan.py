@@ -338,3 +338,19 @@ def plan_for(cfg: Config, source: str = "<config>", need_data: bool = False,
 def servers_of(cfg: Config) -> int:
     """Server processes of a launched job: ``dist.servers``, or one per worker when it is 0."""
     return cfg.dist.servers or cfg.dist.workers
+
+
+def server_layout(cfg: Config, pushed_elements: int) -> dict[str, Any]:
+    """Where a launched job's servers run and what each worker host moves per step each way,
+    |g| = ``pushed_elements`` × the wire's bytes, n = ``dist.workers`` hosts (one worker per
+    host): with server hosts (``dist.server_hosts``) it pushes |g| and pulls |g|; co-located,
+    the (n-1)/n of its pushes that leave it plus its server's slices to the n-1 others,
+    2(n-1)/n·|g|. Each of S server hosts moves n·|g|/S each way."""
+    n, homes = cfg.dist.workers, cfg.dist.server_hosts
+    g = pushed_elements * (2 if cfg.dist.wire_dtype == "float16" else 4)
+    colocated = 2 * (n - 1) / n * g
+    return {"servers": servers_of(cfg),
+            "server_hosts": list(homes) or "co-located with the workers",
+            "worker_host_bytes_each_way": int(g if homes else colocated),
+            "colocated_bytes_each_way": int(colocated), "server_hosts_bytes_each_way": g,
+            "server_host_bytes_each_way": int(n * g / len(homes)) if homes else None}

@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse
+from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, server_of, spread
 from mxlarge.kvstore.roles import param_roles
 from mxlarge.kvstore.sync import SyncStore
 
@@ -40,6 +40,45 @@ def test_every_tensor_in_exactly_one_bucket_and_no_bucket_over_the_limit(limit):
         assert not any(b.fused for b in buckets)
     if limit >= sum(sizes):
         assert sum(b.fused for b in buckets) == 1
+
+
+def _loads(buckets: list[Bucket], servers: int, bound: int) -> list[float]:
+    """Elements each server sums: a key below ``bound`` whole on server_of(key), else size/S
+    on each (MXNet 1.9.1's EncodeDefaultKey)."""
+    load = [0.0] * servers
+    for b in buckets:
+        if b.size >= bound:
+            load = [x + b.size / servers for x in load]
+        else:
+            load[server_of(b.key, servers)] += b.size
+    return load
+
+
+@pytest.mark.parametrize("servers", [2, 3, 4, 7])
+def test_spread_gives_every_server_the_same_share_in_every_prefix(servers):
+    """Bucket after bucket, each multi-member bucket goes to the least-loaded server so far:
+    over any prefix of the push order the servers' loads differ by at most two whole keys (the
+    last one placed by spread, and a lone tensor its own key sends anywhere), members and lone
+    keys unchanged."""
+    rng = np.random.default_rng(servers)
+    sizes = [int(s) for s in rng.integers(1, 3000, size=300)] + [50_000, 70_000]
+    order = list(reversed(range(len(sizes))))
+    limit, bound = 4000, 40_000
+    plain = fuse(sizes, order, limit)
+    spread_ = spread(plain, servers, bound, 50_000)
+    assert [(b.members, b.offsets, b.size) for b in spread_] == \
+        [(b.members, b.offsets, b.size) for b in plain]
+    assert [b.key for b in spread_ if not b.fused] == [b.key for b in plain if not b.fused]
+    keys = [b.key for b in spread_]
+    assert len(set(keys)) == len(keys) and all(FUSE_KEY <= k < FUSE_KEY + 50_000
+                                              for b, k in zip(spread_, keys) if b.fused)
+    big = max(b.size for b in spread_ if b.size < bound)
+    for n in range(1, len(spread_) + 1):
+        load = _loads(spread_[:n], servers, bound)
+        assert max(load) - min(load) <= 2 * big, (n, load)
+    # MXNet's own placement of FUSE_KEY + b is round-robin by count, not by size: further apart
+    assert max(_loads(spread_, servers, bound)) <= max(_loads(plain, servers, bound))
+    assert spread(plain, 1, bound, 50_000) == plain
 
 
 CTX = [mx.cpu(0), mx.cpu(1)]
@@ -154,3 +193,26 @@ def test_a_static_net_that_ran_backward_before_the_store_keeps_copying_bitwise()
     assert fused._copied == {b.key for b in fused.buckets if b.fused}
     assert not any(fused._adopted(b) for b in fused.buckets if b.fused)
     _assert_bitwise(want, got)
+
+
+def test_resnet50_over_3_servers_with_the_launchers_bound_is_even():
+    """ResNet-50 v1b's gradients in the default buckets over 3 servers: with the launcher's
+    big-array bound (the bucket's floats) only buckets go whole and spread evens them out;
+    with the former bound 100,000 and MXNet's own placement of FUSE_KEY + b the busiest server
+    summed 3.6 % more than an even third."""
+    from gluoncv.model_zoo import get_model
+
+    from mxlarge.kvstore import FUSION_BYTES
+    from mxlarge.launcher.tuning import COMMON
+
+    net = get_model("resnet50_v1b", pretrained=False)
+    net.initialize(ctx=mx.cpu())
+    net(mx.nd.zeros((1, 3, 32, 32)))  # shapes only: global pooling before the classifier
+    sizes = [int(np.prod(p.shape)) for p in net.collect_params().values()
+             if p.grad_req != "null"]
+    bound = int(COMMON["MXNET_KVSTORE_BIGARRAY_BOUND"])
+    assert bound == FUSION_BYTES // 4  # a tensor that travels alone is sliced
+    plain = fuse(sizes, list(reversed(range(len(sizes)))), FUSION_BYTES // 4)
+    third = sum(sizes) / 3
+    assert max(_loads(spread(plain, 3, bound, 50_000), 3, bound)) / third < 1.001
+    assert max(_loads(plain, 3, 100_000)) / third > 1.03

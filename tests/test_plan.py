@@ -208,3 +208,31 @@ def test_elastic_world_refuses_below_the_floor_naming_the_factorisations():
         elastic_world(World(2, batch=8), live=0)
     with pytest.raises(WorldError, match="2 x 1 x 2 devices"):  # devices: only simulated = 1
         elastic_world(World(2, devices=2, batch=8), live=1)
+
+
+def test_show_prints_the_layout_with_the_bytes_each_worker_host_moves(capsys, monkeypatch):
+    """`--server-hosts` is `dist.server_hosts` (what `show` reads); `show` gives each worker
+    host |g| each way with server hosts and 2(n-1)/n·|g| co-located, |g| = 4 bytes per pushed
+    element (2 on the 16-bit wire), and each of S server hosts n·|g|/S."""
+    from mxlarge.launch_cli import launch_config
+
+    monkeypatch.chdir(ROOT)
+    path = "experiments/proxy/digits-largebatch.yaml"
+    cfg, _, overrides = launch_config(path, [], 3, 2, "10.0.0.8, 10.0.0.9")
+    assert cfg.dist.server_hosts == ("10.0.0.8", "10.0.0.9")
+    assert overrides[-1] == "dist.server_hosts=[10.0.0.8,10.0.0.9]"
+    with pytest.raises(ConfigError, match="--server-hosts ',': expected HOST"):
+        launch_config(path, [], 3, None, ",")
+    assert main(["show", path, "dist.workers=3", *overrides, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    g = 4 * out["param_roles"]["pushed_elements"]
+    assert out["layout"] == {"servers": 2, "server_hosts": ["10.0.0.8", "10.0.0.9"],
+                             "worker_host_bytes_each_way": g,
+                             "colocated_bytes_each_way": int(2 * 2 / 3 * g),
+                             "server_hosts_bytes_each_way": g,
+                             "server_host_bytes_each_way": int(3 * g / 2)}
+    assert main(["show", path, "dist.workers=3", "dist.wire_dtype=float16"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("layout:"))
+    assert line == (f"layout: 1 server(s) co-located with the workers: each worker host sends "
+                    f"and receives 2(n-1)/n·|g| = {4 / 3 * g / 2 / 1e6:.3g} MB per step (with "
+                    f"server hosts, dist.server_hosts: |g| = {g / 2 / 1e6:.3g} MB)")

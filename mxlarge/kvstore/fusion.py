@@ -4,11 +4,13 @@ Per-key push/pull costs a round trip and a server request per tensor, which domi
 of many small tensors (a BN layer is two tensors of C floats): Horovod's tensor fusion on a
 parameter server. :func:`fuse` packs the pushed gradients, in backward order, into buckets of
 at most a given size and one dtype; the store (:class:`mxlarge.kvstore.sync.SyncStore`) makes
-the members' gradient arrays views of the bucket's buffer.
+the members' gradient arrays views of the bucket's buffer. :func:`spread` picks the buckets'
+keys so that every server sums as many of their elements as every other (MXNet sends a key
+below its big-array bound whole to one server, chosen by the key).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 #: Key of the first multi-member bucket (``FUSE_KEY + b`` for bucket b).
@@ -72,4 +74,52 @@ def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
         else:
             out.append(Bucket(FUSE_KEY + b, tuple(g), tuple(offsets), size))
             b += 1
+    return out
+
+
+def server_of(key: int, servers: int) -> int:
+    """The server MXNet 1.9.1 sends a whole key to (an array below
+    ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements): ``(key · 9973) mod servers``."""
+    return key * 9973 % servers
+
+
+def spread(buckets: Sequence[Bucket], servers: int, bound: int, limit: int,
+           lone_key: Callable[[Bucket], int] | None = None) -> list[Bucket]:
+    """``buckets`` with their multi-member buckets re-keyed so that every server receives the
+    same elements within one bucket, in every prefix of the push order: bucket after bucket,
+    a whole one (below ``bound`` elements) goes to the server with the fewest so far (its key:
+    the next free ``FUSE_KEY + j`` below ``FUSE_KEY + limit`` that MXNet sends there,
+    :func:`server_of`); a lone tensor goes where the key it travels under sends it
+    (``lone_key``, default its own), and an array of
+    ``bound`` elements or more is sliced evenly over all servers by MXNet (each gets
+    size/servers). Members, offsets and order are unchanged: only which server sums a bucket
+    changes, not what is summed, so every sum is bitwise the same.
+    """
+    if servers <= 1:
+        return list(buckets)
+    load = [0.0] * servers
+    used = {b.key for b in buckets if not b.fused}
+    nxt = [0] * servers  # next j to try per server
+    out = []
+    for b in buckets:
+        if b.size >= bound:
+            load = [x + b.size / servers for x in load]
+            key = b.key
+        elif not b.fused:
+            load[server_of(b.key if lone_key is None else lone_key(b), servers)] += b.size
+            key = b.key
+        else:
+            target = min(range(servers), key=lambda s: (load[s], s))
+            j = nxt[target]
+            while j < limit and (server_of(FUSE_KEY + j, servers) != target
+                                 or FUSE_KEY + j in used):
+                j += 1
+            if j >= limit:  # no key of this range reaches it (servers sharing 9973's factor)
+                raise ValueError(f"no bucket key below {FUSE_KEY + limit} goes to server "
+                                 f"{target} of {servers}")
+            nxt[target] = j + 1
+            key = FUSE_KEY + j
+            load[target] += b.size
+        used.add(key)
+        out.append(Bucket(key, b.members, b.offsets, b.size))
     return out

@@ -33,7 +33,7 @@ import numpy as np
 
 from mxlarge.errors import InputError, ReplicaMismatch
 from mxlarge.kvstore import FUSION_BYTES
-from mxlarge.kvstore.fusion import Bucket, fuse
+from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, spread
 from mxlarge.kvstore.roles import ParamRole
 from mxlarge.kvstore.shutdown import leave_together
 
@@ -49,6 +49,7 @@ STAT_KEY = 100_000
 AUX_KEY = 200_000
 MAX_KEY = 2**31 // 9973 - 1
 SCALARS = 8  # length of the scalar-sum vector
+BIGARRAY_BOUND = 1_000_000  # MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (kvstore_dist.h)
 
 
 def validate_kvstore(kind: str) -> str:
@@ -225,6 +226,13 @@ class SyncStore:
                             kinds=kinds)
         if self.kv is None:
             return
+        if self.distributed:  # every server the same share of the buckets (fusion.spread)
+            wired = self.wire16
+            self.buckets = spread(
+                self.buckets, int(os.environ.get("DMLC_NUM_SERVER", "1")),
+                int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", BIGARRAY_BOUND)),
+                AUX_KEY - FUSE_KEY, lambda b: WIRE_KEY + b.key
+                if wired and kinds[b.key] == "float32" else b.key)
         keys: list[int] = []
         values: list[mx.nd.NDArray] = []
         contexts = self.params[0].list_ctx() if self.params else []

@@ -53,7 +53,7 @@ from mxlarge.launcher.environment import forwarded_env, render_command
 from mxlarge.launcher.explain import FailureContext, ReportSink, blame, terminated
 from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
 from mxlarge.launcher.guard import guard_command
-from mxlarge.launcher.hostfile import HostEntry, is_ip, is_loopback
+from mxlarge.launcher.hostfile import HostEntry, Layout, is_ip, is_loopback, layout_of, place
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.reach import unreachable_hosts
@@ -97,7 +97,13 @@ class DmlcBackend(LaunchBackend):
         return dmlc_run(self, spec.argv, workers=spec.world.processes, servers=spec.servers,
                         hostfile=spec.hostfile, env=spec.env, extra=extra, grace=spec.grace,
                         stall_timeout=spec.stall_timeout, tuning=spec.tuning,
-                        firewall=spec.firewall, **where)
+                        firewall=spec.firewall, server_hosts=spec.server_hosts, **where)
+
+    def layout(self, entries: list[HostEntry] | None, servers: int, workers: int,
+               scheduler: str) -> Layout:
+        """Where the job's processes go (the launcher's layout line); the default:
+        dmlc's ssh placement over the lines it reads (:func:`~mxlarge.launcher.hostfile.place`)."""
+        return layout_of(scheduler, *place(entries or [], servers, workers))
 
     def guard_flags(self) -> dict[str, bool]:
         """:func:`~mxlarge.launcher.guard.guard_command`'s ``reraise`` and
@@ -228,11 +234,12 @@ def dmlc_run(backend: DmlcBackend, command: Sequence[str], *, workers: int, serv
              extra: Mapping[str, Any] | None = None, grace: float = 10.0,
              output: IO[str] | Any = sys.stdout, shutdown_timeout: float = 60.0,
              stall_timeout: float | None = None, heartbeat_dir: str | None = None,
-             tuning: bool = True, firewall: str = "off") -> Outcome:
+             tuning: bool = True, firewall: str = "off",
+             server_hosts: Sequence[str] = ()) -> Outcome:
     """:func:`mxlarge.launcher.backends.cluster_run` on ``backend`` (its arguments and
     errors)."""
     command = check_job(command, workers, servers)
-    entries = backend.check_hosts(hostfile, workers, servers)
+    entries = backend.check_hosts(hostfile, workers, servers, server_hosts)
     if shutil.which(backend.tool) is None:
         raise FileNotFoundError(f"the {backend.name} launcher needs {backend.tool!r} on PATH")
 
@@ -297,9 +304,10 @@ def dmlc_run(backend: DmlcBackend, command: Sequence[str], *, workers: int, serv
                 SCHEDULER_PORTS, lambda line: LineSink(output).emit("launcher", line),
                 loopback=loopback))
             ports = {e.host: int(e.port) for e in entries or () if e.port}
+            layout = backend.layout(entries, servers, workers, args.host_ip)
             return _submit(backend, module, tracker, args, job_env["MXLARGE_JOB_ID"], grace,
                            output, shutdown_timeout, hosts, beats, stall_timeout,
-                           bool(ps_verbose), ports)
+                           bool(ps_verbose), ports, layout)
     finally:
         _submit_lock.release()
 
@@ -312,7 +320,7 @@ def _remove_if_empty(directory: str) -> None:
 def _submit(backend: DmlcBackend, module: Any, tracker: Any, args: Any, job_id: str,
             grace: float, output: IO[str] | Any, shutdown_timeout: float,
             hosts: list[str], beats: str | None, stall_timeout: float | None,
-            hide_ps_verbose: bool, ports: Mapping[str, int]) -> Outcome:
+            hide_ps_verbose: bool, ports: Mapping[str, int], layout: Layout) -> Outcome:
     sink = ReportSink(output, backend.report_patterns)
     sup = Supervisor(output, sink=sink, hide_ps_verbose=hide_ps_verbose)
     # the hosts a stalled job probes (not this one: the launcher runs here)
@@ -343,6 +351,7 @@ def _submit(backend: DmlcBackend, module: Any, tracker: Any, args: Any, job_id: 
     sup.sink.emit("launcher", f"job {job_id}: scheduler here at {args.host_ip}, "
                               f"{args.num_servers} server(s), {args.num_workers} worker(s) via "
                               f"dmlc_tracker {backend.name}")
+    sup.sink.emit("launcher", layout.describe())
     try:
         with tracker_compat(), patched_subprocess([module, tracker], shim), \
                 scheduler_address(tracker, args.host_ip), claimed_scheduler_port(tracker), \

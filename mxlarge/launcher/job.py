@@ -52,6 +52,8 @@ class JobSpec:
         grace: seconds between SIGTERM and SIGKILL during teardown.
         pass_world: ``command`` is an ``mxlarge train`` command, run with ``--world`` (a
             user's own command is run as given).
+        server_hosts: hosts that run servers only (``dist.server_hosts``; the cluster
+            backends'); empty: the hostfile's ``role=server`` lines, else co-located.
 
     Raises:
         ValueError: an option the backend cannot apply (``port`` on a cluster backend,
@@ -71,11 +73,13 @@ class JobSpec:
     host_ip: str | None = None
     grace: float = 10.0
     pass_world: bool = False
+    server_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         backend = backend_for(self.launcher)  # an unknown or broken one: the reason
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "server_hosts", tuple(self.server_hosts))
         backend.check_spec(self)
 
     @property

@@ -12,14 +12,20 @@ environment or its ``env`` argument): the user's value always wins, and ``tuning
   (~9 % of a server's and ~5 % of a worker's CPU time in the perf profile of
   benchmarks/README.md). With these thresholds freed memory stays in the heap and is reused.
   The price: a process's resident memory does not shrink back after its peak.
-* **Big arrays split over every server from 100,000 elements** (``MXNET_KVSTORE_BIGARRAY_BOUND``,
-  every role; MXNet's default is 1,000,000). A key below the bound goes whole to server
-  ``(key · 9973) mod S``, so the many mid-sized tensors of a real net (ResNet-50's 1×1 and 3×3
-  convolutions are 65 k – 1 M floats, most of its bytes) land unevenly and the busiest server's
-  link sets the pace; above the bound a key is sliced evenly over all servers. Measured on the
-  testbed (ResNet-50's gradients, 1 Gbit/s links, ``make bench-cluster``): 3 workers + 3
-  servers 1.94× the bound |g|/B with MXNet's default, 1.26× with 100,000; 2 + 2: 1.21× and
-  1.17×. Gradient buckets (256 KiB = 65,536 floats) stay whole and alternate over the servers.
+* **Every tensor that travels alone split over every server** (``MXNET_KVSTORE_BIGARRAY_BOUND``
+  = the gradient bucket's size in floats, 65,536, every role; MXNet's default is 1,000,000).
+  A key below the bound goes whole to server ``(key · 9973) mod S``, so the many mid-sized
+  tensors of a real net (ResNet-50's 1×1 and 3×3 convolutions are 65 k – 2.4 M floats, most of
+  its bytes) land unevenly and the busiest server's link sets the pace; from the bound on a
+  key is sliced evenly over all servers. A tensor travels alone when it fills a bucket, so with
+  the bound at the bucket size only buckets go whole, and
+  :func:`mxlarge.kvstore.fusion.spread` gives every server the same share of them. ResNet-50's
+  gradients over 3 servers (an even third: 8.519 M floats): the busiest one sums 8.83 M with
+  the former bound 100,000 and MXNet's own bucket placement, 8.72 M with ``spread``, 8.52 M
+  with this bound (``tests/test_fusion.py``). Measured on the
+  testbed (``make bench-cluster``): 3 workers + 3 servers at 1 Gbit/s 1.94× the bound |g|/B
+  with MXNet's default, 1.26× with 100,000; co-located at 200 Mbit/s mxlarge's exchange
+  1.053× the bare even layout's with 100,000, 1.027× with 65,536 (rows ``floor_*``).
 * **OMP_NUM_THREADS** (local jobs only): 1 for the scheduler and servers (they receive, copy
   and sum; no operator needs a thread team) and ``cores // workers`` (at least 1) for each
   worker, which share this machine's cores: more OpenMP threads than cores make every
@@ -32,12 +38,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from mxlarge.kvstore import FUSION_BYTES
+
 #: glibc tunables: no ``mmap`` below 2 GB, never trim the heap below 4 GB free, grow it by
 #: 512 MB at a time (address space only: pages are touched when used).
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000",
           "MALLOC_TOP_PAD_": "536870912"}
-#: Every role of every job: malloc, and arrays from 100,000 elements sliced over all servers.
-COMMON = {**MALLOC, "MXNET_KVSTORE_BIGARRAY_BOUND": "100000"}
+#: Every role of every job: malloc, and every key of a bucket's size or more (every tensor
+#: that travels alone) sliced over all servers.
+COMMON = {**MALLOC, "MXNET_KVSTORE_BIGARRAY_BOUND": str(FUSION_BYTES // 4)}
 
 
 def local_role_env(role: str, workers: int, given: Mapping[str, str],

@@ -28,7 +28,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def testbed_processes(tb: Testbed) -> list[int]:
     """Live processes whose argv or environment mentions the testbed's directory (every job of
     these tests runs from under it; other jobs on a shared machine do not)."""
-    needle = str(tb.root).encode()
+    # the directory, not its lock file beside it (another session waiting with flock on
+    # /var/tmp/mxlarge-testbed.lock is no process of these tests)
+    needle = (str(tb.root) + "/").encode()
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():

@@ -1,14 +1,16 @@
-"""Real dist_sync jobs across namespace hosts through every backend: ssh (a hostfile of h1, h2:
-dmlc puts server i and worker i on line i; scheduler on h0), mpirun, Slurm (srun inside an
-allocation and sbatch of launch/slurm.sbatch) and MXNet's own launch.py, all at once; and the
-128-GPU layout. In the slower cluster tier (``make test-cluster-slow``).
+"""Real dist_sync jobs across namespace hosts through every backend: ssh, mpirun and Slurm's
+srun (inside an allocation) with the servers on a host of their own (h0; workers on h1, h2),
+sbatch of launch/slurm.sbatch and MXNet's own launch.py co-located (dmlc puts server i and
+worker i on line i), all at once; and the 128-GPU layout. In the slower cluster tier
+(``make test-cluster-slow``).
 
 Each job trains the 12-step equivalence recipe of tests/helpers.py (warmup, a decay, momentum)
 with 2 workers and 2 servers, scheduler on the launching host. Checked per job: every process ran
-in a testbed host's network namespace (/proc/PID/ns/net), workers and servers on different
-hosts, every listening socket on that host's own address or loopback (ps-lite bound the host's
-address, never another host's or 0.0.0.0), weights within 1e-5 of one process with the global
-batch and bitwise equal to the same job on 127.0.0.1, one MLflow run FINISHED with the hosts.
+in a testbed host's network namespace (/proc/PID/ns/net), on the hosts its layout says (the
+launcher's layout line says the same), every listening socket on that host's own address or
+loopback (ps-lite bound the host's address, never another host's or 0.0.0.0), weights within
+1e-5 of one process with the global batch and bitwise equal to the same job co-located on
+127.0.0.1, one MLflow run FINISHED with the hosts.
 """
 from __future__ import annotations
 
@@ -77,17 +79,22 @@ def check_weights(work: Path, reference: dict[str, list[dict]]) -> None:
 
 
 def check_placement(tb: Testbed, obs: Observer, scheduler_host: str, hosts: set[str],
-                    tuned: bool = True) -> None:
+                    tuned: bool = True, server_hosts: list[str] | None = None) -> None:
     """Roles on their hosts, listening only on their own address; with ``tuned``, the
     launcher's process settings reached every server and worker (mxlarge's launcher, not
-    MXNet's launch.py, which runs unmodified)."""
+    MXNet's launch.py, which runs unmodified). Servers on ``server_hosts`` (one each) and the
+    workers elsewhere, or, without, every server and every worker on a host of its own."""
     procs = obs.procs.values()
     assert sorted(p.role for p in procs) == \
         ["scheduler"] + ["server"] * N_SERVERS + ["worker"] * N_WORKERS, obs.procs
     assert [p.host for p in obs.by_role("scheduler")] == [scheduler_host]
     assert {p.host for p in procs} == hosts, obs.procs
-    for role, n in (("worker", N_WORKERS), ("server", N_SERVERS)):
-        assert len({p.host for p in obs.by_role(role)}) == n, obs.procs  # all on different hosts
+    assert len({p.host for p in obs.by_role("worker")}) == N_WORKERS, obs.procs
+    if server_hosts is None:
+        assert len({p.host for p in obs.by_role("server")}) == N_SERVERS, obs.procs
+    else:
+        assert sorted(p.host for p in obs.by_role("server")) == server_hosts, obs.procs
+        assert not {p.host for p in obs.by_role("worker")} & set(server_hosts), obs.procs
     for p in procs:
         assert p.host is not None
         own = tb.addr(p.host)
@@ -135,18 +142,24 @@ class Launched:
 THREE = ["h0", "h1", "h2"]  # h3 is the host outside every job (test_foreign_host.py)
 
 
+# The server-host layouts, said three ways: a role=server hostfile line (ssh), --server-hosts
+# (mpi, slurm); both servers on h0, the workers on h1 and h2.
 def _ssh(tb: Testbed, work: Path) -> list[str]:
-    (work / "hosts").write_text(f"{tb.addr('h1')}\n{tb.addr('h2')}\n")
+    (work / "hosts").write_text(f"{tb.addr('h0')} role=server\n{tb.addr('h1')}\n"
+                                f"{tb.addr('h2')}\n")
     return launch_argv(write_config(work), "ssh", "-H", str(work / "hosts"))
 
 
 def _mpi(tb: Testbed, work: Path) -> list[str]:
     (work / "hosts").write_text("h1 slots=1\nh2 slots=1\n")
-    return launch_argv(write_config(work), "mpi", "-H", str(work / "hosts"))
+    return launch_argv(write_config(work), "mpi", "-H", str(work / "hosts"),
+                       "--server-hosts", "h0")
 
 
 def _srun(tb: Testbed, work: Path) -> list[str]:
-    return ["salloc", "-N", "2", "-w", "h1,h2", *launch_argv(write_config(work), "slurm")]
+    # -O: the allocation's one CPU on h0 takes both servers' tasks (Slurm counts CPUs per node)
+    return ["salloc", "-O", "-N", "3", "-w", "h0,h1,h2",
+            *launch_argv(write_config(work), "slurm", "--server-hosts", "h0")]
 
 
 def _sbatch(tb: Testbed, work: Path) -> list[str]:
@@ -228,33 +241,47 @@ def finished(launched: Launched) -> Observer:
 
 
 # job, where its scheduler runs, the hosts its processes run on, whether mxlarge's launcher
-# started it (its process settings reach every server and worker), the MLflow ``hosts`` tag:
-# - ssh: ``mxlarge launch --launcher ssh`` over 198.18.0.11, .12, scheduler on h0;
-# - mpi: ``mxlarge launch --launcher mpi`` over h1, h2, scheduler on h0;
-# - srun: ``salloc -N 2 -w h1,h2 mxlarge launch ... --launcher slurm``: salloc runs the launcher
-#   (and so the scheduler) on h0, the worker and server job steps run on h1 and h2;
+# started it (its process settings reach every server and worker), the MLflow ``hosts`` tag,
+# the server hosts (None: co-located), the launcher's layout line (None: not mxlarge's):
+# - ssh: ``mxlarge launch --launcher ssh`` over 198.18.0.10 role=server, .11, .12, scheduler
+#   on h0;
+# - mpi: ``mxlarge launch --launcher mpi --server-hosts h0`` over h1, h2, scheduler on h0;
+# - srun: ``salloc -O -N 3 -w h0,h1,h2 mxlarge launch ... --launcher slurm --server-hosts h0``:
+#   salloc runs the launcher (and so the scheduler) on h0, the server step on h0, the workers'
+#   on h1 and h2;
 # - sbatch: ``sbatch -N 2 launch/slurm.sbatch CONFIG``: the batch script runs on the first node
 #   (h1), scheduler there, steps on h1 and h2;
 # - launch_py: MXNet's tools/launch.py (ssh) through mxlarge.launcher.mxnet_launch, command
 #   ``mxlarge train``: the rank-0 worker makes the MLflow run itself (no ``mxlarge launch``).
-PLACED = [("ssh", "h0", {"h0", "h1", "h2"}, True, "{h0},{h1},{h2}"),
-          ("mpi", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2"),
-          ("srun", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2"),
-          ("sbatch", "h1", {"h1", "h2"}, True, "{h1},h1,h2"),
-          ("launch_py", "h0", {"h0", "h1", "h2"}, False, None)]
+OWN = "layout: scheduler on {h0}; 2 server(s) on their own host(s): {servers}; 2 worker(s) on " \
+    "{workers}; each worker host sends and receives |g| per step"
+PLACED = [("ssh", "h0", {"h0", "h1", "h2"}, True, "{h0},{h1},{h2}", ["h0", "h0"],
+           OWN.replace("{servers}", "{h0}").replace("{workers}", "{h1}, {h2}")),
+          ("mpi", "h0", {"h0", "h1", "h2"}, True, "{h0},h1,h2,h0", ["h0", "h0"],
+           OWN.replace("{servers}", "h0").replace("{workers}", "h1, h2")),
+          ("srun", "h0", {"h0", "h1", "h2"}, True, "{h0},h0,h1,h2", ["h0", "h0"],
+           OWN.replace("{servers}", "h0").replace("{workers}", "h1, h2")),
+          ("sbatch", "h1", {"h1", "h2"}, True, "{h1},h1,h2", None,
+           "layout: scheduler on {h1}; 2 server(s) co-located with the workers: h1, h2; 2 "
+           "worker(s) on h1, h2; each worker host sends and receives 2(n-1)/n·|g| per step"),
+          ("launch_py", "h0", {"h0", "h1", "h2"}, False, None, None, None)]
 
 
-@pytest.mark.parametrize("name, scheduler, hosts, tuned, tag", PLACED,
+@pytest.mark.parametrize("name, scheduler, hosts, tuned, tag, server_hosts, layout", PLACED,
                          ids=[row[0] for row in PLACED])
 def test_a_backend_runs_the_2_plus_2_job_bitwise(testbed: Testbed, jobs: dict[str, Launched],
                                                  reference: dict[str, list[dict]], name: str,
                                                  scheduler: str, hosts: set[str], tuned: bool,
-                                                 tag: str | None) -> None:
+                                                 tag: str | None, server_hosts: list[str] | None,
+                                                 layout: str | None) -> None:
     job = jobs[name]
-    check_placement(testbed, finished(job), scheduler, hosts, tuned=tuned)
+    check_placement(testbed, finished(job), scheduler, hosts, tuned=tuned,
+                    server_hosts=server_hosts)
+    addrs = {h: testbed.addr(h) for h in ("h0", "h1", "h2")}
+    if layout is not None:
+        assert layout.format(**addrs) in job.text, job.text[-3000:]
     check_weights(job.work, reference)
-    check_run(job.work, None if tag is None else
-              tag.format(h0=testbed.addr("h0"), h1=testbed.addr("h1"), h2=testbed.addr("h2")))
+    check_run(job.work, None if tag is None else tag.format(**addrs))
 
 
 def test_imagenet_128gpu_layout_one_worker_per_host(testbed: Testbed, work: Path) -> None:

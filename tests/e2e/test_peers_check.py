@@ -83,7 +83,7 @@ def test_the_engine_floor_is_measured_in_mxlarge_launches(tmp_path: Path) -> Non
 
 
 def test_even_sizes_keeps_every_float_and_every_key_sliced() -> None:
-    from benchmarks.peer_worker import BIGARRAY_BOUND, even_sizes
+    from benchmarks.pushpull_worker import BIGARRAY_BOUND, even_sizes
 
     for total in (25_557_032, 3 * BIGARRAY_BOUND + 7, BIGARRAY_BOUND - 1, 10):
         sizes = [s for (s,) in even_sizes(total)]

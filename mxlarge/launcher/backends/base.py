@@ -9,7 +9,7 @@ share more (:class:`mxlarge.launcher.cluster.DmlcBackend`).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Any, ClassVar, Protocol
 
 from mxlarge.launcher.hostfile import HostEntry
@@ -32,6 +32,7 @@ class Spec(Protocol):
     hostfile: str | None
     host_ip: str | None
     grace: float
+    server_hosts: tuple[str, ...]
 
     @property
     def argv(self) -> tuple[str, ...]: ...
@@ -45,11 +46,16 @@ class LaunchBackend:
 
     def check_spec(self, spec: Spec) -> None:
         """Refuse an option this backend cannot apply (``ValueError`` with the reason)."""
+        if spec.server_hosts:
+            raise ValueError(f"dist.server_hosts = {', '.join(spec.server_hosts)}: expected "
+                             f"none with --launcher {self.name} (server hosts are for the ssh, "
+                             "mpi and slurm launchers; this one runs every process here)")
 
-    def check_hosts(self, hostfile: str | None, workers: int, servers: int
-                    ) -> list[HostEntry] | None:
+    def check_hosts(self, hostfile: str | None, workers: int, servers: int,
+                    server_hosts: Sequence[str] = ()) -> list[HostEntry] | None:
         """The hostfile's lines, checked for this backend before anything starts (``None``:
-        the backend takes no hostfile).
+        the backend takes no hostfile); ``server_hosts`` (``dist.server_hosts``) and the
+        file's ``role=server`` lines are the hosts that run servers only.
 
         Raises:
             ValueError: naming the file and what is missing.

@@ -47,6 +47,7 @@ class LocalBackend(LaunchBackend):
     name = "local"
 
     def check_spec(self, spec: Spec) -> None:
+        super().check_spec(spec)
         if spec.hostfile or spec.host_ip:
             raise ValueError("--hostfile/--host-ip are for cluster launchers")
 

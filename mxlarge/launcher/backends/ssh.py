@@ -26,7 +26,15 @@ from mxlarge.launcher._supervise import Child, exit_code_for
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.environment import SHELL_SAFE
 from mxlarge.launcher.explain import FailureContext, status_words, who
-from mxlarge.launcher.hostfile import HostEntry, hostfile_text, is_ip, listed_hosts
+from mxlarge.launcher.hostfile import (
+    HostEntry,
+    check_server_hosts,
+    hostfile_text,
+    is_ip,
+    listed_hosts,
+    place,
+    with_server_hosts,
+)
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.reach import ssh_silent, unreachable
 from mxlarge.launcher.restart import Elastic, Probe
@@ -82,9 +90,13 @@ class SshBackend(DmlcBackend):
     name = "ssh"
     tool = "ssh"
 
-    def check_hosts(self, hostfile: str | None, workers: int, servers: int
-                    ) -> list[HostEntry]:
-        entries = listed_hosts(hostfile, self.name, colon="port")
+    def check_hosts(self, hostfile: str | None, workers: int, servers: int,
+                    server_hosts: Sequence[str] = ()) -> list[HostEntry]:
+        """The hostfile's lines; with server hosts, one line per process as dmlc reads them
+        (each server's, then each worker's: :func:`~mxlarge.launcher.hostfile.place`), so that
+        dmlc's line i mod L is process i's own host."""
+        entries = with_server_hosts(listed_hosts(hostfile, self.name, colon="port"),
+                                    server_hosts, str(hostfile))
         # dmlc exports each line's host as DMLC_NODE_HOST, and ps-lite hands that to ZeroMQ's
         # bind, which takes addresses and interface names but does no DNS ("bind failed").
         named = [e.host for e in entries if not is_ip(e.host)]
@@ -93,13 +105,19 @@ class SshBackend(DmlcBackend):
                 f"hostfile {hostfile}: the ssh launcher needs IP addresses, not names "
                 f"({', '.join(sorted(set(named)))}): dmlc passes each host to ps-lite as "
                 f"DMLC_NODE_HOST, the address it binds, and that bind does not resolve names")
+        homes = check_server_hosts(entries, servers, str(hostfile))
         # dmlc places servers round-robin from the first line, then workers after them: with at
         # least as many lines as workers, each worker gets a line of its own.
-        if len(entries) < workers:
+        lines = [e for e in entries if not e.server]
+        if len(lines) < workers:
             raise ValueError(
-                f"hostfile {hostfile} lists {len(entries)} host(s) but {workers} workers need "
-                f"at least {workers} lines (repeat a line to put several workers on one host)")
-        return entries
+                f"hostfile {hostfile} lists {len(lines)} {'worker ' if homes else ''}host(s) "
+                f"but {workers} workers need at least {workers} lines (repeat a line to put "
+                f"several workers on one host)")
+        if not homes:
+            return entries
+        server_lines, worker_lines = place(entries, servers, workers)
+        return server_lines + worker_lines
 
     def elastic(self, world: World, servers: int, lines: list[HostEntry] | None,
                 min_workers: int, local_lost: str | None) -> Elastic:

@@ -15,8 +15,10 @@ each with its own trainer on the job's store, in interleaved rounds:
 Both apply the same update (SGD η, m, λ on every tensor, constant η), so their weights stay
 equal and every round runs both on the same values. Each step is timed in two parts with
 ``mx.nd.waitall()`` between them, nothing overlapping: forward+backward (from the forward's
-first operator to the last gradient written), then ``trainer.step`` to its end. A round's
-figure per mode is the median over its steps. Prints one ``BENCH_RESULT`` JSON line.
+first operator to the last gradient written), then ``trainer.step`` to its end. In a round the
+two trainers' steps alternate step by step (the pair's order reversed every other step), so
+both see the same moments of a shared machine; a round's figure per mode is the median over
+its steps. Prints one ``BENCH_RESULT`` JSON line.
 """
 from __future__ import annotations
 
@@ -26,14 +28,7 @@ import time
 
 import mxnet as mx
 
-from benchmarks.common import (
-    KEY_STRIDE,
-    OffsetKV,
-    emit_progress,
-    emit_result,
-    interleave,
-    worker_main,
-)
+from benchmarks.common import KEY_STRIDE, OffsetKV, emit_progress, emit_result, worker_main
 from benchmarks.models import build_net, synthetic_batches
 
 MODES = ("gluon", "mxlarge")
@@ -98,12 +93,16 @@ def work(opts: argparse.Namespace) -> None:
         fb[mode].append(t1 - t0)
         cu[mode].append(time.perf_counter() - t1)
 
-    def timed(mode: str) -> float:
+    def round_(r: int) -> dict[str, float]:
+        """One round: the modes' steps interleaved step by step, the pair's order reversed every
+        other step (each pair ~2 steps apart in time: a loaded machine's bursts hit both)."""
         kv._barrier()
-        start = len(fb[mode])
+        start = {m: len(fb[m]) for m in MODES}
         for s in range(opts.steps):  # both modes: the same batches in the same order
-            split_step(mode, s)
-        return statistics.median(fb[mode][start:])
+            for mode in (MODES if (r + s) % 2 == 0 else MODES[::-1]):
+                split_step(mode, s)
+        emit_progress()
+        return {m: statistics.median(fb[m][start[m]:]) for m in MODES}
 
     for mode in MODES:  # warm-up: graph, static allocation, optimizer states
         for s in range(3):
@@ -111,8 +110,8 @@ def work(opts: argparse.Namespace) -> None:
     for mode in MODES:
         fb[mode].clear()
         cu[mode].clear()
-    t = interleave({m: (lambda m=m: timed(m)) for m in MODES}, opts.reps,
-                   progress=emit_progress)
+    rounds = [round_(r) for r in range(opts.reps)]
+    t = {m: [x[m] for x in rounds] for m in MODES}
     # the same update on the same graph: the weights must still agree
     diff = max(float(np.abs(a.data().asnumpy() - b.data().asnumpy()).max())
                for a, b in zip(nets["gluon"].collect_params().values(),

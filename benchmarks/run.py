@@ -90,7 +90,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
             reps=rb, log=log, bar=bar)),
         "wire16": (2 * len(wire16.CONFIGS) * rt, lambda log, bar: wire16.run(
             reps=rt, log=log, bar=bar)),
-        "fwd_bwd": (2 * len(fwd_bwd.NETS) * r1, lambda log, bar: fwd_bwd.run(
+        "fwd_bwd": (len(fwd_bwd.NETS) * r1, lambda log, bar: fwd_bwd.run(
             reps=r1, log=log, bar=bar)),
     }
 

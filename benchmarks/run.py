@@ -43,6 +43,7 @@ TITLES = {
     "update_kernels": "11. The optimizer update alone (mxlarge vs Gluon's SGD)",
     "amp_cost": "12. A bfloat16 AMP step vs a float32 step on this CPU",
     "wire16": "13. The 16-bit wire's exchange vs float32's on a shaped testbed link",
+    "fwd_bwd": "14. Forward+backward of the same graph: mxlarge.Trainer vs gluon.Trainer",
 }
 #: Run only when named in ``--only`` (``make bench-cluster``): needs root and the testbed.
 ON_REQUEST = frozenset({"cluster_link", "wire16"})
@@ -56,6 +57,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         cluster_link,
         compression,
         dist_step,
+        fwd_bwd,
         gns_cost,
         heartbeat_cost,
         input_pipeline,
@@ -88,6 +90,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
             reps=rb, log=log, bar=bar)),
         "wire16": (2 * len(wire16.CONFIGS) * rt, lambda log, bar: wire16.run(
             reps=rt, log=log, bar=bar)),
+        "fwd_bwd": (len(fwd_bwd.NETS) * r1, lambda log, bar: fwd_bwd.run(
+            reps=r1, log=log, bar=bar)),
     }
 
 

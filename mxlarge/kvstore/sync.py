@@ -5,17 +5,13 @@ every worker runs the same updater on the identical pulled sum, so the replicas 
 Every collective is an exact *gather* (rank r writes its vector into slot r of a zero buffer),
 summed locally in rank order, so it is the same on every rank and under 2-bit compression.
 
-The MXNet 1.9.1 traps this module exists for: an unknown store name silently gives a local
-store (validated first); Gluon's lazy init races the first push (every key is initialised and
-pulled, and waited for, before any gradient exists; a deferred parameter at its
-initialisation); a CPU push keeps the pushed array as the receive buffer (non-gradients are
-pushed as copies); compression applies to every push and a second dist store hangs (one store
-per process, gathers that survive compression); and MXNet's exit skips queued pushes
-(:mod:`mxlarge.kvstore.shutdown`). Gradients travel fused in buckets whose members' gradient
-arrays are views of the bucket's buffer (:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per
-key, optionally as float16 summed in float32 by the servers (the 16-bit wire: per element
-within 2⁻¹¹·(Σ|x| + |Σx|) + (k+1)·2⁻²⁵ of the exact sum). The measurements and the longer why:
-docs/design/sync.md.
+MXNet 1.9.1's traps met here (docs/design/sync.md says why and how): unknown store names
+(validated first), lazy init racing the first push (every key initialised and pulled first), a
+CPU push keeping the pushed array (non-gradients pushed as copies), compression on every push, a
+second dist store hanging, and queued pushes skipped at exit (:mod:`mxlarge.kvstore.shutdown`).
+Gradients travel fused in buckets whose members are views of the bucket's buffer
+(:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per key, optionally as float16 summed in float32
+by the servers (per element within 2⁻¹¹·(Σ|x| + |Σx|) + (k+1)·2⁻²⁵ of the exact sum).
 
 Keys: parameter ``i`` uses int key ``i``; its float16 wire key (lone float32 gradients under the
 16-bit wire) is ``WIRE_KEY + i``; BN-statistic reductions use ``STAT_KEY + i``; bucket ``b`` uses
@@ -73,11 +69,9 @@ def live_dist_store() -> mx.kv.KVStore | None:
 
 
 def create(kind: str) -> mx.kv.KVStore:
-    """``mx.kv.create`` after validating the type (the rank and world size come from it).
-
-    A dist store the process already has (e.g. a script's own ``kv = mx.kv.create('dist_sync')``
-    for its rank and size) is returned instead of a second one: MXNet 1.9.1 hangs in the second
-    store's start-up barrier.
+    """``mx.kv.create`` after validating the type; a dist store the process already has (a
+    script's own ``mx.kv.create('dist_sync')``) is returned instead: MXNet 1.9.1 hangs in a
+    second store's start-up barrier.
 
     Raises:
         InputError: a dist store outside a launched job (MXNet would abort with a long C++

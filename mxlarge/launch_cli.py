@@ -360,8 +360,14 @@ class _Record:
 
     def outcome(self, outcome: Outcome) -> None:
         """The end tags: the hosts, and on failure the message, the failed process's tags
-        (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`), the step, and its last lines
-        as the artifact ``failure/<name>.log``."""
+        (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`), ``failed_step`` (the last
+        completed step, :func:`~mxlarge.launcher.outcome.last_completed_step`, or the run's
+        last logged step if later, so that no metric lies beyond it), its evidence as the
+        artifact ``failure/<name>.log`` and every process's as ``failure/job.log``
+        (:func:`~mxlarge.launcher.outcome.failure_log`,
+        :func:`~mxlarge.launcher.outcome.job_log`)."""
+        from mxlarge.launcher.outcome import failure_log, job_log, last_completed_step
+
         if self.hosts:
             self.end_tags["hosts"] = ",".join(self.hosts)
         if outcome.exit_code == 0:
@@ -370,11 +376,14 @@ class _Record:
         failed = outcome.failure
         if failed is not None:  # incl. the "launcher": e.g. scancel's SIGTERM
             self.end_tags.update(failed.tags())
-        if outcome.step is not None:
-            self.end_tags["failed_step"] = str(outcome.step)
+        steps = [s for s in (last_completed_step(outcome),
+                             self.run.last_step() if self.run is not None else None)
+                 if s is not None]
+        if steps:
+            self.end_tags["failed_step"] = str(max(steps))
         if self.run is not None and outcome.reason is not None and failed is not None:
-            head = f"# {outcome.message}; its last {len(failed.output)} line(s) of output:"
-            self.run.log_text("\n".join([head, *failed.output]) + "\n",
-                              f"failure/{failed.name}.log")
+            self.run.log_text(failure_log(outcome), f"failure/{failed.name}.log")
+        if self.run is not None and outcome.tails:
+            self.run.log_text(job_log(outcome), "failure/job.log")
         if outcome.reason == "stalled":
             self.end_tags.update(failure="stalled", failure_detail=outcome.message)

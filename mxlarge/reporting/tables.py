@@ -56,7 +56,7 @@ def _ratio(row: LabelRow, value: float | None, fmt: str) -> str:
 def markdown_table(summary: Summary) -> str:
     """The per-label table (GitHub markdown)."""
     head = ("| label | workers | global batch | peak LR | seeds | final error % (mean ± std) "
-            "| epochs to target | train s to target | images/s | speedup | efficiency "
+            "| epochs to target | train s to target | images/s (median) | speedup | efficiency "
             "| conv.-adjusted speedup |")
     lines = [head, "|" + "---|" * 12]
     for r in summary.rows:
@@ -116,8 +116,9 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "`train_seconds` at its end (training steps only: evaluation, start-up and logging "
            "are excluded); mean ± sample std over seeds, shown only if every seed reached the "
            "target, else \"not reached\".",
-           "- **images/s**: per run, the median over epochs of `perf/images_per_sec` (the sum "
-           "of every worker's own measured rate); mean over seeds.",
+           "- **images/s (median)**: per run, the median over epochs of `perf/images_per_sec` "
+           "(the sum of every worker's own measured rate), which the run logs as "
+           "`perf/images_per_sec_median`; mean over seeds.",
            "- **speedup** = images/s ÷ images/s of the 1-worker run (param `plan.workers` = 1) of "
            "the same config (all params equal except world size, store, seed and logging); "
            "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
@@ -130,7 +131,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
         out += [f"**Warning**: labels whose seeds ran different configs (params other than "
                 f"the seed, world size and logging differ): {', '.join(mixed)}.", ""]
     out += ["## Runs", "", "| label | seed | run | final error % | best accuracy "
-            "| epoch to target | train s to target | images/s |", "|" + "---|" * 8]
+            "| epoch to target | train s to target | images/s (median) |", "|" + "---|" * 8]
     for r in runs:
         fe = run_final_error(r.rows)
         best = best_accuracy(r.rows)

@@ -18,8 +18,9 @@ passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``
 FINISHED or FAILED by the job's exit status (:meth:`~mxlarge.tracking.OpenRun.close`), with
 the failure as tags (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`: ``failed_role``,
 ``failed_kvstore_rank``, ``failed_launch_index``, ``failed_host``, ``failed_status``; and
-``failed_step``) and the failed process's last lines of output as the artifact
-``failure/<role>-<kvstore rank>.log`` (``<role>-launch<index>`` while the rank is not known).
+``failed_step``), the failed process's evidence as the artifact
+``failure/<role>-<kvstore rank>.log`` (``<role>-launch<index>`` while the rank is not known)
+and every process's as ``failure/job.log`` (:meth:`_Record.outcome`).
 
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run

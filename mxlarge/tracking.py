@@ -15,19 +15,21 @@ the parent.
 
 What a run holds, as the MLflow UI shows it (:func:`run_url` is its page in the training view):
 
-* name (``mlflow.runName``): what tells runs apart first, ``label · K×n · seed S`` (label: the
-  sweep label, else the config's ``name``; K×n: gradient contributors × images each);
+* name (``mlflow.runName``): what tells runs apart first, ``sS · label · K×n`` (label: the
+  sweep label, else the config's ``name``; K×n: gradient contributors × images each); the
+  experiment's shared runs view (:func:`share_runs_view`) opens the list with metric columns;
   description (``mlflow.note.content``): the plan as a table (:func:`describe_run`);
-* params: the config keys that apply to its dataset and model (``config.applies``; ``name`` is
-  the run name instead), ``tracking.uri`` as resolved, paths inside the repository relative to
+* params: the config keys that take effect (:func:`takes_effect`; ``name`` is the run name
+  instead), ``tracking.uri`` as resolved, paths inside the repository relative to
   it, the plan's derived numbers as ``plan.*`` and the built net's facts as ``net.*``;
 * metrics in sections by prefix (``train/``, ``val/``, ``perf/``, ``gns/``, MLflow's own
-  ``system/`` on rank 0; the names are :mod:`mxlarge.hooks`'), ``train/lr`` from step 0 and
+  ``system/`` on rank 0 every 2 s with the job's processes as ``system/job_*``
+  (:class:`JobMonitor`); the names are :mod:`mxlarge.hooks`'), ``train/lr`` from step 0 and
   ``train/samples`` (images seen) at every logged step, ``val/best_accuracy`` and
   ``val/final_error`` (:func:`mxlarge.stats.final_error`) at every evaluation;
-* the model as an MLflow logged model (``python_function`` flavour over ``net.export``'s files,
-  :mod:`mxlarge.gluon_pyfunc`, with a signature and an input example); :func:`load` reads it
-  back as a ``gluon.SymbolBlock``.
+* the model as an MLflow logged model named after the run (:func:`model_name`;
+  ``python_function`` flavour over ``net.export``'s files, :mod:`mxlarge.gluon_pyfunc`, with a
+  signature and an input example); :func:`load` reads it back as a ``gluon.SymbolBlock``.
 
 A job's run is a :class:`RunHandle` (store URI + run id), passed down as a value: whoever opens
 a run ends it. Which run a process logs into is decided in one function, :func:`open_run` (the

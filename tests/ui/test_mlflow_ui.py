@@ -177,9 +177,11 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
 @pytest.mark.timeout(900)
 def test_the_sweep_parent_compares_its_labels_with_real_numbers(served):
     port, c, ids, tmp = served
-    for label, cell in zip(("base", "big"), ids["cells"]):
-        page = _page(port, f"experiments/{ids['exp']}/runs/{cell}?{VIEW}", tmp / f"{label}.txt")
-        assert f"s0 · {label} · 1×" in page
+    names = [c.get_run(cell).data.tags["mlflow.runName"] for cell in ids["cells"]]
+    assert names == ["s0 · base · 1×64", "s0 · big · 1×128"]
+    page = _page(port, f"experiments/{ids['exp']}/runs/{ids['cells'][1]}?{VIEW}",
+                 tmp / "big.txt")
+    assert names[1] in page and "Parent run sweep ui" in page
     parent = c.get_run(ids["parent"])
     assert parent.data.tags["sweep_labels"] == "base, big"  # the labels that ran
     assert "" not in parent.data.params.values() and "sweep.labels" not in parent.data.params

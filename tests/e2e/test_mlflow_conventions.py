@@ -74,7 +74,8 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
     # the training view's URL, with the command that serves it
     assert (f"MLflow run {rid}: http://127.0.0.1:5000/#/experiments/{exp}/runs/{rid}"
             f"?workflowType=machine_learning (serve it with: mlflow ui --backend-store-uri "
-            f"{mlflow_uri})") in r.stdout
+            f"{mlflow_uri}; runs list: http://127.0.0.1:5000/#/experiments/{exp}/runs"
+            "?viewStateShareKey=mxlarge&workflowType=machine_learning)") in r.stdout
     plan = plan_for(load_config(BASELINE, args))
     assert tags["mlflow.runName"] == "s0 · digits-baseline · 1×64"
     note = tags["mlflow.note.content"]

@@ -273,6 +273,10 @@ def run_launch(job: Launch) -> int:
           f"{job.plan.total_steps} steps", flush=True)
     record = _Record(run)
     ok = False
+    sampler = None
+    if run is not None and job.spec.launcher == "local":  # this machine is the job's machine
+        run.tag({tracking.SAMPLED_BY: "launcher"})
+        sampler = tracking.system_metrics(run, os.getpid())
     try:
         try:
             outcome = job.restarts.run(lambda attempt: _run_attempt(job, attempt, record),
@@ -288,6 +292,8 @@ def run_launch(job: Launch) -> int:
             print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
         return outcome.exit_code
     finally:
+        if sampler is not None:
+            sampler.finish()
         if opened is not None:
             opened.close(ok, record.end_tags)
             if opened.owned:

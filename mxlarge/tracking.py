@@ -64,6 +64,7 @@ from typing import Any
 
 import mlflow
 from mlflow.system_metrics.metrics.base_metrics_monitor import BaseMetricsMonitor
+from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 from mlflow.tracking import MlflowClient
 
 from mxlarge.config import Config, applies, dump_yaml, flatten
@@ -384,16 +385,16 @@ class RunHandle:
             else:
                 c.log_artifact(self.run_id, str(p), under)
 
-    def log_images(self, paths: Sequence[str | Path], step: int = 0) -> None:
-        """PNGs as MLflow images (key: the file's stem, at ``step``), which the run's Model
-        metrics tab shows beside its charts (the artifacts view shows the files too)."""
+    def log_images(self, paths: Sequence[str | Path], section: str, step: int = 0) -> None:
+        """PNGs as MLflow images (key: ``section/`` + the file's stem, at ``step``), which the
+        run's Model metrics tab shows in the section ``section`` beside its charts."""
         from PIL import Image
 
         c = client(self.uri)
         for p in paths:
             with Image.open(p) as image:
-                c.log_image(self.run_id, image.convert("RGB"), key=Path(p).stem, step=step,
-                            synchronous=True)
+                c.log_image(self.run_id, image.convert("RGB"), key=f"{section}/{Path(p).stem}",
+                            step=step, synchronous=True)
 
     def log_text(self, text: str, path: str) -> None:
         """``text`` as the artifact ``path`` (e.g. ``failure/worker-1.log``)."""
@@ -522,7 +523,9 @@ class MLflowHook(Hook):
     the per-step series only (its epoch mean would draw the same curve again).
     ``val/best_accuracy`` and ``val/final_error`` cover every evaluation of the run, those
     before a resume included (read back from the store). ``example`` (a float32 batch of
-    inputs) is the logged model's input example.
+    inputs) is the logged model's input example. The system metrics are sampled here
+    (:func:`system_metrics`) unless a local launcher does it for the whole job (tag
+    :data:`SAMPLED_BY`); ``launched``: the job's processes are those under this worker's parent.
     """
 
     stage = REPORT
@@ -539,13 +542,12 @@ class MLflowHook(Hook):
         self.val_errors: list[float] = []
         self.throughputs: list[float] = []
         self.monitor: Any = None
-        self.started = time.monotonic()
 
     def _axis(self, loop: Any, step: int) -> dict[str, float]:
         return {"train/lr": loop.trainer.lr_at(step), "train/samples": step * self.global_batch}
 
     def before_train(self, loop: Any) -> None:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        import psutil
 
         self.run.log_params({f"net.{k}": v for k, v in self.net_facts.items()})
         with tempfile.TemporaryDirectory() as tmp:
@@ -560,15 +562,10 @@ class MLflowHook(Hook):
                             if s <= loop.step]
         if loop.step == 0:  # a resumed run logged its step at the end of the epoch before
             self.run.log_metrics(self._axis(loop, 0), 0)
-        # MLflow's own sampler (CPU, memory, disk, network, GPUs), resuming a resumed run's steps,
-        # with the job's own processes beside the machine's (JobMonitor)
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its INFO chatter
-        self.monitor = SystemMetricsMonitor(self.run.run_id, tracking_uri=self.run.uri,
-                                            resume_logging=True,
-                                            sampling_interval=SAMPLE_EVERY[0])
-        self.monitor.monitors.append(JobMonitor(self.launched))
-        self.started = time.monotonic()
-        self.monitor.start()
+        if self.run.tags().get(SAMPLED_BY) != "launcher":  # a local launcher samples the job
+            me = psutil.Process()
+            self.monitor = system_metrics(self.run, (me.parent() or me).pid if self.launched
+                                          else me.pid)
 
     def after_step(self, loop: Any, out: StepOutput) -> None:
         metrics = dict(out.metrics)
@@ -589,9 +586,6 @@ class MLflowHook(Hook):
             self.throughputs.append(metrics["perf/images_per_sec"])
             out["perf/images_per_sec_median"] = statistics.median(self.throughputs)
         self.run.log_metrics(out, loop.step)
-        if (time.monotonic() - self.started > SAMPLE_EVERY[2] and self.monitor is not None
-                and self.monitor.sampling_interval == SAMPLE_EVERY[0]):
-            self.monitor.sampling_interval = SAMPLE_EVERY[1]  # a long run: fewer points
 
     def after_train(self, loop: Any, error: BaseException | None) -> None:
         try:
@@ -614,27 +608,54 @@ class MLflowHook(Hook):
 
 
 # System metrics every 2 s (a 40-s run draws a curve), every 10 s (MLflow's default) once the
-# run has trained for 5 minutes; $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL (MLflow's) wins.
+# sampler has run 5 minutes; $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL (MLflow's) wins.
 SAMPLE_EVERY = (2.0, 10.0, 300.0)
+# The run tag saying who samples the system metrics ("launcher": a local launcher, for the whole
+# job, from before its processes start; else rank 0's MLflowHook, for its training).
+SAMPLED_BY = "system_metrics_by"
+
+
+class _Sampler(SystemMetricsMonitor):
+    """MLflow's sampler (CPU, memory, disk, network, GPUs of this machine), switching from
+    every ``SAMPLE_EVERY[0]`` to every ``SAMPLE_EVERY[1]`` seconds after ``SAMPLE_EVERY[2]``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = time.monotonic()
+
+    def collect_metrics(self) -> dict[str, Any]:
+        if (self.sampling_interval == SAMPLE_EVERY[0]
+                and time.monotonic() - self.started > SAMPLE_EVERY[2]):
+            self.sampling_interval = SAMPLE_EVERY[1]  # a long run: fewer points
+        return super().collect_metrics()
+
+
+def system_metrics(run: RunHandle, root: int) -> SystemMetricsMonitor:
+    """A started sampler of the run's ``system/`` metrics: MLflow's (resuming a resumed run's
+    steps) and the job's processes, those of the process tree under ``root``
+    (:class:`JobMonitor`); ``.finish()`` stops it."""
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its INFO chatter
+    sampler = _Sampler(run.run_id, tracking_uri=run.uri, resume_logging=True,
+                       sampling_interval=SAMPLE_EVERY[0])
+    sampler.monitors.append(JobMonitor(root))
+    sampler.start()
+    return sampler
 
 
 class JobMonitor(BaseMetricsMonitor):
     """The job's own processes on this machine, beside MLflow's machine-wide numbers:
     ``system/job_cpu_utilization_percentage`` (Σ over the processes of their CPU time per
     wall second × 100, so 200 = two cores busy), ``system/job_memory_usage_megabytes`` (Σ
-    resident set sizes) and ``system/job_processes``.
+    resident set sizes) and ``system/job_processes``: process ``root`` and every process under
+    it (a local launcher: itself, the scheduler, servers and workers; a cluster job's worker:
+    the process on its host that started it; ``mxlarge train``: itself)."""
 
-    The processes: a launched worker's parent and everything under it (a local job's launcher:
-    its scheduler, servers and workers; a cluster job's process on this host that started the
-    worker), else this process and its children."""
-
-    def __init__(self, launched: bool) -> None:
+    def __init__(self, root: int) -> None:
         import psutil
 
         super().__init__()
         self._psutil = psutil
-        me = psutil.Process()
-        self.root = (me.parent() or me) if launched else me
+        self.root = psutil.Process(root)
         self._seen: dict[int, Any] = {}  # pid -> psutil.Process (cpu_percent needs the same one)
 
     def collect_metrics(self) -> None:

@@ -100,7 +100,7 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                       for r in used}},
             indent=2, default=str))
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
-        run.log_images([out / i for i in images])  # on the Model metrics tab, by the charts
+        run.log_images([out / i for i in images], "report")  # on the Model metrics tab
         run.tag({"mlflow.note.content": parent_description(name, summary)})
         run.log_metrics(label_metrics(summary, used), 0)
         ok = True

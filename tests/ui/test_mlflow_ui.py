@@ -202,8 +202,10 @@ def test_the_sweep_parent_compares_its_labels_with_real_numbers(served):
     # one section holds the comparison; the report's plots beside it as images
     assert re.search(r"compare \(\d+\) Add chart", charts), charts[:3000]
     assert not re.search(r"\b(base|big) \(\d+\) Add chart", charts)  # no section per label
-    for image in ("val_error", "final_error_vs_batch", "loss_lr"):
-        assert image in charts, image
+    assert "report (3) Add chart" in charts  # its 3 images: the report's plots
+    images = {a.path for a in c.list_artifacts(ids["parent"], "images")}
+    for plot in ("val_error", "final_error_vs_batch", "loss_lr"):
+        assert any(f"report~{plot}" in x for x in images), (plot, images)
 
 
 @pytest.mark.timeout(900)

@@ -169,8 +169,9 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     # the runs list opens with the metric columns that matter (MLflow's shared view)
     listed = _page(port, f"experiments/{ids['exp']}/runs?viewStateShareKey=mxlarge&{VIEW}",
                    tmp / "runs.txt")
-    for column in ("val/final_error", "val/best_accuracy", "perf/images_per_sec_median"):
-        assert column in listed, column
+    assert "You're viewing a shared view" in listed
+    assert ("Metrics Duration perf/images_per_sec_median train/loss val/best_accuracy "
+            "val/final_error") in listed  # the columns' header (MLflow sorts them by name)
     assert "sweep ui" in listed and names[1] in listed
 
 

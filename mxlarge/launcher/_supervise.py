@@ -394,11 +394,12 @@ EVIDENCE_LINES = 20
 
 
 def evidence(outcome: Outcome, sup: Supervisor, watchdog: Watchdog | None) -> Outcome:
-    """A failed ``outcome`` with what the launcher saw when it failed: every worker's last
-    heartbeat (:class:`~mxlarge.launcher.outcome.Beat`) and every process's last
-    :data:`EVIDENCE_LINES` lines (:class:`~mxlarge.launcher.outcome.Tail`), for the run's
-    failure artifact; a success is returned as it is."""
-    if outcome.exit_code == 0:
+    """A failed ``outcome`` (a crash or a stall) with what the launcher saw when it failed:
+    every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.Beat`) and every
+    process's last :data:`EVIDENCE_LINES` lines (:class:`~mxlarge.launcher.outcome.Tail`), for
+    the run's failure artifacts; any other outcome (a success, an interrupted launcher) is
+    returned as it is."""
+    if outcome.reason is None:
         return outcome
     beats: tuple[Beat, ...] = ()
     if watchdog is not None:

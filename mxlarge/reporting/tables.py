@@ -45,12 +45,16 @@ def _reached(values: Sequence[float | None], digits: int) -> str:
     return _pm(all_reached(values), digits=digits)
 
 
-def _ratio(row: LabelRow, value: float | None, fmt: str) -> str:
+def _ratio(row: LabelRow, value: float | None, fmt: str, said: bool = False) -> str:
+    """``value`` against the label's reference (``said``: naming it), "ref." for the reference
+    itself."""
     if row.reference is None:
         return "n/a (no 1-worker run)"
     if row.reference == row.label:
         return "ref."
-    return fmt.format(value) if value is not None else "n/a"
+    if value is None:
+        return "n/a"
+    return fmt.format(value) + (f" vs {row.reference}" if said else "")
 
 
 def markdown_table(summary: Summary) -> str:
@@ -74,7 +78,8 @@ def markdown_table(summary: Summary) -> str:
             f"| {f'{r.peak_lr:.4g}' if r.peak_lr is not None else 'mixed'} | {seeds} | {err} "
             f"| {_reached(r.epochs_to_target, 1)} | {_reached(r.seconds_to_target, 1)} "
             f"| {f'{r.images_per_sec:.0f}' if r.images_per_sec is not None else 'n/a'} "
-            f"| {_ratio(r, r.speedup, '{:.2f}×')} | {_ratio(r, r.efficiency, '{:.0%}')} "
+            f"| {_ratio(r, r.speedup, '{:.2f}×', said=True)} "
+            f"| {_ratio(r, r.efficiency, '{:.0%}')} "
             f"| {_ratio(r, r.conv_speedup, '{:.2f}×')} |")
     return "\n".join(lines)
 

@@ -281,8 +281,8 @@ def ui_hint(uri: str, run_id: str) -> str:
 
 # MLflow's shared view of an experiment's runs list: the experiment tag
 # `mlflow.sharedViewState.<key>` holds the view as JSON and the list's URL names it as
-# `viewStateShareKey` (MLflow 3's "Share" button writes the same). The columns a user compares
-# first: quality, then throughput.
+# `viewStateShareKey` (the mechanism of the UI's own "Share" of a view; it reads plain JSON
+# there, tests/ui shows the columns). The columns a user compares first: quality, throughput.
 RUNS_VIEW = "mxlarge"
 RUNS_COLUMNS = ("val/final_error", "val/best_accuracy", "perf/images_per_sec_median",
                 "train/loss")

@@ -173,6 +173,11 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     assert ("Metrics Duration perf/images_per_sec_median train/loss val/best_accuracy "
             "val/final_error") in listed  # the columns' header (MLflow sorts them by name)
     assert "sweep ui" in listed and names[1] in listed
+    # the Models page: each logged model named after its run
+    models = _page(port, f"experiments/{ids['exp']}/models?{VIEW}", tmp / "models.txt")
+    for name in ("s0-digits-largebatch-2x128", "s1-digits-largebatch-2x128", "s0-base-1x64",
+                 "s0-big-1x128"):
+        assert name in models, name
 
 
 @pytest.mark.timeout(900)

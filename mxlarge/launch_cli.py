@@ -274,7 +274,7 @@ def run_launch(job: Launch) -> int:
     record = _Record(run)
     ok = False
     sampler = None
-    if run is not None and job.spec.launcher == "local":  # this machine is the job's machine
+    if run is not None and job.backend.on_this_machine:
         run.tag({tracking.SAMPLED_BY: "launcher"})
         sampler = tracking.system_metrics(run, os.getpid())
     try:

@@ -45,6 +45,7 @@ class LocalBackend(LaunchBackend):
     """``--launcher local``."""
 
     name = "local"
+    on_this_machine = True
 
     def check_spec(self, spec: Spec) -> None:
         if spec.hostfile or spec.host_ip:

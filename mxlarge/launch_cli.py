@@ -18,8 +18,9 @@ passed to every worker as ``--run-id`` with the store in ``MLFLOW_TRACKING_URI``
 FINISHED or FAILED by the job's exit status (:meth:`~mxlarge.tracking.OpenRun.close`), with
 the failure as tags (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`: ``failed_role``,
 ``failed_kvstore_rank``, ``failed_launch_index``, ``failed_host``, ``failed_status``; and
-``failed_step``) and the failed process's last lines of output as the artifact
-``failure/<role>-<kvstore rank>.log`` (``<role>-launch<index>`` while the rank is not known).
+``failed_step``), the failed process's evidence as the artifact
+``failure/<role>-<kvstore rank>.log`` (``<role>-launch<index>`` while the rank is not known)
+and every process's as ``failure/job.log`` (:meth:`_Record.outcome`).
 
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run
@@ -279,6 +280,10 @@ def run_launch(job: Launch) -> int:
           f"{job.plan.total_steps} steps", flush=True)
     record = _Record(run)
     ok = False
+    sampler = None
+    if run is not None and job.backend.on_this_machine:
+        run.tag({tracking.SAMPLED_BY: "launcher"})
+        sampler = tracking.system_metrics(run, os.getpid())
     try:
         try:
             outcome = job.restarts.run(lambda attempt: _run_attempt(job, attempt, record),
@@ -294,6 +299,8 @@ def run_launch(job: Launch) -> int:
             print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
         return outcome.exit_code
     finally:
+        if sampler is not None:
+            sampler.finish()
         if opened is not None:
             opened.close(ok, record.end_tags)
             if opened.owned:
@@ -367,8 +374,14 @@ class _Record:
 
     def outcome(self, outcome: Outcome) -> None:
         """The end tags: the hosts, and on failure the message, the failed process's tags
-        (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`), the step, and its last lines
-        as the artifact ``failure/<name>.log``."""
+        (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`), ``failed_step`` (the last
+        completed step, :func:`~mxlarge.launcher.outcome.last_completed_step`, or the run's
+        last logged step if later, so that no metric lies beyond it), its evidence as the
+        artifact ``failure/<name>.log`` and every process's as ``failure/job.log``
+        (:func:`~mxlarge.launcher.outcome.failure_log`,
+        :func:`~mxlarge.launcher.outcome.job_log`)."""
+        from mxlarge.launcher.outcome import failure_log, job_log, last_completed_step
+
         if self.hosts:
             self.end_tags["hosts"] = ",".join(self.hosts)
         if outcome.exit_code == 0:
@@ -377,11 +390,14 @@ class _Record:
         failed = outcome.failure
         if failed is not None:  # incl. the "launcher": e.g. scancel's SIGTERM
             self.end_tags.update(failed.tags())
-        if outcome.step is not None:
-            self.end_tags["failed_step"] = str(outcome.step)
+        steps = [s for s in (last_completed_step(outcome),
+                             self.run.last_step() if self.run is not None else None)
+                 if s is not None]
+        if steps:
+            self.end_tags["failed_step"] = str(max(steps))
         if self.run is not None and outcome.reason is not None and failed is not None:
-            head = f"# {outcome.message}; its last {len(failed.output)} line(s) of output:"
-            self.run.log_text("\n".join([head, *failed.output]) + "\n",
-                              f"failure/{failed.name}.log")
+            self.run.log_text(failure_log(outcome), f"failure/{failed.name}.log")
+        if self.run is not None and outcome.tails:
+            self.run.log_text(job_log(outcome), "failure/job.log")
         if outcome.reason == "stalled":
             self.end_tags.update(failure="stalled", failure_detail=outcome.message)

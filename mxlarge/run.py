@@ -200,7 +200,8 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
                      **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
             example, _ = next(iter(data.val.batches(2)))  # the logged model's input example
             hooks.append(tracking.MLflowHook(cfg, run, facts, cfg.train.log_every,
-                                             p.global_batch, example.asnumpy()))
+                                             p.global_batch, example.asnumpy(),
+                                             launched=heartbeat_dir is not None))
         else:
             hooks.append(tracking.RankThroughputHook(run))
     gns = None

@@ -382,15 +382,16 @@ def summary_line(o: CellOutcome, total: int) -> str:
 
 
 def parent_params(sweep: Sweep) -> dict[str, str]:
-    """The sweep parent's params: the sweep file (relative to the repository) and its grid."""
+    """The sweep parent's params: the sweep file (relative to the repository), its mode, seeds,
+    overrides and target that have a value; the labels that ran are the tag ``sweep_labels``."""
     from mxlarge.tracking import shown_path
 
-    return {"sweep.file": shown_path(Path(sweep.source).resolve()), "sweep.mode": sweep.mode,
-            "sweep.labels": ", ".join(r.label for r in sweep.runs),
-            "sweep.seeds": ",".join(map(str, sweep.seeds)),
-            "sweep.overrides": " ".join(sweep.overrides),
-            "sweep.target.reference": sweep.target.reference,
-            "sweep.target.tolerance": str(sweep.target.tolerance)}
+    ref = sweep.target.reference
+    params = {"sweep.file": shown_path(Path(sweep.source).resolve()), "sweep.mode": sweep.mode,
+              "sweep.seeds": ",".join(map(str, sweep.seeds)),
+              "sweep.overrides": " ".join(sweep.overrides), "sweep.target.reference": ref,
+              "sweep.target.tolerance": str(sweep.target.tolerance) if ref else ""}
+    return {k: v for k, v in params.items() if v}
 
 
 def parent_description(sweep: Sweep) -> str:
@@ -435,8 +436,11 @@ def run_sweep(sweep: Sweep, cells: Sequence[Cell],
     finally:
         bar.close()
         ok = len(outcomes) == len(cells) and all(o.status != "FAILED" for o in outcomes)
-        for parent in parents.values():
-            parent.end(ok)
+        for key, parent in parents.items():  # tag: the labels that ran, in any invocation
+            ran = [x for x in parent.tags().get("sweep_labels", "").split(", ") if x] + [
+                o.cell.label for o in outcomes if o.status != "FAILED" and key == (
+                    tracking.tracking_uri(o.cell.cfg), tracking.experiment_name(o.cell.cfg))]
+            parent.end(ok, {"sweep_labels": ", ".join(dict.fromkeys(ran))} if ran else None)
     return outcomes
 
 

@@ -15,19 +15,21 @@ the parent.
 
 What a run holds, as the MLflow UI shows it (:func:`run_url` is its page in the training view):
 
-* name (``mlflow.runName``): what tells runs apart first, ``label · K×n · seed S`` (label: the
-  sweep label, else the config's ``name``; K×n: gradient contributors × images each);
+* name (``mlflow.runName``): what tells runs apart first, ``sS · label · K×n`` (label: the
+  sweep label, else the config's ``name``; K×n: gradient contributors × images each); the
+  experiment's shared runs view (:func:`share_runs_view`) opens the list with metric columns;
   description (``mlflow.note.content``): the plan as a table (:func:`describe_run`);
-* params: the config keys that apply to its dataset and model (``config.applies``; ``name`` is
-  the run name instead), ``tracking.uri`` as resolved, paths inside the repository relative to
+* params: the config keys that take effect (:func:`takes_effect`; ``name`` is the run name
+  instead), ``tracking.uri`` as resolved, paths inside the repository relative to
   it, the plan's derived numbers as ``plan.*`` and the built net's facts as ``net.*``;
 * metrics in sections by prefix (``train/``, ``val/``, ``perf/``, ``gns/``, MLflow's own
-  ``system/`` on rank 0; the names are :mod:`mxlarge.hooks`'), ``train/lr`` from step 0 and
+  ``system/`` on rank 0 every 2 s with the job's processes as ``system/job_*``
+  (:class:`JobMonitor`); the names are :mod:`mxlarge.hooks`'), ``train/lr`` from step 0 and
   ``train/samples`` (images seen) at every logged step, ``val/best_accuracy`` and
   ``val/final_error`` (:func:`mxlarge.stats.final_error`) at every evaluation;
-* the model as an MLflow logged model (``python_function`` flavour over ``net.export``'s files,
-  :mod:`mxlarge.gluon_pyfunc`, with a signature and an input example); :func:`load` reads it
-  back as a ``gluon.SymbolBlock``.
+* the model as an MLflow logged model named after the run (:func:`model_name`;
+  ``python_function`` flavour over ``net.export``'s files, :mod:`mxlarge.gluon_pyfunc`, with a
+  signature and an input example); :func:`load` reads it back as a ``gluon.SymbolBlock``.
 
 A job's run is a :class:`RunHandle` (store URI + run id), passed down as a value: whoever opens
 a run ends it. Which run a process logs into is decided in one function, :func:`open_run` (the
@@ -46,8 +48,11 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import json
 import logging
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +63,8 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+from mlflow.system_metrics.metrics.base_metrics_monitor import BaseMetricsMonitor
+from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 from mlflow.tracking import MlflowClient
 
 from mxlarge.config import Config, applies, dump_yaml, flatten
@@ -161,8 +168,15 @@ def git_commit() -> str:
 
 
 def _experiment_id(c: MlflowClient, name: str) -> str:
+    """The experiment ``name``'s id, created with the shared runs view if new."""
     exp = c.get_experiment_by_name(name)
-    return exp.experiment_id if exp else c.create_experiment(name)
+    if exp is not None:
+        if f"mlflow.sharedViewState.{RUNS_VIEW}" not in exp.tags:  # made by MLflow or before
+            share_runs_view(c, exp.experiment_id)
+        return exp.experiment_id
+    made = c.create_experiment(name)
+    share_runs_view(c, made)
+    return made
 
 
 def shown_path(path: str | Path) -> str:
@@ -177,8 +191,10 @@ def shown_path(path: str | Path) -> str:
 
 
 def run_name(cfg: Config, world: Any, label: str | None = None) -> str:
-    """``label · K×n · seed S``: what differs first between runs (label, world, seed)."""
-    return f"{label or cfg.name} · {world.units}×{world.batch} · seed {cfg.train.seed}"
+    """``sS · label · K×n``: the seed first (what differs between runs of one config, and the
+    runs list shows only a name's first ~20 characters), then the label and the world
+    (gradient contributors × images each)."""
+    return f"s{cfg.train.seed} · {label or cfg.name} · {world.units}×{world.batch}"
 
 
 def describe_run(cfg: Config, plan: Any, source: str | None = None,
@@ -193,10 +209,35 @@ def describe_run(cfg: Config, plan: Any, source: str | None = None,
     return "\n".join(lines)
 
 
+# Config keys that take effect only when another key says so: no `optim.lars_eta` param on a
+# run without LARS. (config.applies handles the dataset- and model-specific keys.)
+TAKES_EFFECT: dict[str, Any] = {
+    "optim.lars_eta": lambda c: c.optim.lars, "optim.lars_lr": lambda c: c.optim.lars,
+    "optim.poly_power": lambda c: c.optim.decay == "poly",
+    "optim.decay_epochs": lambda c: c.optim.decay == "step",
+    "optim.decay_factor": lambda c: c.optim.decay == "step",
+    "optim.warmup_epochs": lambda c: c.optim.warmup != "none",
+    "optim.warmup_lr": lambda c: c.optim.warmup != "none",
+    "train.gns_decay": lambda c: c.train.gns_every > 0,
+    "train.keep_last": lambda c: c.train.checkpoint_every > 0,
+    "train.checkpoint_dir": lambda c: c.train.checkpoint_every > 0,
+    "dist.compression_threshold": lambda c: c.dist.compression != "none",
+}
+
+
+def takes_effect(key: str, value: Any, cfg: Config) -> bool:
+    """Whether config ``key`` = ``value`` is a param of ``cfg``'s run: it applies to the dataset
+    and model (:func:`mxlarge.config.applies`), the keys it depends on enable it
+    (:data:`TAKES_EFFECT`) and it has a value (no None, no empty string or list)."""
+    if key == "name" or value is None or value in ("", (), []):
+        return False
+    return applies(key, cfg) and TAKES_EFFECT.get(key, lambda c: True)(cfg)
+
+
 def run_params(cfg: Config, uri: str, plan: Any) -> dict[str, str]:
     """The params of a training run (module docstring)."""
     params: dict[str, Any] = {k: v for k, v in flatten(cfg).items()
-                              if k != "name" and applies(k, cfg)}
+                              if takes_effect(k, v, cfg)}
     params["tracking.uri"] = uri
     for k, v in params.items():
         if isinstance(v, str) and v.startswith("/"):
@@ -221,12 +262,44 @@ def run_url(uri: str, run_id: str) -> str:
     return f"{base}/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning"
 
 
+def runs_url(uri: str, experiment_id: str) -> str:
+    """The experiment's runs list in the training view with :data:`RUNS_VIEW`'s columns
+    (:func:`share_runs_view`)."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_ADDRESS
+    return (f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={RUNS_VIEW}"
+            "&workflowType=machine_learning")
+
+
 def ui_hint(uri: str, run_id: str) -> str:
-    """``URL`` and, for a local store, the command that serves it."""
+    """``URL`` and, for a local store, the command that serves it; then the runs list's URL."""
     url = run_url(uri, run_id)
+    listed = runs_url(uri, client(uri).get_run(run_id).info.experiment_id)
     if uri.startswith(("http://", "https://")):
-        return url
-    return f"{url} (serve it with: mlflow ui --backend-store-uri {uri})"
+        return f"{url} (runs list: {listed})"
+    return f"{url} (serve it with: mlflow ui --backend-store-uri {uri}; runs list: {listed})"
+
+
+# MLflow's shared view of an experiment's runs list: the experiment tag
+# `mlflow.sharedViewState.<key>` holds the view as JSON and the list's URL names it as
+# `viewStateShareKey` (the mechanism of the UI's own "Share" of a view; it reads plain JSON
+# there, tests/ui shows the columns). The columns a user compares first: quality, throughput.
+RUNS_VIEW = "mxlarge"
+RUNS_COLUMNS = ("val/final_error", "val/best_accuracy", "perf/images_per_sec_median",
+                "train/loss")
+
+
+def share_runs_view(c: MlflowClient, experiment_id: str) -> None:
+    """Tags the experiment with :data:`RUNS_VIEW`: the runs list opening with the metric
+    columns :data:`RUNS_COLUMNS` (:func:`runs_url`)."""
+    view = {"selectedColumns": [f"metrics.`{k}`" for k in RUNS_COLUMNS]}
+    c.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{RUNS_VIEW}", json.dumps(view))
+
+
+def model_name(run_name: str) -> str:
+    """The logged model's name: the run's (``s0 · digits · 2×128`` → ``s0-digits-2x128``), in
+    the characters MLflow allows in one (no ``/ : . % " '``)."""
+    words = re.sub(r"[^A-Za-z0-9_-]+", "-", run_name.replace("×", "x")).strip("-")
+    return words or "model"
 
 
 @dataclass(frozen=True)
@@ -289,6 +362,9 @@ class RunHandle:
         for k, v in tags.items():
             c.set_tag(self.run_id, k, str(v)[:5000])
 
+    def tags(self) -> dict[str, str]:
+        return dict(client(self.uri).get_run(self.run_id).data.tags)
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
         ms = [mlflow.entities.Metric(k, float(v), now, int(step)) for k, v in metrics.items()]
@@ -308,6 +384,17 @@ class RunHandle:
                                                               if x))
             else:
                 c.log_artifact(self.run_id, str(p), under)
+
+    def log_images(self, paths: Sequence[str | Path], section: str, step: int = 0) -> None:
+        """PNGs as MLflow images (key: ``section/`` + the file's stem, at ``step``), which the
+        run's Model metrics tab shows in the section ``section`` beside its charts."""
+        from PIL import Image
+
+        c = client(self.uri)
+        for p in paths:
+            with Image.open(p) as image:
+                c.log_image(self.run_id, image.convert("RGB"), key=f"{section}/{Path(p).stem}",
+                            step=step, synchronous=True)
 
     def log_text(self, text: str, path: str) -> None:
         """``text`` as the artifact ``path`` (e.g. ``failure/worker-1.log``)."""
@@ -331,8 +418,8 @@ class RunHandle:
         output = gluon_pyfunc.GluonModel(export_dir).predict(example)
         c = client(self.uri)
         run = c.get_run(self.run_id)
-        model = c.create_logged_model(run.info.experiment_id, name="model",
-                                      source_run_id=self.run_id, params=run.data.params)
+        model = c.create_logged_model(run.info.experiment_id, name=model_name(
+            run.data.tags.get("mlflow.runName", "")), source_run_id=self.run_id)
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / "model"
             mlflow.pyfunc.save_model(
@@ -344,6 +431,13 @@ class RunHandle:
         c.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
         c.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step)])
         return model.model_id
+
+    def last_step(self) -> int | None:
+        """The last step of the run's training metrics (``train/loss``, ``train/samples``),
+        None before any."""
+        steps = [step for key in ("train/loss", "train/samples")
+                 for step, _ in metric_history(self.uri, self.run_id, key)]
+        return max(steps, default=None)
 
     def model_id(self) -> str | None:
         """The id of the run's newest logged model (its URI is ``models:/ID``), None if it
@@ -429,27 +523,31 @@ class MLflowHook(Hook):
     the per-step series only (its epoch mean would draw the same curve again).
     ``val/best_accuracy`` and ``val/final_error`` cover every evaluation of the run, those
     before a resume included (read back from the store). ``example`` (a float32 batch of
-    inputs) is the logged model's input example.
+    inputs) is the logged model's input example. The system metrics are sampled here
+    (:func:`system_metrics`) unless a local launcher does it for the whole job (tag
+    :data:`SAMPLED_BY`); ``launched``: the job's processes are those under this worker's parent.
     """
 
     stage = REPORT
 
     def __init__(self, cfg: Config, run: RunHandle, net_facts: dict[str, Any], log_every: int,
-                 global_batch: int, example: Any = None):
+                 global_batch: int, example: Any = None, launched: bool = False):
         self.cfg = cfg
         self.run = run
         self.net_facts = net_facts
         self.log_every = log_every
         self.global_batch = global_batch
         self.example = example
+        self.launched = launched
         self.val_errors: list[float] = []
+        self.throughputs: list[float] = []
         self.monitor: Any = None
 
     def _axis(self, loop: Any, step: int) -> dict[str, float]:
         return {"train/lr": loop.trainer.lr_at(step), "train/samples": step * self.global_batch}
 
     def before_train(self, loop: Any) -> None:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        import psutil
 
         self.run.log_params({f"net.{k}": v for k, v in self.net_facts.items()})
         with tempfile.TemporaryDirectory() as tmp:
@@ -459,13 +557,15 @@ class MLflowHook(Hook):
         earlier = {s: v for s, v in metric_history(self.run.uri, self.run.run_id,
                                                    "val/error_top1") if s <= loop.step}
         self.val_errors = [earlier[s] for s in sorted(earlier)]  # a resumed run's evaluations
+        self.throughputs = [v for s, v in metric_history(self.run.uri, self.run.run_id,
+                                                         "perf/images_per_sec")
+                            if s <= loop.step]
         if loop.step == 0:  # a resumed run logged its step at the end of the epoch before
             self.run.log_metrics(self._axis(loop, 0), 0)
-        # MLflow's own sampler (CPU, memory, disk, network, GPUs), resuming a resumed run's steps
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its INFO chatter
-        self.monitor = SystemMetricsMonitor(self.run.run_id, tracking_uri=self.run.uri,
-                                            resume_logging=True)
-        self.monitor.start()
+        if self.run.tags().get(SAMPLED_BY) != "launcher":  # a local launcher samples the job
+            me = psutil.Process()
+            self.monitor = system_metrics(self.run, (me.parent() or me).pid if self.launched
+                                          else me.pid)
 
     def after_step(self, loop: Any, out: StepOutput) -> None:
         metrics = dict(out.metrics)
@@ -482,6 +582,9 @@ class MLflowHook(Hook):
         if "val/error_top1" in metrics:
             self.val_errors.append(metrics["val/error_top1"])
             out.update(best_and_final(self.val_errors))
+        if "perf/images_per_sec" in metrics:
+            self.throughputs.append(metrics["perf/images_per_sec"])
+            out["perf/images_per_sec_median"] = statistics.median(self.throughputs)
         self.run.log_metrics(out, loop.step)
 
     def after_train(self, loop: Any, error: BaseException | None) -> None:
@@ -502,6 +605,82 @@ class MLflowHook(Hook):
         finally:
             if self.monitor is not None:
                 self.monitor.finish()
+
+
+# System metrics every 2 s (a 40-s run draws a curve), every 10 s (MLflow's default) once the
+# sampler has run 5 minutes; $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL (MLflow's) wins.
+SAMPLE_EVERY = (2.0, 10.0, 300.0)
+# The run tag saying who samples the system metrics ("launcher": a local launcher, for the whole
+# job, from before its processes start; else rank 0's MLflowHook, for its training).
+SAMPLED_BY = "system_metrics_by"
+
+
+class _Sampler(SystemMetricsMonitor):
+    """MLflow's sampler (CPU, memory, disk, network, GPUs of this machine), switching from
+    every ``SAMPLE_EVERY[0]`` to every ``SAMPLE_EVERY[1]`` seconds after ``SAMPLE_EVERY[2]``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = time.monotonic()
+
+    def collect_metrics(self) -> dict[str, Any]:
+        if (self.sampling_interval == SAMPLE_EVERY[0]
+                and time.monotonic() - self.started > SAMPLE_EVERY[2]):
+            self.sampling_interval = SAMPLE_EVERY[1]  # a long run: fewer points
+        return super().collect_metrics()
+
+
+def system_metrics(run: RunHandle, root: int) -> SystemMetricsMonitor:
+    """A started sampler of the run's ``system/`` metrics: MLflow's (resuming a resumed run's
+    steps) and the job's processes, those of the process tree under ``root``
+    (:class:`JobMonitor`); ``.finish()`` stops it."""
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its INFO chatter
+    sampler = _Sampler(run.run_id, tracking_uri=run.uri, resume_logging=True,
+                       sampling_interval=SAMPLE_EVERY[0])
+    sampler.monitors.append(JobMonitor(root))
+    sampler.start()
+    return sampler
+
+
+class JobMonitor(BaseMetricsMonitor):
+    """The job's own processes on this machine, beside MLflow's machine-wide numbers:
+    ``system/job_cpu_utilization_percentage`` (Σ over the processes of their CPU time per
+    wall second × 100, so 200 = two cores busy), ``system/job_memory_usage_megabytes`` (Σ
+    resident set sizes) and ``system/job_processes``: process ``root`` and every process under
+    it (a local launcher: itself, the scheduler, servers and workers; a cluster job's worker:
+    the process on its host that started it; ``mxlarge train``: itself)."""
+
+    def __init__(self, root: int) -> None:
+        import psutil
+
+        super().__init__()
+        self._psutil = psutil
+        self.root = psutil.Process(root)
+        self._seen: dict[int, Any] = {}  # pid -> psutil.Process (cpu_percent needs the same one)
+
+    def collect_metrics(self) -> None:
+        psutil = self._psutil
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return  # the root is gone: the job is ending
+        cpu = memory = 0.0
+        alive = {}
+        for proc in procs:
+            mine = self._seen.get(proc.pid, proc)
+            try:
+                cpu += mine.cpu_percent(None)  # since its previous call; 0.0 at the first
+                memory += mine.memory_info().rss / 1e6
+            except psutil.Error:
+                continue
+            alive[proc.pid] = mine
+        self._seen = alive
+        self._metrics["job_cpu_utilization_percentage"].append(cpu)
+        self._metrics["job_memory_usage_megabytes"].append(memory)
+        self._metrics["job_processes"].append(float(len(alive)))
+
+    def aggregate_metrics(self) -> dict[str, float]:
+        return {k: round(sum(v) / len(v), 1) for k, v in self._metrics.items()}
 
 
 class RankThroughputHook(Hook):

@@ -60,3 +60,24 @@ def test_a_resumed_checkpoints_run_is_reopened_and_owned(mlflow_uri, monkeypatch
     assert first.run.status() == "RUNNING"
     with pytest.raises(InputError, match="MLflow run 'nope' cannot be opened"):
         _open(_cfg(), resumed="nope")
+
+
+def test_params_are_the_keys_that_take_effect_and_models_are_named_after_runs():
+    from mxlarge.config import load_config
+
+    plain = load_config("experiments/proxy/digits-largebatch.yaml", [])
+    params = tracking.run_params(plain, "sqlite:///x.db", plan_for(plain))
+    for key in ("optim.lars_eta", "optim.lars_lr", "optim.poly_power", "train.gns_decay",
+                "dist.compression_threshold", "train.keep_last", "train.max_steps",
+                "optim.warmup_lr"):
+        assert key not in params, key
+    assert "" not in params.values() and params["optim.decay_epochs"] == "[15.0, 22.5]"
+    on = load_config("experiments/proxy/digits-largebatch.yaml", [
+        "optim.lars=true", "optim.lars_lr=5", "optim.decay=poly", "train.gns_every=5",
+        "dist.compression=2bit", "train.max_steps=9"])
+    params = tracking.run_params(on, "sqlite:///x.db", plan_for(on))
+    for key in ("optim.lars_eta", "optim.lars_lr", "optim.poly_power", "train.gns_decay",
+                "dist.compression_threshold", "train.max_steps"):
+        assert key in params, key
+    assert "optim.decay_epochs" not in params  # poly decay, not step
+    assert tracking.model_name("s0 · 16x recipe (LARS) · 2×128") == "s0-16x-recipe-LARS-2x128"

@@ -79,10 +79,13 @@ def test_sweep_parent_gets_the_table_and_the_per_label_numbers(tmp_path, mlflow_
     assert note.startswith("**sweep old**") and "\n| base | 1 | 32 | 0.1 | 0,1 |" in note
     m = run.data.metrics
     finals = [statistics.median(e) for e, _ in RUNS.values()]
-    assert m["base/final_error"] == pytest.approx(statistics.fmean(finals))
-    assert m["base/final_error_std"] == pytest.approx(statistics.stdev(finals))
-    assert m["base/best_accuracy"] == pytest.approx(0.85)
-    assert m["base/seeds"] == 2 and m["base/images_per_sec"] == pytest.approx(110.0)
+    assert m["compare/final_error_pct: base"] == pytest.approx(100 * statistics.fmean(finals))
+    assert m["compare/final_error_std_pct: base"] == pytest.approx(100 * statistics.stdev(finals))
+    assert m["compare/best_accuracy_pct: base"] == pytest.approx(85.0)
+    assert m["compare/seeds: base"] == 2
+    assert m["compare/images_per_sec_median: base"] == pytest.approx(110.0)
+    # base is its own reference (1 worker): a speedup of 1 by definition is no number
+    assert not [k for k in m if "speedup" in k or "efficiency" in k]
     assert run.data.params["sweep.seeds"] == "0,1"
 
 
@@ -90,9 +93,10 @@ def test_label_metrics_keys_are_names_mlflow_accepts():
     from mxlarge.reporting.summary import LabelRow, Summary, metric_key
 
     assert metric_key("16x recipe (LARS, η=5)/b") == "16x recipe _LARS_ η_5__b"
-    row = LabelRow(label="a/b", seeds=(0,), missing_seeds=(), workers=1, global_batch=32,
+    row = LabelRow(label="a/b", seeds=(0,), missing_seeds=(), workers=2, global_batch=32,
                    peak_lr=0.1, final_errors=(0.2,), epochs_to_target=(None,),
-                   seconds_to_target=(None,), images_per_sec=None, reference=None,
-                   speedup=None, efficiency=None, conv_speedup=None)
+                   seconds_to_target=(None,), images_per_sec=None, reference="r/1",
+                   speedup=1.5, efficiency=0.75, conv_speedup=None)
     got = label_metrics(Summary(None, None, 0.99, None, (row,)), [])
-    assert got == {"a_b/seeds": 1.0, "a_b/final_error": 0.2}
+    assert got == {"compare/seeds: a_b": 1.0, "compare/final_error_pct: a_b": 20.0,
+                   "compare/speedup_vs_r_1: a_b": 1.5, "compare/efficiency_vs_r_1: a_b": 0.75}

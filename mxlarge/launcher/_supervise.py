@@ -15,6 +15,7 @@ and judges a stall with one rule (:func:`stall_outcome`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from mxlarge.launcher.guard import GuardReport, Lease
-from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.outcome import Beat, Outcome, ProcessFailure, Tail
 from mxlarge.launcher.pgroups import live_process_groups, parent_death_signal, signal_group
 from mxlarge.launcher.pslog import PsLog
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
@@ -387,12 +388,46 @@ class Backend:
     ended: Callable[[float], Outcome | None]
 
 
+# Lines of every process in a failure's evidence (Outcome.tails); the failed one keeps
+# TAIL_LINES in ProcessFailure.output.
+EVIDENCE_LINES = 20
+
+
+def evidence(outcome: Outcome, sup: Supervisor, watchdog: Watchdog | None) -> Outcome:
+    """A failed ``outcome`` (a crash or a stall) with what the launcher saw when it failed:
+    every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.Beat`) and every
+    process's last :data:`EVIDENCE_LINES` lines (:class:`~mxlarge.launcher.outcome.Tail`), for
+    the run's failure artifacts; any other outcome (a success, an interrupted launcher) is
+    returned as it is."""
+    if outcome.reason is None:
+        return outcome
+    beats: tuple[Beat, ...] = ()
+    if watchdog is not None:
+        watchdog.read(force=True)
+        now = watchdog.clock()
+        beats = tuple(Beat(r.rank, r.host, r.pid, r.done, r.phase, now - s.changed,
+                           now - s.ticked)
+                      for s in sorted(watchdog.seen.values(), key=lambda s: s.record.rank)
+                      for r in (s.record,))
+    tails = tuple(Tail(c.label, c.status, tuple(c.tail)[-EVIDENCE_LINES:])
+                  for c in sup.children)
+    return dataclasses.replace(outcome, beats=beats, tails=tails)
+
+
 def supervise(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
               stop: threading.Event, received: Sequence[int], *,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Outcome:
-    """The one supervision loop of every backend: poll the children every
-    :data:`POLL_INTERVAL` until the job has an outcome.
+    """The one supervision loop of every backend (:func:`_supervise_loop`), its failed outcome
+    with the launcher's :func:`evidence`."""
+    return evidence(_supervise_loop(sup, backend, watchdog, stop, received, clock=clock,
+                                    sleep=sleep), sup, watchdog)
+
+
+def _supervise_loop(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
+                    stop: threading.Event, received: Sequence[int], *,
+                    clock: Callable[[], float], sleep: Callable[[float], None]) -> Outcome:
+    """Polls the children every :data:`POLL_INTERVAL` until the job has an outcome.
 
     At each poll, in this order (the first that applies ends the loop): the launcher was
     signalled (``stop``; ``received[0]`` names the signal, SIGTERM if none) →

@@ -75,6 +75,43 @@ class ProcessFailure:
 
 
 @dataclass(frozen=True)
+class Beat:
+    """The launcher's view of one worker's last heartbeat (:mod:`mxlarge.protocol.heartbeat`)
+    when the job failed.
+
+    Attributes:
+        rank, host, pid: the worker's kvstore rank, host and process id.
+        done: the updates it had completed; phase: ``train`` or what it was busy with.
+        age: seconds since its steps or phase last changed, on the launcher's clock.
+        silent: seconds since its heartbeat thread last wrote at all.
+    """
+
+    rank: int
+    host: str
+    pid: int
+    done: int
+    phase: str
+    age: float
+    silent: float
+
+    def line(self) -> str:
+        """``worker rank 1 on h (pid 7): step 44, phase train, changed 0.3 s ago, ...``."""
+        return (f"worker rank {self.rank} on {self.host} (pid {self.pid}): step {self.done}, "
+                f"phase {self.phase}, changed {self.age:.1f} s ago, last heartbeat "
+                f"{self.silent:.1f} s ago")
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The last lines (stdout and stderr, one pipe) of one process the launcher started, when
+    the job failed; ``status`` is its Popen-style status then (None: still running)."""
+
+    label: str
+    status: int | None
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How a job ended, on any backend (local, ssh, mpi, slurm).
 
@@ -93,6 +130,9 @@ class Outcome:
         hosts: a cluster job's scheduler address, then the hosts the backend was given (ssh
             targets used, the mpi hostfile's hosts, the Slurm allocation's nodes), without
             repeats; empty for a local job.
+        beats: on failure, the launcher's view of every worker's last heartbeat, by rank.
+        tails: on failure, the last lines of every process the launcher started (for a
+            cluster job: its ssh, mpirun or srun clients, which carry the remote output).
     """
 
     exit_code: int
@@ -101,6 +141,8 @@ class Outcome:
     step: int | None = None
     failure: ProcessFailure | None = None
     hosts: tuple[str, ...] = ()
+    beats: tuple[Beat, ...] = ()
+    tails: tuple[Tail, ...] = ()
 
 
 def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:
@@ -117,3 +159,53 @@ def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:
         out.setdefault("failed_kvstore_rank", old)
     return out
 
+
+
+def last_completed_step(outcome: Outcome) -> int | None:
+    """The last step the job completed as the launcher knows it: the outcome's (the failed
+    worker's heartbeat, or every worker's for a stall or a server crash), else the failed
+    rank's last heartbeat, else the step every worker had completed; None without any."""
+    if outcome.step is not None:
+        return outcome.step
+    rank = outcome.failure.kvstore_rank if outcome.failure is not None else None
+    mine = [b.done for b in outcome.beats if b.rank == rank]
+    if mine:
+        return mine[0]
+    return min((b.done for b in outcome.beats), default=None)
+
+
+def _tail_head(tail: Tail) -> str:
+    state = "still running" if tail.status is None else (
+        f"exited with status {tail.status}" if tail.status >= 0 else
+        f"killed by signal {-tail.status}")
+    return f"## [{tail.label}] {state}; its last {len(tail.lines)} line(s) of output" + (
+        ":" if tail.lines else ": none (it printed nothing)")
+
+
+def failure_log(outcome: Outcome) -> str:
+    """The failed process's evidence (the artifact ``failure/<name>.log``): the failure, the
+    launcher's view of its last heartbeat and of the other ranks', then its last lines of
+    output (stdout and stderr, one pipe)."""
+    failed = outcome.failure
+    assert failed is not None
+    lines = [f"# {outcome.message}; its last {len(failed.output)} line(s) of output (stdout "
+             "and stderr) follow the launcher's view"]
+    own = [b for b in outcome.beats if b.pid == failed.pid or
+           (failed.kvstore_rank is not None and b.rank == failed.kvstore_rank)]
+    lines.append("# its last heartbeat: " + (own[0].line() if own else
+                                             "none (it never reported to the launcher)"))
+    lines += [f"# meanwhile {b.line()}" for b in outcome.beats if b not in own]
+    if outcome.tails:
+        lines.append("# every process's last lines: failure/job.log")
+    lines += list(failed.output) or ["# (it printed nothing on stdout or stderr)"]
+    return "\n".join(lines) + "\n"
+
+
+def job_log(outcome: Outcome) -> str:
+    """The job's evidence (the artifact ``failure/job.log``): the failure, every worker's last
+    heartbeat as the launcher saw it, and the last lines of every process."""
+    lines = [f"# {outcome.message}", "# the launcher's view of every worker's last heartbeat:"]
+    lines += [f"#   {b.line()}" for b in outcome.beats] or ["#   none (no worker reported)"]
+    for tail in outcome.tails:
+        lines += ["", _tail_head(tail), *tail.lines]
+    return "\n".join(lines) + "\n"

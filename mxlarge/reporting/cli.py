@@ -2,8 +2,10 @@
 logged to the sweep's parent run in MLflow.
 
 The parent run holds the report because the MLflow UI shows it above the sweep's cells, with the
-per-label table as its description and the per-label numbers as its metrics; a sweep made before
-parent runs existed gets a summary run of its own. The folder is ``REPORTS_DIR/NAME`` unless
+per-label table as its description, the per-label numbers as its metrics in one section
+(``compare/``, :func:`~mxlarge.reporting.summary.label_metrics`) and the plots as its images
+(the Model metrics tab shows them beside the charts); a sweep made before parent runs existed
+gets a summary run of its own. The folder is ``REPORTS_DIR/NAME`` unless
 ``--out`` says otherwise.
 """
 from __future__ import annotations
@@ -98,6 +100,7 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                       for r in used}},
             indent=2, default=str))
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
+        run.log_images([out / i for i in images], "report")  # on the Model metrics tab
         run.tag({"mlflow.note.content": parent_description(name, summary)})
         run.log_metrics(label_metrics(summary, used), 0)
         ok = True

@@ -238,23 +238,34 @@ def metric_key(text: str) -> str:
 
 
 def label_metrics(summary: Summary, runs: Sequence[RunData]) -> dict[str, float]:
-    """The per-label numbers of the report as metrics of the sweep's parent run, one UI section
-    per label: ``LABEL/final_error`` (mean over seeds) and ``LABEL/final_error_std`` (sample
-    std, 2+ seeds), ``LABEL/best_accuracy`` (over its seeds and epochs), ``LABEL/seeds``
-    (FINISHED), ``LABEL/images_per_sec``, ``LABEL/speedup``, ``LABEL/efficiency`` (when known).
+    """The per-label numbers of the report as metrics of the sweep's parent run, in one UI
+    section (``compare/``) and named quantity first, so that each quantity's labels sit side by
+    side: ``compare/final_error_pct: LABEL`` (mean over seeds, in %: the UI rounds to 2
+    decimals), ``compare/final_error_std_pct: LABEL`` (sample std, 2+ seeds),
+    ``compare/best_accuracy_pct: LABEL`` (over its seeds and epochs), ``compare/seeds: LABEL``
+    (FINISHED), ``compare/images_per_sec_median: LABEL`` (the mean over seeds of each run's
+    ``perf/images_per_sec_median``), and ``compare/speedup_vs_REF: LABEL`` and
+    ``compare/efficiency_vs_REF: LABEL`` only where a label has a reference other than itself
+    (against itself both are 1 by definition: no number).
     """
     out: dict[str, float] = {}
     for row in summary.rows:
         if not row.seeds:
             continue
-        key = metric_key(row.label)
-        values = {"seeds": float(len(row.seeds)), "images_per_sec": row.images_per_sec,
-                  "speedup": row.speedup, "efficiency": row.efficiency}
+        values: dict[str, float | None] = {"seeds": float(len(row.seeds)),
+                                           "images_per_sec_median": row.images_per_sec}
+        if row.reference is not None and row.reference != row.label:
+            ref = metric_key(row.reference)
+            values[f"speedup_vs_{ref}"] = row.speedup
+            values[f"efficiency_vs_{ref}"] = row.efficiency
         if row.final_errors:
-            values["final_error"], values["final_error_std"] = mean_std(row.final_errors)
-        values["best_accuracy"] = max(
-            (b for r in runs if r.label == row.label if (b := best_accuracy(r.rows)) is not None),
-            default=None)
-        out.update({f"{key}/{k}": float(v) for k, v in values.items() if v is not None})
+            mean, std = mean_std(row.final_errors)
+            values["final_error_pct"] = 100 * mean
+            values["final_error_std_pct"] = None if std is None else 100 * std
+        best = max((b for r in runs if r.label == row.label
+                    if (b := best_accuracy(r.rows)) is not None), default=None)
+        values["best_accuracy_pct"] = None if best is None else 100 * best
+        label = metric_key(row.label)
+        out.update({f"compare/{k}: {label}": float(v) for k, v in values.items()
+                    if v is not None})
     return out
-

@@ -45,18 +45,22 @@ def _reached(values: Sequence[float | None], digits: int) -> str:
     return _pm(all_reached(values), digits=digits)
 
 
-def _ratio(row: LabelRow, value: float | None, fmt: str) -> str:
+def _ratio(row: LabelRow, value: float | None, fmt: str, said: bool = False) -> str:
+    """``value`` against the label's reference (``said``: naming it), "ref." for the reference
+    itself."""
     if row.reference is None:
         return "n/a (no 1-worker run)"
     if row.reference == row.label:
         return "ref."
-    return fmt.format(value) if value is not None else "n/a"
+    if value is None:
+        return "n/a"
+    return fmt.format(value) + (f" vs {row.reference}" if said else "")
 
 
 def markdown_table(summary: Summary) -> str:
     """The per-label table (GitHub markdown)."""
     head = ("| label | workers | global batch | peak LR | seeds | final error % (mean ± std) "
-            "| epochs to target | train s to target | images/s | speedup | efficiency "
+            "| epochs to target | train s to target | images/s (median) | speedup | efficiency "
             "| conv.-adjusted speedup |")
     lines = [head, "|" + "---|" * 12]
     for r in summary.rows:
@@ -74,7 +78,8 @@ def markdown_table(summary: Summary) -> str:
             f"| {f'{r.peak_lr:.4g}' if r.peak_lr is not None else 'mixed'} | {seeds} | {err} "
             f"| {_reached(r.epochs_to_target, 1)} | {_reached(r.seconds_to_target, 1)} "
             f"| {f'{r.images_per_sec:.0f}' if r.images_per_sec is not None else 'n/a'} "
-            f"| {_ratio(r, r.speedup, '{:.2f}×')} | {_ratio(r, r.efficiency, '{:.0%}')} "
+            f"| {_ratio(r, r.speedup, '{:.2f}×', said=True)} "
+            f"| {_ratio(r, r.efficiency, '{:.0%}')} "
             f"| {_ratio(r, r.conv_speedup, '{:.2f}×')} |")
     return "\n".join(lines)
 
@@ -116,8 +121,9 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "`train_seconds` at its end (training steps only: evaluation, start-up and logging "
            "are excluded); mean ± sample std over seeds, shown only if every seed reached the "
            "target, else \"not reached\".",
-           "- **images/s**: per run, the median over epochs of `perf/images_per_sec` (the sum "
-           "of every worker's own measured rate); mean over seeds.",
+           "- **images/s (median)**: per run, the median over epochs of `perf/images_per_sec` "
+           "(the sum of every worker's own measured rate), which the run logs as "
+           "`perf/images_per_sec_median`; mean over seeds.",
            "- **speedup** = images/s ÷ images/s of the 1-worker run (param `plan.workers` = 1) of "
            "the same config (all params equal except world size, store, seed and logging); "
            "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
@@ -130,7 +136,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
         out += [f"**Warning**: labels whose seeds ran different configs (params other than "
                 f"the seed, world size and logging differ): {', '.join(mixed)}.", ""]
     out += ["## Runs", "", "| label | seed | run | final error % | best accuracy "
-            "| epoch to target | train s to target | images/s |", "|" + "---|" * 8]
+            "| epoch to target | train s to target | images/s (median) |", "|" + "---|" * 8]
     for r in runs:
         fe = run_final_error(r.rows)
         best = best_accuracy(r.rows)

@@ -96,6 +96,19 @@ def the_run(work: Path):  # type: ignore[no-untyped-def]
     return runs[0]
 
 
+def has_evidence(work: Path, run) -> None:  # type: ignore[no-untyped-def]
+    """``failed_step`` is the last completed step, no metric beyond it, and ``failure/job.log``
+    holds the launcher's view of every worker's heartbeat and every process's last lines."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{work}/mlruns.db")
+    last = max((m.step for k in ("train/loss", "train/samples")
+                for m in client.get_metric_history(run.info.run_id, k)), default=0)
+    assert int(run.data.tags["failed_step"]) >= last, (last, run.data.tags)
+    job = Path(client.download_artifacts(run.info.run_id, "failure/job.log", str(work)))
+    text = job.read_text()
+    assert "# the launcher's view of every worker's last heartbeat:\n#   worker rank 0 on " \
+        in text and "\n## [" in text, text[:3000]
+
+
 def beat_rank(work: Path, pid: int) -> int:
     """The kvstore rank the heartbeat of worker ``pid`` states (the job's heartbeat files)."""
     for f in work.glob(".mxlarge-heartbeat/*/worker-*.json"):
@@ -286,6 +299,7 @@ def test_kill_9_of_a_remote_ssh_worker_and_server_is_named_with_the_signal(
                 tags["failed_status"]) == (role, str(said), testbed.addr("h2"), "-9"), tags
         assert tags["failed_launch_index"] in ("0", "1"), tags
         assert tags["failure"] == f"{role} rank {said} on 198.18.0.12 killed by SIGKILL", tags
+        has_evidence(k.work, run)
 
     assert frozen.job is not None and frozen.took is not None
     out = frozen.job.text()
@@ -341,6 +355,7 @@ def test_kill_9_of_a_remote_mpi_server_and_worker_and_scancel_of_a_batch_job(
             (role, "h2", "-9"), (tags, k.job.text()[-3000:])
         assert tags["failed_kvstore_rank"] == k.line.group(1) in ("0", "1"), tags
         assert "killed by SIGKILL" in tags["failure"], tags
+        has_evidence(k.work, run)
 
     assert cancel[0].wait(30) == 0, cancel[0].text()
     assert batch.work is not None and batch.took is not None
@@ -369,9 +384,11 @@ def test_kill_9_of_a_slurm_worker_and_server_and_sigterm_to_salloc(testbed: Test
         testbed, work, "slurm", r"^\[launcher\] {role} rank ({rank}) on h2 \({role}s via srun, "
                                 r"task \d\) killed by SIGKILL", beside=term)
     for role, k in jobs.items():
-        tags = the_run(k.work).data.tags
+        run = the_run(k.work)
+        tags = run.data.tags
         assert (tags["failed_role"], tags["failed_kvstore_rank"], tags["failed_host"],
                 tags["failed_status"]) == (role, k.line.group(1), "h2", "-9"), tags
+        has_evidence(k.work, run)
 
     assert term.work is not None and term.job is not None and term.took is not None
     assert term.took < 30, (term.took, term.job.text()[-3000:])

@@ -74,16 +74,19 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
     # the training view's URL, with the command that serves it
     assert (f"MLflow run {rid}: http://127.0.0.1:5000/#/experiments/{exp}/runs/{rid}"
             f"?workflowType=machine_learning (serve it with: mlflow ui --backend-store-uri "
-            f"{mlflow_uri})") in r.stdout
+            f"{mlflow_uri}; runs list: http://127.0.0.1:5000/#/experiments/{exp}/runs"
+            "?viewStateShareKey=mxlarge&workflowType=machine_learning)") in r.stdout
     plan = plan_for(load_config(BASELINE, args))
-    assert tags["mlflow.runName"] == "digits-baseline · 1×64 · seed 0"
+    assert tags["mlflow.runName"] == "s0 · digits-baseline · 1×64"
     note = tags["mlflow.note.content"]
     assert note.startswith("**digits-baseline** (`experiments/proxy/digits-baseline.yaml`)")
     assert f"| peak_lr | {plan.peak_lr} |" in note and "| global_batch | 64 |" in note
 
     # params: what applies to digits and small_resnet, the plan, the store as resolved
+    # and what takes effect: no LARS, poly decay, noise scale, compression or checkpoints here
     for key in ("data.flip", "data.mean", "data.std", "data.scale", "data.ratio", "name",
-                "data.train_rec"):
+                "data.train_rec", "optim.lars_eta", "optim.poly_power", "train.gns_decay",
+                "dist.compression_threshold", "train.keep_last", "train.max_steps"):
         assert key not in params, key
     assert {k: params[f"plan.{k}"] for k in ("global_batch", "peak_lr", "total_steps")} == {
         "global_batch": "64", "peak_lr": str(plan.peak_lr), "total_steps": "63"}
@@ -94,6 +97,9 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
     # metrics: MLflow's sections, no duplicate series
     metrics = run.data.metrics
     assert {k.split("/")[0] for k in metrics} == {"train", "val", "perf", "system"}
+    # one throughput per name: the last epoch's and the median over epochs (the report's)
+    ips = [m.value for m in c.get_metric_history(rid, "perf/images_per_sec")]
+    assert metrics["perf/images_per_sec_median"] == pytest.approx(float(np.median(ips)))
     assert not any(k.startswith("perf/images_per_sec_rank") for k in metrics)  # 1 worker
     hist = {k: {m.step: m.value for m in c.get_metric_history(rid, k)}
             for k in ("train/lr", "train/samples", "val/error_top1", "val/accuracy",
@@ -115,6 +121,7 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
     (out,) = run.outputs.model_outputs
     model = c.get_logged_model(out.model_id)
     assert model.source_run_id == rid and model.experiment_id == exp
+    assert model.name == "s0-digits-baseline-1x64" and not model.params  # named after the run
     _, _, x_val, y_val, _, _ = load_split()
     x = x_val.astype(np.float32)
     pyfunc = mlflow.pyfunc.load_model(model.artifact_location)
@@ -173,15 +180,17 @@ def test_sweep_is_one_parent_run_with_children_in_client_and_server(tmp_path, ml
     assert "report.md" in {a.path for a in c.list_artifacts(parent.info.run_id)}
     # names that tell the cells apart, the repo-relative config, the parent's grid and report
     assert sorted(x.data.tags["mlflow.runName"] for x in children) == [
-        "base · 1×64 · seed 0", "base · 1×64 · seed 1"]
+        "s0 · base · 1×64", "s1 · base · 1×64"]
     assert {x.data.tags["sweep_config"] for x in children} == {
         "experiments/proxy/digits-baseline.yaml"}
-    assert parent.data.params["sweep.seeds"] == "0,1" and parent.data.params["sweep.labels"] == \
+    assert parent.data.params["sweep.seeds"] == "0,1" and parent.data.tags["sweep_labels"] == \
         "base"
+    assert "" not in parent.data.params.values()  # no empty params (no target here)
     assert "\n| base | 1 | 64 |" in parent.data.tags["mlflow.note.content"]
     finals = [x.data.metrics["val/final_error"] for x in children]
-    assert parent.data.metrics["base/final_error"] == pytest.approx(sum(finals) / 2)
-    assert parent.data.metrics["base/seeds"] == 2
+    assert parent.data.metrics["compare/final_error_pct: base"] == pytest.approx(
+        100 * sum(finals) / 2)
+    assert parent.data.metrics["compare/seeds: base"] == 2
     url = (f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/"
            f"{parent.info.run_id}?workflowType=machine_learning")
     assert url in r.stdout  # printed by report (and by sweep)

@@ -1,8 +1,11 @@
-"""The MLflow UI as a user sees it (`make test-ui`, not part of `make test`): a store made by a
-short launch, a 2-cell sweep with its report and a launch whose worker is killed, served by
-`mlflow server` on 127.0.0.1, rendered by headless Chromium (`--dump-dom`, JavaScript run for a
-virtual 30 s), and read as text: the run names, the description, the metric sections, the
-logged model and the failure's evidence must be on the pages."""
+"""The MLflow UI as a user sees it (`make test-ui`, not part of `make test`): a store made by two
+short launches (seeds 0 and 1), a 2-label sweep with its report and a launch whose silent worker
+(the one that prints nothing) is killed, served by `mlflow server` on 127.0.0.1, rendered by
+headless Chromium (`--dump-dom`, JavaScript run for a virtual 30 s), and read as text: names
+that differ within the runs list's width, the list's metric columns, the description, params
+only where they take effect, one throughput per name, the metric sections, the system metrics
+with the job's own, the logged model, the sweep's comparison and plots, and the evidence of a
+failure whose process printed nothing."""
 from __future__ import annotations
 
 import html
@@ -25,6 +28,8 @@ BASELINE = str(ROOT / "experiments/proxy/digits-baseline.yaml")
 SHORT = ["train.epochs=2", "train.progress=false", "optim.decay_epochs=[1]",
          "optim.warmup_epochs=1"]
 VIEW = "workflowType=machine_learning"
+# the killed job: 5 steps per epoch, progress every 2 steps; killed once rank 0 passed KILL_AT
+KILL_AT = 12
 
 
 def _page(port: int, route: str, out: Path) -> str:
@@ -42,9 +47,10 @@ def _page(port: int, route: str, out: Path) -> str:
     return text
 
 
-def _kill_a_worker(cwd: Path, env: dict[str, str]) -> tuple[int, str]:
-    """Launches 2 workers and SIGKILLs the one that printed the first progress line (kvstore
-    rank 0, so that its output has lines to show). Returns its launch index and the output."""
+def _kill_the_silent_worker(cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Launches 2 workers and, once kvstore rank 0 (the one that prints progress) passed step
+    :data:`KILL_AT`, SIGKILLs the other, which has printed nothing. Returns the victim's
+    launch index and the job's output."""
     env = {**env, "MXLARGE_UI_TEST_JOB": str(cwd)}  # marks the job's processes
     proc = subprocess.Popen([sys.executable, "-m", "mxlarge.cli", "launch", LARGEBATCH,
                              "-n", "2", "-s", "1", "train.epochs=100", "train.log_every=2",
@@ -56,8 +62,9 @@ def _kill_a_worker(cwd: Path, env: dict[str, str]) -> tuple[int, str]:
         assert proc.stdout is not None
         for line in proc.stdout:
             seen.append(line)
-            if m := re.match(r"\[worker (\d+)\] step \d+/", line):
-                index = int(m.group(1))
+            m = re.match(r"\[worker (\d+)\] step (\d+)/", line)
+            if m and int(m.group(2)) >= KILL_AT:
+                index = 1 - int(m.group(1))
                 break
         (victim,) = [p for p in dmlc_processes(str(cwd), "worker") if
                      f"MXLARGE_LOCAL_RANK={index}\0".encode()
@@ -74,93 +81,177 @@ def _kill_a_worker(cwd: Path, env: dict[str, str]) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(port, client, run ids) of a served store holding the four kinds of run."""
+    """(port, client, run ids, directory) of a served store holding the four kinds of run."""
     tmp = tmp_path_factory.mktemp("ui")
     uri = f"sqlite:///{tmp}/ui.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     for d in ("launch", "sweep", "failed"):
         (tmp / d).mkdir()
-    r = cli(["launch", LARGEBATCH, "-n", "2", "-s", "1", *SHORT], tmp / "launch", env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    MlflowClient(tracking_uri=uri).search_experiments()  # the schema, before the server reads it
+    with mlflow_server(uri, tmp) as port:  # starting while the store is made
+        yield port, *_store(uri, tmp, env)
+
+
+def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict, Path]:
+    """Makes the store: two launches, the sweep and its report, the killed job; returns the
+    client, the run ids (and the victim's launch index and what rank 0 printed), ``tmp``."""
+    for seed in (0, 1):
+        r = cli(["launch", LARGEBATCH, "-n", "2", "-s", "1", *SHORT, f"train.seed={seed}"],
+                tmp / "launch", env=env)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     sweep = tmp / "sweep" / "ui.yaml"
     sweep.write_text(yaml.safe_dump({
-        "name": "ui", "mode": "train", "seeds": [0, 1],
-        "runs": [{"label": "base", "config": BASELINE}],
+        "name": "ui", "mode": "train", "seeds": [0],
+        "runs": [{"label": "base", "config": BASELINE},
+                 {"label": "big", "config": BASELINE, "overrides": ["data.batch_size=128"]}],
         "overrides": ["data.batch_size=64", *SHORT]}))
     for args in (["sweep", str(sweep)], ["report", "ui", "--out", str(tmp / "sweep" / "rep")]):
         r = cli(args, tmp / "sweep", env=env, timeout=400)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    victim, printed = _kill_a_worker(tmp / "failed", env)
+    victim, printed = _kill_the_silent_worker(tmp / "failed", env)
+    assert not [x for x in printed.splitlines() if x.startswith(f"[worker {victim}] ")]
 
     c = MlflowClient(tracking_uri=uri)
     exp = c.get_experiment_by_name("mxlarge").experiment_id
     runs = c.search_runs([exp])
-    ids = {"exp": exp,
-           "launch": next(x.info.run_id for x in runs if x.info.status == "FINISHED"
-                          and x.data.tags.get("launcher") and "sweep" not in x.data.tags),
+    launches = sorted((x for x in runs if x.info.status == "FINISHED"
+                       and x.data.tags.get("launcher") and "sweep" not in x.data.tags),
+                      key=lambda x: x.data.params["train.seed"])
+    ids = {"exp": exp, "launches": [x.info.run_id for x in launches],
            "failed": next(x.info.run_id for x in runs if x.info.status == "FAILED"),
            "parent": next(x.info.run_id for x in runs if x.data.tags.get("sweep_parent")),
            "victim": victim,
-           "victim_lines": [x.split("] ", 1)[1] for x in printed.splitlines()
-                            if x.startswith(f"[worker {victim}] ")],
+           "printed": [x.split("] ", 1)[1] for x in printed.splitlines()
+                       if x.startswith(f"[worker {1 - victim}] ")],
            "cells": sorted((x.info.run_id for x in runs if x.data.tags.get("sweep") == "ui"),
-                           key=lambda i: c.get_run(i).data.tags["seed"])}
-    with mlflow_server(uri, tmp) as port:
-        yield port, c, ids, tmp
+                           key=lambda i: c.get_run(i).data.tags["sweep_label"])}
+    return c, ids, tmp
 
 
 @pytest.mark.timeout(900)
-def test_a_launched_run_shows_its_name_description_sections_and_model(served):
+def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     port, c, ids, tmp = served
-    run = c.get_run(ids["launch"])
-    assert run.data.tags["mlflow.runName"] == "digits-largebatch · 2×128 · seed 0"
-    route = f"experiments/{ids['exp']}/runs/{ids['launch']}"
+    names = [c.get_run(i).data.tags["mlflow.runName"] for i in ids["launches"]]
+    assert names == ["s0 · digits-largebatch · 2×128", "s1 · digits-largebatch · 2×128"]
+    assert names[0][:20] != names[1][:20]  # the runs list shows about 20 characters
+    route = f"experiments/{ids['exp']}/runs/{ids['launches'][0]}"
     page = _page(port, f"{route}?{VIEW}", tmp / "launch.txt")
-    assert "digits-largebatch · 2×128 · seed 0" in page
+    assert names[0] in page
     # the description, rendered: what it trains and the plan's table
     assert ("Description digits-largebatch ( experiments/proxy/digits-largebatch.yaml ): "
             "small_resnet on digits, 2 worker(s) x 128 images = global batch 256") in page
     assert "global_batch 256" in page and "plan.peak_lr" in page
-    assert re.search(r"Logged models \(1\).* model Ready", page), page[-3000:]
+    # params only where they take effect: step decay, no LARS, no noise scale, no compression
+    assert "optim.decay_epochs" in page
+    for key in ("optim.lars_eta", "optim.poly_power", "train.gns_decay",
+                "dist.compression_threshold", "train.max_steps"):
+        assert key not in page, key
+    # the logged model, named after the run
+    assert re.search(r"Logged models \(1\).* s0-digits-largebatch-2x128 Ready", page), \
+        page[-3000:]
+    # one throughput per name: the last epoch's and the median over epochs (the report's)
+    run = c.get_run(ids["launches"][0])
+    ips = [m.value for m in c.get_metric_history(run.info.run_id, "perf/images_per_sec")]
+    assert run.data.metrics["perf/images_per_sec_median"] == pytest.approx(
+        sorted(ips)[len(ips) // 2] if len(ips) % 2 else sum(sorted(ips)[:2]) / 2)
+    assert "perf/images_per_sec_median" in page
+
     charts = _page(port, f"{route}/model-metrics?{VIEW}", tmp / "launch-metrics.txt")
-    # MLflow's sections, by the metric's prefix, with their chart counts: perf = the total and
-    # the two workers' own images/s and train_seconds; train = epoch, loss, lr, samples (no
-    # second loss); val = the four evaluations and best_accuracy, final_error
-    for section in ("perf (4) Add chart", "train (4) Add chart", "val (6) Add chart"):
+    # MLflow's sections, by the metric's prefix, with their chart counts: perf = the total, its
+    # median, the two workers' own images/s and train_seconds; train = epoch, loss, lr, samples;
+    # val = the four evaluations and best_accuracy, final_error
+    for section in ("perf (5) Add chart", "train (4) Add chart", "val (6) Add chart"):
         assert section in charts, section
 
+    # system metrics every 2 s: a curve for a short run, with the job's own processes
+    hist = c.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    assert len(hist) >= 5, len(hist)
+    job = c.get_metric_history(run.info.run_id, "system/job_processes")
+    assert len(job) == len(hist) and max(m.value for m in job) >= 4  # scheduler, server, 2 w.
+    assert {"system/job_cpu_utilization_percentage",
+            "system/job_memory_usage_megabytes"} < set(run.data.metrics)
+    system = _page(port, f"{route}/system-metrics?{VIEW}", tmp / "launch-system.txt")
+    # MLflow's 8 charts (CPU, memory MB and %, disk free, used MB and %, network in and out)
+    # and the job's 3 (the charts' titles render only once scrolled to)
+    assert "System metrics (11) Add chart" in system
+
+    # the runs list opens with the metric columns that matter (MLflow's shared view)
+    listed = _page(port, f"experiments/{ids['exp']}/runs?viewStateShareKey=mxlarge&{VIEW}",
+                   tmp / "runs.txt")
+    assert "You're viewing a shared view" in listed
+    assert ("Metrics Duration perf/images_per_sec_median train/loss val/best_accuracy "
+            "val/final_error") in listed  # the columns' header (MLflow sorts them by name)
+    assert "sweep ui" in listed and names[1] in listed
+    # the Models page: each logged model named after its run
+    models = _page(port, f"experiments/{ids['exp']}/models?{VIEW}", tmp / "models.txt")
+    for name in ("s0-digits-largebatch-2x128", "s1-digits-largebatch-2x128", "s0-base-1x64",
+                 "s0-big-1x128"):
+        assert name in models, name
+
 
 @pytest.mark.timeout(900)
-def test_sweep_cells_are_told_apart_and_the_parent_holds_the_report(served):
+def test_the_sweep_parent_compares_its_labels_with_real_numbers(served):
     port, c, ids, tmp = served
-    for seed, cell in enumerate(ids["cells"]):
-        page = _page(port, f"experiments/{ids['exp']}/runs/{cell}?{VIEW}", tmp / f"c{seed}.txt")
-        assert f"base · 1×64 · seed {seed}" in page
-    page = _page(port, f"experiments/{ids['exp']}/runs/{ids['parent']}?{VIEW}",
-                 tmp / "parent.txt")
+    names = [c.get_run(cell).data.tags["mlflow.runName"] for cell in ids["cells"]]
+    assert names == ["s0 · base · 1×64", "s0 · big · 1×128"]
+    page = _page(port, f"experiments/{ids['exp']}/runs/{ids['cells'][1]}?{VIEW}",
+                 tmp / "big.txt")
+    assert names[1] in page and "Parent run sweep ui" in page
+    parent = c.get_run(ids["parent"])
+    assert parent.data.tags["sweep_labels"] == "base, big"  # the labels that ran
+    assert "" not in parent.data.params.values() and "sweep.labels" not in parent.data.params
+    metrics = parent.data.metrics
+    # both labels are 1-worker runs, each its own reference: no speedup or efficiency numbers
+    assert not [k for k in metrics if "speedup" in k or "efficiency" in k], sorted(metrics)
+    finals = {label: c.get_run(cell).data.metrics["val/final_error"]
+              for label, cell in zip(("base", "big"), ids["cells"])}
+    for label, final in finals.items():
+        assert metrics[f"compare/final_error_pct: {label}"] == pytest.approx(100 * final)
+    route = f"experiments/{ids['exp']}/runs/{ids['parent']}"
+    page = _page(port, f"{route}?{VIEW}", tmp / "parent.txt")
     assert "sweep ui" in page and "Description sweep ui : target accuracy" in page
-    assert "final error % (mean ± std)" in page  # the report's table as the description
-    assert "base/final_error" in page and "sweep.seeds 0,1" in page
-    runs = _page(port, f"experiments/{ids['exp']}/runs?{VIEW}", tmp / "runs.txt")
-    assert "sweep ui" in runs and "digits-largebatch · 2×128 · seed 0" in runs
+    assert "final error % (mean ± std)" in page and "images/s (median)" in page
+    assert " ref. " in page  # the description's table says which label is the reference
+    assert "compare/final_error_pct: base" in page and "sweep.seeds 0" in page
+    charts = _page(port, f"{route}/model-metrics?{VIEW}", tmp / "parent-metrics.txt")
+    # one section holds the comparison; the report's plots beside it as images
+    assert re.search(r"compare \(\d+\) Add chart", charts), charts[:3000]
+    assert not re.search(r"\b(base|big) \(\d+\) Add chart", charts)  # no section per label
+    assert "report (3) Add chart" in charts  # its 3 images: the report's plots
+    images = {a.path for a in c.list_artifacts(ids["parent"], "images")}
+    for plot in ("val_error", "final_error_vs_batch", "loss_lr"):
+        assert any(f"report~{plot}" in x for x in images), (plot, images)
 
 
 @pytest.mark.timeout(900)
-def test_a_failed_run_shows_where_it_failed_and_the_evidence(served):
+def test_a_silent_failed_worker_leaves_evidence(served):
     port, c, ids, tmp = served
-    tags = c.get_run(ids["failed"]).data.tags
+    run = c.get_run(ids["failed"])
+    tags = run.data.tags
     victim = ids["victim"]
     assert tags["failed_role"] == "worker" and tags["failed_launch_index"] == str(victim)
-    assert tags["failed_kvstore_rank"] == "0"  # it printed rank 0's progress lines
+    assert tags["failed_kvstore_rank"] == "1"  # the rank that prints nothing
+    # failed_step: the last completed step, no metric beyond it
+    last = max(m.step for k in ("train/loss", "train/samples")
+               for m in c.get_metric_history(run.info.run_id, k))
+    assert int(tags["failed_step"]) >= last >= KILL_AT
     route = f"experiments/{ids['exp']}/runs/{ids['failed']}"
     page = _page(port, f"{route}?{VIEW}", tmp / "failed.txt")
     for key in ("failed_step", "failed_kvstore_rank", "failed_host"):
         assert f"{key} : {tags[key]}" in page, key
-    log = _page(port, f"{route}/artifacts/failure/worker-0.log?{VIEW}",
-                tmp / "failed-log.txt")
-    assert "failure/worker-0.log" in log  # by its kvstore rank
+    system = [k for k in run.data.metrics if k.startswith("system/")]
+    assert "system/job_cpu_utilization_percentage" in system, system
+
     # the viewer highlights the text: compare without blanks
-    shown = re.sub(r"\s", "", log)
-    assert f"#worker{victim}exitedwithsignal9(SIGKILL);itslast" in shown
-    assert ids["victim_lines"] and all(re.sub(r"\s", "", x) in shown
-                                       for x in ids["victim_lines"][-3:])
+    log = re.sub(r"\s", "", _page(port, f"{route}/artifacts/failure/worker-1.log?{VIEW}",
+                                  tmp / "failed-log.txt"))
+    assert f"#worker{victim}exitedwithsignal9(SIGKILL);itslast0line(s)ofoutput" in log
+    beat = re.search(r"#itslastheartbeat:workerrank1on\S+?\(pid\d+\):step(\d+),phasetrain", log)
+    assert beat and int(beat.group(1)) <= int(tags["failed_step"]), log[:3000]
+    assert "#meanwhileworkerrank0" in log and "(itprintednothingonstdoutorstderr)" in log
+
+    job = re.sub(r"\s", "", _page(port, f"{route}/artifacts/failure/job.log?{VIEW}",
+                                  tmp / "failed-job.txt"))
+    assert f"##[worker{victim}]killedbysignal9;itslast0line(s)ofoutput:none" in job
+    assert "##[scheduler]" in job and "##[server0]" in job
+    assert ids["printed"] and all(re.sub(r"\s", "", x) in job for x in ids["printed"][-3:])

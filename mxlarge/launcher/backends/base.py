@@ -43,6 +43,8 @@ class LaunchBackend:
 
     #: the ``--launcher`` name
     name: ClassVar[str]
+    #: every process of the job runs on the launcher's machine (its system metrics are the job's)
+    on_this_machine: ClassVar[bool] = False
 
     def check_spec(self, spec: Spec) -> None:
         """Refuse an option this backend cannot apply (``ValueError`` with the reason)."""

@@ -45,6 +45,7 @@ class LocalBackend(LaunchBackend):
     """``--launcher local``."""
 
     name = "local"
+    on_this_machine = True
 
     def check_spec(self, spec: Spec) -> None:
         super().check_spec(spec)

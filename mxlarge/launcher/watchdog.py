@@ -49,6 +49,8 @@ The rules:
 from __future__ import annotations
 
 import argparse
+import functools
+import socket
 import statistics
 import time
 from collections import deque
@@ -85,6 +87,20 @@ def stall_seconds(text: str) -> float:
 
 STALL_HELP = ("stop the job when no worker advanced for this many seconds (default: "
               "max(120, 20 x the median step time); 0 disables); see mxlarge/launcher/watchdog.py")
+
+
+def same_host(a: str, b: str) -> bool:
+    """Whether the names (or addresses) ``a`` and ``b`` are one host: equal, or resolving to
+    the same address here (a heartbeat's hostname against a hostfile's address)."""
+    return a == b or (_address(a) or a) == (_address(b) or b)
+
+
+@functools.lru_cache(maxsize=256)
+def _address(host: str) -> str | None:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -282,6 +298,12 @@ class Watchdog:
         if frozen:
             behind = sorted(frozen)
             why = "not responding (stopped, frozen or its machine is gone)"
+        elif self.unreachable:
+            # the cut-off host's workers, never a healthy one: a worker that cannot reach a
+            # server holds everyone back, whoever issued the lowest step
+            behind = sorted(r for r, s in self.seen.items()
+                            if any(same_host(s.record.host, h) for h in self.unreachable))
+            why = "on a host that does not answer"
         else:
             low = min(s.record.issued for s in self.seen.values())
             high = max(s.record.issued for s in self.seen.values())

@@ -43,8 +43,10 @@ The rules:
 * **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`
   seconds (stopped, frozen or dead machine); else those with the lowest issued step (they have
   not pushed what the others wait for); else none: every worker waits at the same step, so an
-  unreachable host (when the probe found one), else a server, the scheduler or the network is
-  the suspect. Ranks are kvstore ranks, as in the launcher's other lines.
+  unreachable host (when the probe found one) or a process its guard found stopped (a server,
+  the scheduler: :class:`~mxlarge.launcher.guard.Stopped`, named with its host), else a
+  server, the scheduler or the network is the suspect. Ranks are kvstore ranks, as in the
+  launcher's other lines.
 """
 from __future__ import annotations
 
@@ -54,10 +56,11 @@ import socket
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mxlarge.launcher.guard import Stopped
 from mxlarge.protocol.heartbeat import FINISHED, Record, read_all
 
 MIN_TIMEOUT = 120.0
@@ -106,11 +109,13 @@ def _address(host: str) -> str | None:
 @dataclass(frozen=True)
 class Stall:
     """A stalled job: ``message`` is the one line for the user, ``behind`` the ranks named,
-    ``step`` the last step all workers had completed (the job's progress)."""
+    ``step`` the last step all workers had completed (the job's progress), ``stopped`` the
+    stopped process named when no worker is behind."""
 
     message: str
     behind: tuple[int, ...]
     step: int
+    stopped: Stopped | None = None  # named instead of a worker: a stopped server, scheduler
 
 
 class _Seen:
@@ -150,13 +155,16 @@ class Watchdog:
         clock: monotonic seconds (tests pass their own).
         probe: returns ``{host: why}`` of the job's hosts that do not answer (see the module
             docstring); ``None``: no hosts to probe (a local job).
+        stopped: returns the job's processes their guards found stopped
+            (:class:`~mxlarge.launcher.guard.Stopped`): named when every worker waits.
         exit_grace: seconds a finished worker may take to exit (module docstring).
     """
 
     def __init__(self, directory: str | Path, workers: int, timeout: float | None,
                  emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
                  probe: Callable[[], Mapping[str, str]] | None = None,
-                 exit_grace: float = EXIT_GRACE):
+                 exit_grace: float = EXIT_GRACE,
+                 stopped: Callable[[], Sequence[Stopped]] | None = None):
         if timeout is not None and timeout <= 0:
             raise ValueError(f"stall timeout must be > 0 seconds, got {timeout}")
         self.directory = Path(directory)
@@ -171,6 +179,7 @@ class Watchdog:
         self._warned_for: float | None = None
         self.started = clock()
         self.probe = probe
+        self.stopped = stopped
         self._probed_at = -float("inf")
         self.unreachable: dict[str, str] = {}  # the last probe's answer
 
@@ -247,9 +256,10 @@ class Watchdog:
         allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)
         if idle >= allowed:
             behind, names = self._behind(now)
+            stopped = None if behind else next(iter(self._stopped()), None)
             return Stall(f"stalled: no worker advanced for {idle:.0f} s (stall timeout "
                          f"{allowed:g} s{', busy: ' + ', '.join(busy) if busy else ''}); "
-                         f"{names}", behind, self.progress() or 0)
+                         f"{names}", behind, self.progress() or 0, stopped)
         if idle >= allowed / 2 and self._warned_for != last:
             self._warned_for = last
             _, names = self._behind(now)
@@ -288,6 +298,9 @@ class Watchdog:
                       f"(the job is stopped after {allowed:g} s); {names}")
         return None
 
+    def _stopped(self) -> list[Stopped]:
+        return list(self.stopped()) if self.stopped is not None else []
+
     def _probe(self, now: float) -> None:
         if self.probe is not None and now - self._probed_at >= PROBE_EVERY:
             self._probed_at = now
@@ -317,6 +330,8 @@ class Watchdog:
                         sorted(self.unreachable.items()))
         if not parts:
             step = self.progress()
+            stopped = "; ".join(map(str, self._stopped()))
             return (), (f"every worker waits at step {step}: " + (
-                cut if cut else "suspect a server, the scheduler or the network"))
+                "; ".join(w for w in (stopped, cut) if w) if stopped or cut
+                else "suspect a server, the scheduler or the network"))
         return tuple(behind), "behind: " + "; ".join(parts) + (f"; {cut}" if cut else "")

@@ -195,6 +195,33 @@ def test_behind_a_cut_host_are_its_workers_never_a_healthy_one(tmp_path):
     assert "h1.invalid" not in stall.message
 
 
+def test_a_stopped_server_its_guard_reported_is_named_when_every_worker_waits(tmp_path):
+    """mpi, Slurm: every worker ticks and waits at the same step; the guard of the server on
+    h2 said it is stopped: the stall names it and its host, and its outcome blames it."""
+    from mxlarge.launcher._supervise import stall_outcome
+    from mxlarge.launcher.guard import Stopped
+
+    clock, lines = Clock(), []
+    dog = Watchdog(tmp_path, 2, 10, lines.append, clock,
+                   stopped=lambda: [Stopped("server", 77, "h2")])
+    put(tmp_path, 0, 5, here=1)
+    put(tmp_path, 1, 5, here=1)
+    dog.check()
+    for tick in range(2, 13):
+        for r in (0, 1):
+            put(tmp_path, r, 5, issued=6, here=1, tick=tick)
+        clock.t += 1
+        outcome = stall_outcome(dog, [])
+    assert "every worker waits at step 5: server pid 77 on h2 stopped (SIGSTOP or a " \
+        "debugger)" in lines[0], lines
+    assert outcome is not None and "suspect a server" not in outcome.message, outcome
+    assert outcome.message.endswith("every worker waits at step 5: server pid 77 on h2 stopped "
+                                    "(SIGSTOP or a debugger)"), outcome.message
+    assert outcome.failure is not None and outcome.failure.tags() == {
+        "failed_role": "server", "failed_host": "h2", "failed_pid": "77",
+        "failed_status": "-19"}, outcome.failure
+
+
 def test_default_timeout_is_20_median_steps_at_least_120_s(tmp_path):
     clock = Clock()
     dog = Watchdog(tmp_path, 1, None, lambda line: None, clock)

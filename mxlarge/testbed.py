@@ -26,6 +26,7 @@ leftovers down first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import shutil
@@ -338,6 +339,17 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
                 raise TestbedError(f"Slurm node {host} {state or r.stderr.strip()} 30 s after "
                                    f"its link came back; see {self.root}/log")
             time.sleep(0.5)
+
+    def strays(self, host: str) -> list[str]:
+        """``pid cmdline`` of every process in ``host``'s namespace that is not one of the
+        testbed's daemons (its pid files): what jobs left there (sshd sessions, shells, step
+        daemons, ranks)."""
+        daemons = set()
+        for pidfile in (self.root / "run").glob("*.pid"):
+            with contextlib.suppress(ValueError, IndexError, OSError):
+                daemons.add(int(pidfile.read_text().split()[0]))
+        pids = _pids_in([self.netns(host)]).get(self.netns(host), [])
+        return [f"{p} {_cmdline(p)}" for p in pids if p not in daemons and _cmdline(p) != "?"]
 
     # ----------------------------------------------------------------------------- down
 

@@ -53,6 +53,10 @@ class MpiBackend(DmlcBackend):
                 f"to run several processes on one host)")
         return entries
 
+    def probes_with_ssh(self) -> bool:
+        # mpirun reaches its hosts with ssh unless told otherwise
+        return not any(v in os.environ for v in _MPIRUN_AGENT_VARS)
+
     def guard_flags(self) -> dict[str, bool]:
         return {"reraise": True, "from_first_byte": True}
 

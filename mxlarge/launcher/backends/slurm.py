@@ -20,11 +20,18 @@ import re
 import signal
 
 from mxlarge.launcher._supervise import Child
+from mxlarge.launcher.backends.base import Spec
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.explain import FailureContext, terminated
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.outcome import Outcome
-from mxlarge.launcher.slurm_query import allocation_ending, slurm_nodes, srun_has_overlap
+from mxlarge.launcher.preflight import HostCheckError
+from mxlarge.launcher.slurm_query import (
+    allocation_ending,
+    bad_nodes,
+    slurm_nodes,
+    srun_has_overlap,
+)
 
 _SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
 # srun: a failed task ends its step; stdin (the lease) to every task (srun's default, stated)
@@ -56,6 +63,15 @@ class SlurmBackend(DmlcBackend):
             raise ValueError("the slurm launcher takes its nodes from the allocation; "
                              "pass hostfile=None")
         return None
+
+    def preflight(self, spec: Spec) -> None:
+        """No node of the allocation that Slurm counts as not usable (``HostCheckError``);
+        outside an allocation srun itself says why it cannot run."""
+        bad = bad_nodes(slurm_nodes())
+        if bad:
+            node, state = next(iter(bad.items()))
+            raise HostCheckError(f"host {node} (the Slurm allocation): Slurm has it {state} "
+                                 "(sinfo); nothing started")
 
     def firewall_refusal(self) -> str | None:
         return REFUSAL

@@ -44,8 +44,9 @@ The rules:
   seconds (stopped, frozen or dead machine); else those with the lowest issued step (they have
   not pushed what the others wait for); else none: every worker waits at the same step, so an
   unreachable host (when the probe found one) or a process its guard found stopped (a server,
-  the scheduler: :class:`~mxlarge.launcher.guard.Stopped`, named with its host), else a
-  server, the scheduler or the network is the suspect. Ranks are kvstore ranks, as in the
+  the scheduler: :class:`~mxlarge.launcher.guard.Stopped`, named with its host, and named
+  instead of the lowest issued step, which a stopped server leaves to chance), else a server,
+  the scheduler or the network is the suspect. Ranks are kvstore ranks, as in the
   launcher's other lines.
 """
 from __future__ import annotations
@@ -317,6 +318,9 @@ class Watchdog:
             behind = sorted(r for r, s in self.seen.items()
                             if any(same_host(s.record.host, h) for h in self.unreachable))
             why = "on a host that does not answer"
+        elif self._stopped():
+            # a stopped server holds every worker, in a pull or a push whichever step it was
+            behind, why = [], ""
         else:
             low = min(s.record.issued for s in self.seen.values())
             high = max(s.record.issued for s in self.seen.values())

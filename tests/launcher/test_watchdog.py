@@ -207,9 +207,9 @@ def test_a_stopped_server_its_guard_reported_is_named_when_every_worker_waits(tm
     put(tmp_path, 0, 5, here=1)
     put(tmp_path, 1, 5, here=1)
     dog.check()
-    for tick in range(2, 13):
+    for tick in range(2, 13):  # rank 1 waits in the pull of step 5, rank 0 pushed step 6
         for r in (0, 1):
-            put(tmp_path, r, 5, issued=6, here=1, tick=tick)
+            put(tmp_path, r, 5, issued=6 - r, here=1, tick=tick)
         clock.t += 1
         outcome = stall_outcome(dog, [])
     assert "every worker waits at step 5: server pid 77 on h2 stopped (SIGSTOP or a " \

@@ -61,10 +61,14 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
         testbed.link("h2", up=False)
         down = True
         cut = time.monotonic()
+        timeline: dict[str, dict[str, float]] = {b: {} for b in jobs}  # line -> first seen
         while len(gone) < len(jobs):
             now = time.monotonic() - cut
             for b, (job, _) in jobs.items():
-                if b not in named and re.search(patterns[b], job.text(), re.M):
+                text = job.text()
+                for line in re.findall(r"^(?:\[launcher\]|mxlarge:) .*$", text, re.M):
+                    timeline[b].setdefault(line[:160], now)
+                if b not in named and re.search(patterns[b], text, re.M):
                     named[b] = now
                 if b not in ended and job.proc.poll() is not None:
                     ended[b] = now
@@ -95,6 +99,9 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
             testbed.link("h2", up=True)
         for b, (job, obs) in jobs.items():
             finish(job, obs, work / b)
+    for b, seen in timeline.items():
+        print(f"partition, {b}: timeline " + "; ".join(f"{t:.1f} s {line}" for line, t in
+                                                        seen.items() if t > 0))
     for b, (job, _) in jobs.items():
         print(f"partition, {b}: h2 named after {named.get(b, float('nan')):.1f} s, launcher "
               f"exited after {ended[b]:.1f} s, nothing left {gone[b]:.1f} s after the cut "

@@ -65,8 +65,9 @@ from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 # dmlc_tracker's submit() raised: no outcome, cluster_run raises (a marker, compared by identity)
 _TRACKER_FAILED = Outcome(1, "")
-#: The teardown's grace (SIGTERM to SIGKILL) once a host was found cut off: its tool clients
-#: would spend the whole grace waiting for it (measured: 9 s of a 10 s grace for mpirun and srun).
+#: The teardown's grace (SIGTERM to SIGKILL) once a host was found cut off: a tool client
+#: (ssh, mpirun, srun) may wait on that host, which cannot answer; the job is to end within the
+#: stall timeout + 10 s of the cut (tests/cluster/test_partition.py).
 CUT_GRACE = 2.0
 _RESERVED_EXTRA = frozenset({"cluster", "num_workers", "num_servers", "host_file", "command"})
 _ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")

@@ -155,12 +155,19 @@ class Testbed:
             raise
 
     def healthy(self) -> bool:
-        """All namespaces exist and every Slurm node answers idle."""
+        """All namespaces exist, every host's sshd runs and every Slurm node answers idle."""
         if not (self.root / "hostlist").exists() or \
                 (self.root / "hostlist").read_text().split() != self.hosts:
             return False
         if not set(map(self.netns, self.hosts)) <= set(our_namespaces()):
             return False
+        for h in self.hosts:  # a testbed reused after another session lost an sshd: not healthy
+            try:
+                pid = int((self.root / "run" / f"sshd-{h}.pid").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                return False
+            if not Path(f"/proc/{pid}").exists():
+                return False
         r = _run(*self.on("h0", "sinfo", "-h", "-o", "%T"), check=False, timeout=20)
         return r.returncode == 0 and r.stdout.split() == ["idle"]
 

@@ -217,9 +217,10 @@ def prepare(args: argparse.Namespace) -> Launch:
     why = firewall_refusal(args.launcher, args.firewall)
     if why:
         raise InputError(f"--firewall on: {why}")
+    from mxlarge.launcher.preflight import HostCheckError
     try:
         backend.preflight(spec)
-    except launcher.PortInUseError as exc:
+    except (launcher.PortInUseError, HostCheckError) as exc:
         raise InputError(str(exc)) from None
     meta = path = None
     if args.resume is not None:

@@ -26,6 +26,7 @@ leftovers down first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import shutil
@@ -154,12 +155,19 @@ class Testbed:
             raise
 
     def healthy(self) -> bool:
-        """All namespaces exist and every Slurm node answers idle."""
+        """All namespaces exist, every host's sshd runs and every Slurm node answers idle."""
         if not (self.root / "hostlist").exists() or \
                 (self.root / "hostlist").read_text().split() != self.hosts:
             return False
         if not set(map(self.netns, self.hosts)) <= set(our_namespaces()):
             return False
+        for h in self.hosts:  # a testbed reused after another session lost an sshd: not healthy
+            try:
+                pid = int((self.root / "run" / f"sshd-{h}.pid").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                return False
+            if not Path(f"/proc/{pid}").exists():
+                return False
         r = _run(*self.on("h0", "sinfo", "-h", "-o", "%T"), check=False, timeout=20)
         return r.returncode == 0 and r.stdout.split() == ["idle"]
 
@@ -338,6 +346,17 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
                 raise TestbedError(f"Slurm node {host} {state or r.stderr.strip()} 30 s after "
                                    f"its link came back; see {self.root}/log")
             time.sleep(0.5)
+
+    def strays(self, host: str) -> list[str]:
+        """``pid cmdline`` of every process in ``host``'s namespace that is not one of the
+        testbed's daemons (its pid files): what jobs left there (sshd sessions, shells, step
+        daemons, ranks)."""
+        daemons = set()
+        for pidfile in (self.root / "run").glob("*.pid"):
+            with contextlib.suppress(ValueError, IndexError, OSError):
+                daemons.add(int(pidfile.read_text().split()[0]))
+        pids = _pids_in([self.netns(host)]).get(self.netns(host), [])
+        return [f"{p} {_cmdline(p)}" for p in pids if p not in daemons and _cmdline(p) != "?"]
 
     # ----------------------------------------------------------------------------- down
 

@@ -25,8 +25,8 @@ _FROM = {"SUPPORTED": "registry", "UNSUPPORTED": "registry", "cluster_run": "reg
          "free_port": "local", "run_local": "local"}
 _SUBMODULES = {"api", "backends", "cluster", "dmlc_compat", "environment", "explain",
                "firewall", "guard", "hostfile", "job", "local", "mxnet_launch", "outcome",
-               "pgroups", "pslog", "reach", "registry", "restart", "scheduler_port", "slurm_query",
-               "tuning", "watchdog", "_supervise"}
+               "pgroups", "preflight", "pslog", "reach", "registry", "restart",
+               "scheduler_port", "slurm_query", "tuning", "watchdog", "_supervise"}
 
 __all__ = sorted(_FROM)
 

@@ -10,6 +10,7 @@ from mxlarge.launcher.firewall import MODES, FirewallError
 from mxlarge.launcher.job import BACKENDS, JobSpec, firewall_refusal, launcher_choice, run_job
 from mxlarge.launcher.local import PortInUseError
 from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.registry import backend_for
 from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
 from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 from mxlarge.plan import World
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_job(spec)
 
     try:
+        backend_for(a.launcher).preflight(spec)  # every host answers, before anything starts
         return run_with_restarts(attempt, RestartPolicy(a.max_restarts),
                                  lambda line: print(f"[launcher] {line}", flush=True)).exit_code
     except (ValueError, PortInUseError, NotImplementedError, FileNotFoundError,

@@ -65,6 +65,10 @@ def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outco
         return None
     pids = {watchdog.seen[r].record.pid for r in stall.behind}
     child = next((c for c in children if c.role == "worker" and c.pid in pids), None)
+    if child is None and stall.stopped is not None:  # a stopped server (its guard said so)
+        stopped = stall.stopped
+        return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
+            stopped.role, None, None, stopped.host, stopped.pid, -signal.SIGSTOP))
     if child is None:
         return Outcome(STALL_EXIT, stall.message, "stalled", stall.step)
     record = watchdog.record_of_pid(child.pid)

@@ -55,6 +55,7 @@ from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, job_filter
 from mxlarge.launcher.guard import guard_command
 from mxlarge.launcher.hostfile import HostEntry, Layout, is_ip, is_loopback, layout_of, place
 from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.preflight import check_hosts
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.reach import unreachable_hosts
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
@@ -64,6 +65,10 @@ from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 
 # dmlc_tracker's submit() raised: no outcome, cluster_run raises (a marker, compared by identity)
 _TRACKER_FAILED = Outcome(1, "")
+#: The teardown's grace (SIGTERM to SIGKILL) once a host was found cut off: a tool client
+#: (ssh, mpirun, srun) may wait on that host, which cannot answer; the job is to end within the
+#: stall timeout + 10 s of the cut (tests/cluster/test_partition.py).
+CUT_GRACE = 2.0
 _RESERVED_EXTRA = frozenset({"cluster", "num_workers", "num_servers", "host_file", "command"})
 _ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")
 
@@ -72,6 +77,7 @@ _ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")
 class DmlcBackend(LaunchBackend):
     """A backend that runs its jobs through dmlc_tracker's module of the same :attr:`name`.
 
+    The front ends ask :meth:`preflight` before anything starts (the hosts answer).
     :func:`dmlc_run` asks it, in this order: :meth:`check_hosts` (before anything starts),
     :meth:`guard_flags` and :meth:`check_words` (the command every process runs),
     :meth:`dmlc_hostfile` and :meth:`hosts` (what dmlc reads, where the job runs),
@@ -104,6 +110,19 @@ class DmlcBackend(LaunchBackend):
         """Where the job's processes go (the launcher's layout line); the default:
         dmlc's ssh placement over the lines it reads (:func:`~mxlarge.launcher.hostfile.place`)."""
         return layout_of(scheduler, *place(entries or [], servers, workers))
+
+    def preflight(self, spec: Spec) -> None:
+        """Every host answers, is the host its name says and takes ``--firewall on``'s filter
+        (:func:`mxlarge.launcher.preflight.check_hosts`, ``HostCheckError``)."""
+        entries = self.check_hosts(spec.hostfile, spec.world.processes, spec.servers,
+                                   spec.server_hosts)
+        ports = {e.host: int(e.port) if e.port else 22 for e in entries or ()}
+        check_hosts(ports, f"hostfile {spec.hostfile}", firewall=spec.firewall,
+                    host_ip=spec.host_ip, ssh=self.probes_with_ssh())
+
+    def probes_with_ssh(self) -> bool:
+        """Whether the backend reaches its hosts with ``ssh`` (the pre-flight's probe)."""
+        return True
 
     def guard_flags(self) -> dict[str, bool]:
         """:func:`~mxlarge.launcher.guard.guard_command`'s ``reraise`` and
@@ -299,15 +318,16 @@ def dmlc_run(backend: DmlcBackend, command: Sequence[str], *, workers: int, serv
                 if e.host != args.host_ip}.values())
             # every process on loopback (the tests' fake clusters): as local, nothing to filter
             loopback = all(is_loopback(h) for h in [args.host_ip, *hosts])
+            cut: dict[str, str] = {}  # hosts found not answering during the job, and why
             stack.enter_context(job_filter(
                 firewall, backend.firewall_refusal(), job_env["MXLARGE_JOB_ID"], guarded,
                 SCHEDULER_PORTS, lambda line: LineSink(output).emit("launcher", line),
-                loopback=loopback))
+                loopback=loopback, cut=cut))
             ports = {e.host: int(e.port) for e in entries or () if e.port}
             layout = backend.layout(entries, servers, workers, args.host_ip)
             return _submit(backend, module, tracker, args, job_env["MXLARGE_JOB_ID"], grace,
                            output, shutdown_timeout, hosts, beats, stall_timeout,
-                           bool(ps_verbose), ports, layout)
+                           bool(ps_verbose), ports, layout, cut)
     finally:
         _submit_lock.release()
 
@@ -320,18 +340,22 @@ def _remove_if_empty(directory: str) -> None:
 def _submit(backend: DmlcBackend, module: Any, tracker: Any, args: Any, job_id: str,
             grace: float, output: IO[str] | Any, shutdown_timeout: float,
             hosts: list[str], beats: str | None, stall_timeout: float | None,
-            hide_ps_verbose: bool, ports: Mapping[str, int], layout: Layout) -> Outcome:
+            hide_ps_verbose: bool, ports: Mapping[str, int], layout: Layout,
+            cut: dict[str, str]) -> Outcome:
     sink = ReportSink(output, backend.report_patterns)
     sup = Supervisor(output, sink=sink, hide_ps_verbose=hide_ps_verbose)
     # the hosts a stalled job probes (not this one: the launcher runs here)
     remote = {h: ports.get(h, 22) for h in hosts if h != args.host_ip}
 
     def probe() -> Mapping[str, str]:  # the watchdog's and the failure report's
-        return unreachable_hosts(remote)
+        found = unreachable_hosts(remote)
+        cut.update(found)
+        return found
 
     watchdog = None if beats is None else Watchdog(
         beats, args.num_workers, stall_timeout, emit=lambda line: sup.sink.emit("launcher", line),
-        probe=probe)
+        probe=probe, stopped=lambda: [s for c in list(sup.children)
+                                      for s in list(c.guard.stopped.values())])
     backend.prepare()
     shim = _SubprocessShim(sup, backend)
     stop = threading.Event()
@@ -345,7 +369,7 @@ def _submit(backend: DmlcBackend, module: Any, tracker: Any, args: Any, job_id: 
             errors.append(e)
 
     context = FailureContext(args.host_ip, sup, sink, shim.hosts, watchdog, ports, probe, stop,
-                             received)
+                             received, cut)
     thread = threading.Thread(target=run_backend, name=f"dmlc-{backend.name}-submit",
                               daemon=True)
     sup.sink.emit("launcher", f"job {job_id}: scheduler here at {args.host_ip}, "
@@ -363,7 +387,9 @@ def _submit(backend: DmlcBackend, module: Any, tracker: Any, args: Any, job_id: 
                 bad = outcome.exit_code != 0 and not stop.is_set()
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job" if bad
                               else outcome.message)
-            sup.teardown(grace)
+            # A tool client (ssh, mpirun, srun) waits on a cut-off host that cannot answer;
+            # every guard behind it ends its command when the client's lease stops.
+            sup.teardown(min(grace, CUT_GRACE) if cut else grace)
             # With the scheduler gone, tracker.submit() returns within a poll interval.
             thread.join(timeout=grace + 10)
     finally:

@@ -123,15 +123,18 @@ class FailureContext:
     """What a backend has to hand when it names the process behind a failed local child (ssh
     client, mpirun, srun): the job's children and their output, the tools' reports, the hosts
     commands were sent to (``targets``: child pid -> host), the heartbeats, the probe of the
-    job's hosts and the launcher's signals."""
+    job's hosts (``cut``: the hosts it, or a backend, found not answering) and the launcher's
+    signals."""
 
     def __init__(self, host_ip: str, sup: Supervisor, sink: ReportSink,
                  targets: Mapping[int, str], watchdog: Watchdog | None,
                  ports: Mapping[str, int], probe: Callable[[], Mapping[str, str]],
-                 stop: threading.Event, received: Sequence[int]) -> None:
+                 stop: threading.Event, received: Sequence[int],
+                 cut: dict[str, str] | None = None) -> None:
         self.host_ip, self.sup, self.sink, self.targets = host_ip, sup, sink, targets
         self.watchdog, self.ports, self.probe = watchdog, ports, probe
         self.stop, self.received = stop, received
+        self.cut = {} if cut is None else cut  # hosts found not answering: the teardown's
 
     failed = staticmethod(blame)
 

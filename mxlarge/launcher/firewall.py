@@ -30,9 +30,14 @@ shell behind ``ssh``) reports the host's addresses, installs the table the launc
 then reads its standard input until end of file and deletes the table. End of file comes when
 the launcher closes the pipe at the end of the job, and also when the launcher dies, SIGKILL
 included (the pipe's only writer is gone; for a remote guard, its ssh client's input ends and
-ssh passes the end on). A table whose guard is gone anyway (the guard killed, a host cut off
-mid-job) is stale: every guard first deletes the stale ``mxlarge_*`` tables of its host, so the
-next job there removes them (and ``python -m mxlarge.launcher.firewall clean`` does it by hand).
+ssh passes the end on). The launcher also writes a byte a second (the lease, as for the job's
+processes, :mod:`mxlarge.launcher.guard`): a guard that hears nothing for 10 s (its host cut
+off) deletes the table and ends its own sshd session, which would otherwise wait for a client
+that is gone until the link is back. At the end the launcher waits up to 10 s for each host to
+confirm the removal, but probes a host that has not confirmed after 1 s, and does not wait for
+one that does not answer. A table whose guard is gone anyway (the guard killed) is stale: every
+guard first deletes the stale ``mxlarge_*`` tables of its host, so the next job there removes
+them (and ``python -m mxlarge.launcher.firewall clean`` does it by hand).
 
 Rights. nft needs root (CAP_NET_ADMIN) on every host. ``mode="auto"`` (the default) installs
 the filter where the launcher runs as root and ``nft`` is there, and on every host that accepts
@@ -54,8 +59,12 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+
+from mxlarge.launcher.guard import LEASE_EVERY
+from mxlarge.launcher.reach import PROBE_TIMEOUT, unreachable_hosts
 
 MODES = ("auto", "on", "off")
 #: dmlc_tracker's ``PSTracker(port=9091, port_end=9999)``: the scheduler takes the first free one.
@@ -65,6 +74,7 @@ PS_LITE_PORTS = (10000, 49999)
 # How long a guard may take to report and to install (ssh login included).
 _TIMEOUT = 30.0
 _REMOVE_TIMEOUT = 10.0  # a host that does not answer is left to the next job (stale)
+_CONFIRM_FIRST = 1.0  # then a host that has not confirmed is probed (_close)
 
 # $0 and $1 are "mxlarge-guard" and the job id: they are in the guard's command line, which is
 # how a later guard on the same host tells a live table (its guard runs) from a stale one.
@@ -86,9 +96,15 @@ while IFS= read -r line && [ "$line" != . ]; do rules="$rules$line
 [ -n "$rules" ] || exit 0
 printf '%s' "$rules" | nft -f - 2>&1 || exit 3
 echo "installed $t"
-cat > /dev/null
+lost=
+while :; do  # the launcher's lease: a byte a second; none for 10 s: it or the link is gone
+  b=$(timeout 10 head -c 1) || { lost=1; break; }
+  [ -n "$b" ] || break
+done
 n=$(nft list table ip "$t" | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
 nft delete table ip "$t" && echo "removed $t rejected ${n:-0}"
+# the lease lost over ssh: our sshd session would wait for a client that is gone
+[ -n "$lost" ] && [ "$(cat /proc/$PPID/comm 2>/dev/null)" = sshd ] && kill "$PPID"
 """
 
 
@@ -102,12 +118,13 @@ class Host:
 
     name: str
     prefix: tuple[str, ...] = ()
+    port: int | None = None  # its ssh port (a remote host: what the removal probes)
 
     @classmethod
     def ssh(cls, host: str, port: str | None = None) -> Host:
         """A host reached as dmlc's ssh backend reaches it (BatchMode: never a prompt)."""
         return cls(host, ("ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
-                          "-p", port or "22", host))
+                          "-p", port or "22", host), int(port or 22))
 
 
 def local_refusal() -> str | None:
@@ -195,22 +212,33 @@ class _Guard:
         self.proc.stdin.write(text)
         self.proc.stdin.flush()
 
+    def beat(self) -> None:
+        """One byte of the lease (:data:`GUARD` ends the table without one for 10 s)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.send(".")
+
     def end_input(self) -> None:
         """End of file for the guard: it removes its table and exits."""
         with contextlib.suppress(OSError):
             assert self.proc.stdin is not None
             self.proc.stdin.close()
 
-    def finish(self, emit: Callable[[str], None]) -> None:
-        """Wait for the guard (after :meth:`end_input`); report what it removed."""
+    def finish(self, emit: Callable[[str], None], timeout: float = _REMOVE_TIMEOUT,
+               cut: str | None = None) -> None:
+        """Wait for the guard (after :meth:`end_input`) up to ``timeout`` s, not at all for a
+        host found ``cut`` off (why); report what it removed."""
         try:
-            self.proc.wait(timeout=_REMOVE_TIMEOUT)
+            if cut is not None:
+                raise subprocess.TimeoutExpired(self.proc.args, 0)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:  # e.g. the host is cut off: a later job cleans up
             self.proc.kill()
             self.proc.wait()
-            emit(f"packet filter: {self.host.name} did not confirm the removal within "
-                 f"{_REMOVE_TIMEOUT:g} s; the next job there, or `python -m "
-                 "mxlarge.launcher.firewall clean`, removes the stale table")
+            said = (f"is cut off ({cut}): not waiting for it to confirm the removal" if cut
+                    else f"did not confirm the removal within {_REMOVE_TIMEOUT:g} s")
+            emit(f"packet filter: {self.host.name} {said}; its guard removes the table 10 s "
+                 "after its last word from here, else the next job there or `python -m "
+                 "mxlarge.launcher.firewall clean`")
         while (line := self._next()) is not None:
             if line.startswith("removed mxlarge_"):
                 table, _, n = line[len("removed "):].partition(" rejected ")
@@ -228,9 +256,11 @@ class _Guard:
 
 @contextlib.contextmanager
 def packet_filter(job_id: str, hosts: Sequence[Host], scheduler_ports: tuple[int, int],
-                  emit: Callable[[str], None]) -> Iterator[list[str]]:
+                  emit: Callable[[str], None], cut: Mapping[str, str] | None = None
+                  ) -> Iterator[list[str]]:
     """The job's filter on every host of ``hosts`` while the block runs; yields the allowed
-    addresses. Removed when the block ends, however it ends (see the module docstring).
+    addresses. Removed when the block ends, however it ends (see the module docstring); a host
+    in ``cut`` (found not answering during the job: why) is not waited for.
 
     Raises:
         FirewallError: a host could not take it; then it is on none of them.
@@ -258,28 +288,57 @@ def packet_filter(job_id: str, hosts: Sequence[Host], scheduler_ports: tuple[int
     emit(f"packet filter: on {', '.join(h.name for h in hosts)}, new TCP connections to ports "
          f"{ports} only from the job's hosts ({', '.join(allowed)}) while the job runs "
          f"(nftables tables ip mxlarge_{job_id}_*)")
+    stop = threading.Event()
+    lease = threading.Thread(target=_lease, args=(guards, stop), daemon=True,
+                             name="packet filter lease")
+    lease.start()
     try:
         yield allowed
     finally:
-        _close(guards, emit)
+        stop.set()
+        lease.join(LEASE_EVERY + 1)
+        _close(guards, emit, cut or {})
 
 
-def _close(guards: Sequence[_Guard], emit: Callable[[str], None]) -> None:
-    for g in guards:  # all at once: a slow host does not hold up the others
-        g.end_input()
+def _lease(guards: Sequence[_Guard], stop: threading.Event) -> None:
+    while not stop.wait(LEASE_EVERY):
+        for g in guards:
+            g.beat()
+
+
+def _close(guards: Sequence[_Guard], emit: Callable[[str], None],
+           known: Mapping[str, str] | None = None) -> None:
+    """End every guard at once (a slow host does not hold up the others); a host ``known``
+    not to answer is not waited for, nor is a remote one that has not confirmed within
+    :data:`_CONFIRM_FIRST` s and does not answer a probe (it cannot answer: the cut-off host's
+    guard ends itself by its lease)."""
+    known = dict(known or {})
     for g in guards:
-        g.finish(emit)
+        g.end_input()
+    deadline = time.monotonic() + _CONFIRM_FIRST
+    for g in guards:
+        if g.host.name not in known:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                g.proc.wait(max(0.0, deadline - time.monotonic()))
+    slow = {g.host.name: g.host.port for g in guards if g.proc.poll() is None
+            and g.host.port is not None and g.host.name not in known}
+    cut = {**known, **(unreachable_hosts(slow) if slow else {})}
+    rest = _REMOVE_TIMEOUT - _CONFIRM_FIRST - (PROBE_TIMEOUT if slow else 0.0)
+    for g in guards:
+        g.finish(emit, max(0.0, rest), cut.get(g.host.name))
 
 
 @contextlib.contextmanager
 def job_filter(mode: str, refused: str | None, job_id: str, hosts: Sequence[Host],
                scheduler_ports: tuple[int, int], emit: Callable[[str], None],
-               loopback: bool = False) -> Iterator[list[str] | None]:
+               loopback: bool = False, cut: Mapping[str, str] | None = None
+               ) -> Iterator[list[str] | None]:
     """:func:`packet_filter` as ``mode`` asks (see the module docstring); yields the allowed
     addresses, or ``None`` when the job runs without a filter (``auto`` says why in a line).
     ``refused``: why the job's backend is not offered the filter (its
     :meth:`~mxlarge.launcher.backends.base.LaunchBackend.firewall_refusal`); ``loopback``:
-    every process of the job is on 127.0.0.1 (:data:`LOOPBACK_ONLY`, nothing said).
+    every process of the job is on 127.0.0.1 (:data:`LOOPBACK_ONLY`, nothing said); ``cut``:
+    the hosts found not answering during the job, as :func:`packet_filter` takes them.
 
     Raises:
         ValueError: an unknown mode.
@@ -300,7 +359,7 @@ def job_filter(mode: str, refused: str | None, job_id: str, hosts: Sequence[Host
         elif why is None and mode != "off":
             try:
                 allowed = stack.enter_context(packet_filter(job_id, hosts, scheduler_ports,
-                                                            emit))
+                                                            emit, cut))
             except FirewallError as e:
                 if mode == "on":
                     raise

@@ -9,6 +9,9 @@ client, ``mpirun --stdin all`` or ``srun --input=all`` it starts; no byte for
 :data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone (a partitioned
 host notices nothing else), and the guard ends the command's group.
 
+A command stopped for :data:`STOPPED_AFTER` s (``SIGSTOP``: state ``T``) is said too (and its
+continuation): the watchdog names it when every worker waits (:class:`Stopped`).
+
 ``--reraise`` (mpi, slurm) dies of the command's signal so that mpirun's and srun's own reports
 stay what they would be unguarded; ``--from-first-byte`` (mpi) starts the lease at the first
 byte, because Open MPI 4.1's ``--stdin all`` gives ranks on mpirun's own host none. The
@@ -33,7 +36,8 @@ import termios
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 TAG = "mxlarge-guard:"
 LEASE_BYTE = b"."
@@ -41,8 +45,24 @@ LEASE_EVERY = 1.0
 LEASE_TIMEOUT = 10.0
 GRACE = 5.0
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+#: How long the command must be stopped (state ``T``) before its guard says so.
+STOPPED_AFTER = 2.0
 _STARTED = re.compile(rf"^{TAG} started pid (?P<pid>\d+) on (?P<host>\S+)$")
 _KILLED = re.compile(rf"^{TAG} pid \d+ on \S+ killed by (?P<sig>SIG\w+)$")
+_STOPPED = re.compile(rf"^{TAG} (?P<role>\w+) pid (?P<pid>\d+) on (?P<host>\S+) "
+                      r"(?P<what>stopped|continued)\b")
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A guarded process its guard found stopped (``SIGSTOP``, a debugger): state ``T``."""
+
+    role: str
+    pid: int
+    host: str
+
+    def __str__(self) -> str:
+        return f"{self.role} pid {self.pid} on {self.host} stopped (SIGSTOP or a debugger)"
 
 
 @dataclass
@@ -54,12 +74,20 @@ class GuardReport:
     host: str | None = None
     signal: int | None = None
     lost: bool = False
+    #: the processes stopped now, of every guard whose lines come this way (mpirun, srun)
+    stopped: dict[tuple[str, int], Stopped] = field(default_factory=dict)
 
     def see(self, line: str) -> bool:
         """Take in one output line; return whether it was a guard line."""
         if not line.startswith(TAG):
             return False
-        if m := _STARTED.match(line):
+        if m := _STOPPED.match(line):
+            key = (m.group("host"), int(m.group("pid")))
+            if m.group("what") == "stopped":
+                self.stopped[key] = Stopped(m.group("role"), key[1], key[0])
+            else:
+                self.stopped.pop(key, None)
+        elif m := _STARTED.match(line):
             self.pid, self.host = int(m.group("pid")), m.group("host")
         elif m := _KILLED.match(line):
             with contextlib.suppress(KeyError):
@@ -135,6 +163,38 @@ def _die_of(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` (``R``, ``S``, ``T`` stopped, ...), ``None`` if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class _StopWatch:
+    """Says once when the command has been stopped (``T``, ``t``) for :data:`STOPPED_AFTER` s,
+    and when it continues: a stopped server or scheduler writes no heartbeat, so only its
+    guard can tell the launcher where the job stands still."""
+
+    def __init__(self, pid: int, host: str) -> None:
+        self.pid, self.host = pid, host
+        self.role = os.environ.get("DMLC_ROLE", "process")
+        self.since: float | None = None
+        self.said = False
+
+    def check(self) -> None:
+        if process_state(self.pid) in ("T", "t"):
+            now = time.monotonic()
+            self.since = self.since or now
+            if not self.said and now - self.since >= STOPPED_AFTER:
+                self.said = True
+                print(f"{TAG} {self.role} pid {self.pid} on {self.host} stopped", flush=True)
+            return
+        if self.said:
+            print(f"{TAG} {self.role} pid {self.pid} on {self.host} continued", flush=True)
+        self.since, self.said = None, False
+
+
 def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
           reraise: bool = False, from_first_byte: bool = False) -> int:
     """Run ``command`` as the module docstring says; returns the exit status to exit with.
@@ -160,11 +220,13 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
     print(f"{TAG} started pid {child.pid} on {host}", flush=True)
     leased = float("inf") if from_first_byte else time.monotonic()
     reading = True
+    watch = _StopWatch(child.pid, host)
     try:
         while True:
             status = child.poll()
             if status is not None:
                 break
+            watch.check()
             if received:
                 _end_group(child)
                 if reraise:

@@ -15,7 +15,10 @@ Two facts, both measured with real processes (``tests/e2e/test_foreign_packets.p
   that line means something outside the job (a port scanner, a misdirected client) connected
   to that process's port. 4 KiB of random bytes do it; a short HTTP request or a truncated
   ZeroMQ greeting does not (ZeroMQ waits for the rest); a TLS ClientHello sometimes does,
-  depending on its random bytes.
+  depending on its random bytes. Who sent it cannot be told afterwards: ps-lite logs no peer
+  address, the connection ends with the process, and a host without the packet filter keeps
+  no connection table (the line says so; with the filter, an outsider's connection is refused
+  before any byte arrives).
 
 Importing this module does not import MXNet.
 """
@@ -90,5 +93,6 @@ class PsLog:
                      "its port")
         return (f"ps-lite aborted on a malformed message that arrived on {where} (van.cc:520: "
                 "failed to parse string into protobuf): something outside the job (a port "
-                "scanner, a misdirected client) connected to it; see 'Who can reach a job' in "
-                "docs/security.md")
+                "scanner, a misdirected client) connected to it; its sender cannot be told "
+                "here (ps-lite logs no peer, and the connection ended with the process); "
+                "see 'Who can reach a job' in docs/security.md")

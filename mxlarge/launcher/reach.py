@@ -36,7 +36,7 @@ def unreachable_hosts(hosts: Mapping[str, int], timeout: float = PROBE_TIMEOUT
                       ) -> dict[str, str]:
     """:func:`unreachable` for every host at once (threads): ``{host: why}`` of those that did
     not answer; takes at most ``timeout`` s (+ thread start)."""
-    return _each(hosts, lambda host, port: unreachable(host, port, timeout), timeout)
+    return each_host(hosts, lambda host, port: unreachable(host, port, timeout), timeout)
 
 
 def ssh_fails(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> str | None:
@@ -60,10 +60,10 @@ def ssh_fails(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> 
 def ssh_silent(hosts: Mapping[str, int], timeout: float = SSH_PROBE_TIMEOUT) -> dict[str, str]:
     """:func:`ssh_fails` for every host at once: ``{host: why}`` of those that did not let
     ``ssh host true`` through; takes at most ``timeout`` s (+ thread start)."""
-    return _each(hosts, lambda host, port: ssh_fails(host, port, timeout), timeout)
+    return each_host(hosts, lambda host, port: ssh_fails(host, port, timeout), timeout)
 
 
-def _each(hosts: Mapping[str, int], fails: Callable[[str, int], str | None],
+def each_host(hosts: Mapping[str, int], fails: Callable[[str, int], str | None],
           timeout: float) -> dict[str, str]:
     """``fails(host, port)`` for every host in threads of its own; ``{host: why}`` of the
     hosts it gave a reason for, or that had no verdict after ``timeout`` + 1 s."""

@@ -1,9 +1,10 @@
 """What the Slurm backend asks Slurm: whether srun knows ``--overlap``, the allocation's nodes,
-and whether the allocation is ending.
+which of them Slurm counts as not usable, and whether the allocation is ending.
 
-Each is one short command (``srun --help``, ``scontrol show hostnames``, ``squeue``) with a
-timeout; a Slurm that does not answer gives the conservative answer (no ``--overlap``, the
-unexpanded node list, "still running"). Importing this module does not import MXNet.
+Each is one short command (``srun --help``, ``scontrol show hostnames``, ``sinfo``, ``squeue``)
+with a timeout; a Slurm that does not answer gives the conservative answer (no ``--overlap``,
+the unexpanded node list, no node known bad, "still running"). Importing this module does not
+import MXNet.
 """
 from __future__ import annotations
 
@@ -31,6 +32,24 @@ def slurm_nodes() -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return [nodelist]
     return r.stdout.split() if r.returncode == 0 and r.stdout.split() else [nodelist]
+
+
+def bad_nodes(nodes: list[str]) -> dict[str, str]:
+    """``{node: state}`` of the ``nodes`` Slurm counts as not usable: not responding (``*``
+    after the state, e.g. ``idle*``), down, drained or failed (``sinfo -N -o "%N %T"``)."""
+    if not nodes:
+        return {}
+    try:
+        r = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    bad = {}
+    for line in r.stdout.splitlines() if r.returncode == 0 else ():
+        node, _, state = line.strip().partition(" ")
+        if state.endswith("*") or state.startswith(("down", "drain", "fail")):
+            bad[node] = state
+    return bad
 
 
 def allocation_ending() -> str | None:

@@ -43,19 +43,25 @@ The rules:
 * **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`
   seconds (stopped, frozen or dead machine); else those with the lowest issued step (they have
   not pushed what the others wait for); else none: every worker waits at the same step, so an
-  unreachable host (when the probe found one), else a server, the scheduler or the network is
-  the suspect. Ranks are kvstore ranks, as in the launcher's other lines.
+  unreachable host (when the probe found one) or a process its guard found stopped (a server,
+  the scheduler: :class:`~mxlarge.launcher.guard.Stopped`, named with its host, and named
+  instead of the lowest issued step, which a stopped server leaves to chance), else a server,
+  the scheduler or the network is the suspect. Ranks are kvstore ranks, as in the
+  launcher's other lines.
 """
 from __future__ import annotations
 
 import argparse
+import functools
+import socket
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mxlarge.launcher.guard import Stopped
 from mxlarge.protocol.heartbeat import FINISHED, Record, read_all
 
 MIN_TIMEOUT = 120.0
@@ -87,14 +93,30 @@ STALL_HELP = ("stop the job when no worker advanced for this many seconds (defau
               "max(120, 20 x the median step time); 0 disables); see mxlarge/launcher/watchdog.py")
 
 
+def same_host(a: str, b: str) -> bool:
+    """Whether the names (or addresses) ``a`` and ``b`` are one host: equal, or resolving to
+    the same address here (a heartbeat's hostname against a hostfile's address)."""
+    return a == b or (_address(a) or a) == (_address(b) or b)
+
+
+@functools.lru_cache(maxsize=256)
+def _address(host: str) -> str | None:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Stall:
     """A stalled job: ``message`` is the one line for the user, ``behind`` the ranks named,
-    ``step`` the last step all workers had completed (the job's progress)."""
+    ``step`` the last step all workers had completed (the job's progress), ``stopped`` the
+    stopped process named when no worker is behind."""
 
     message: str
     behind: tuple[int, ...]
     step: int
+    stopped: Stopped | None = None  # named instead of a worker: a stopped server, scheduler
 
 
 class _Seen:
@@ -134,13 +156,16 @@ class Watchdog:
         clock: monotonic seconds (tests pass their own).
         probe: returns ``{host: why}`` of the job's hosts that do not answer (see the module
             docstring); ``None``: no hosts to probe (a local job).
+        stopped: returns the job's processes their guards found stopped
+            (:class:`~mxlarge.launcher.guard.Stopped`): named when every worker waits.
         exit_grace: seconds a finished worker may take to exit (module docstring).
     """
 
     def __init__(self, directory: str | Path, workers: int, timeout: float | None,
                  emit: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
                  probe: Callable[[], Mapping[str, str]] | None = None,
-                 exit_grace: float = EXIT_GRACE):
+                 exit_grace: float = EXIT_GRACE,
+                 stopped: Callable[[], Sequence[Stopped]] | None = None):
         if timeout is not None and timeout <= 0:
             raise ValueError(f"stall timeout must be > 0 seconds, got {timeout}")
         self.directory = Path(directory)
@@ -155,6 +180,7 @@ class Watchdog:
         self._warned_for: float | None = None
         self.started = clock()
         self.probe = probe
+        self.stopped = stopped
         self._probed_at = -float("inf")
         self.unreachable: dict[str, str] = {}  # the last probe's answer
 
@@ -231,9 +257,10 @@ class Watchdog:
         allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)
         if idle >= allowed:
             behind, names = self._behind(now)
+            stopped = None if behind else next(iter(self._stopped()), None)
             return Stall(f"stalled: no worker advanced for {idle:.0f} s (stall timeout "
                          f"{allowed:g} s{', busy: ' + ', '.join(busy) if busy else ''}); "
-                         f"{names}", behind, self.progress() or 0)
+                         f"{names}", behind, self.progress() or 0, stopped)
         if idle >= allowed / 2 and self._warned_for != last:
             self._warned_for = last
             _, names = self._behind(now)
@@ -272,6 +299,9 @@ class Watchdog:
                       f"(the job is stopped after {allowed:g} s); {names}")
         return None
 
+    def _stopped(self) -> list[Stopped]:
+        return list(self.stopped()) if self.stopped is not None else []
+
     def _probe(self, now: float) -> None:
         if self.probe is not None and now - self._probed_at >= PROBE_EVERY:
             self._probed_at = now
@@ -282,6 +312,15 @@ class Watchdog:
         if frozen:
             behind = sorted(frozen)
             why = "not responding (stopped, frozen or its machine is gone)"
+        elif self.unreachable:
+            # the cut-off host's workers, never a healthy one: a worker that cannot reach a
+            # server holds everyone back, whoever issued the lowest step
+            behind = sorted(r for r, s in self.seen.items()
+                            if any(same_host(s.record.host, h) for h in self.unreachable))
+            why = "on a host that does not answer"
+        elif self._stopped():
+            # a stopped server holds every worker, in a pull or a push whichever step it was
+            behind, why = [], ""
         else:
             low = min(s.record.issued for s in self.seen.values())
             high = max(s.record.issued for s in self.seen.values())
@@ -295,6 +334,8 @@ class Watchdog:
                         sorted(self.unreachable.items()))
         if not parts:
             step = self.progress()
+            stopped = "; ".join(map(str, self._stopped()))
             return (), (f"every worker waits at step {step}: " + (
-                cut if cut else "suspect a server, the scheduler or the network"))
+                "; ".join(w for w in (stopped, cut) if w) if stopped or cut
+                else "suspect a server, the scheduler or the network"))
         return tuple(behind), "behind: " + "; ".join(parts) + (f"; {cut}" if cut else "")

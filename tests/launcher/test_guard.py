@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mxlarge.launcher.guard import LEASE_BYTE, TAG, guard_command
+from mxlarge.launcher.guard import LEASE_BYTE, STOPPED_AFTER, TAG, GuardReport, guard_command
 
 # A guard with a 1 s lease (the real one is LEASE_TIMEOUT): the claims are the same.
 _SHORT_LEASE = ("import sys; from mxlarge.launcher.guard import guard; "
@@ -220,3 +220,30 @@ def test_mpirun_stdin_all_gives_a_local_rank_no_byte(from_first_byte):
     else:
         assert "launcher connection lost (no word from it for 1 s)" in out, out
         assert proc.returncode != 0
+
+
+def test_a_stopped_command_is_said_with_its_role_and_host_and_its_continuation(started,
+                                                                             monkeypatch):
+    """SIGSTOP of the command (a server: its DMLC_ROLE): after STOPPED_AFTER s the guard says
+    so, which GuardReport keeps (the watchdog names it); SIGCONT: said too, and forgotten."""
+    monkeypatch.setenv("DMLC_ROLE", "server")  # the guard's own environment, as dmlc sets it
+    proc = started(guard_command(["sleep", "60"], from_first_byte=True))  # no lease expiry
+    assert proc.stdin is not None and proc.stdout is not None
+    pid = _started(proc)
+    report = GuardReport()
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    line = proc.stdout.readline().rstrip("\n")
+    took = time.monotonic() - t0
+    assert re.fullmatch(rf"{TAG} server pid {pid} on \S+ stopped", line), line
+    assert STOPPED_AFTER <= took < STOPPED_AFTER + 2, took
+    assert report.see(line)
+    (stopped,) = report.stopped.values()
+    assert (stopped.role, stopped.pid) == ("server", pid)
+    assert str(stopped).endswith("stopped (SIGSTOP or a debugger)")
+    os.kill(pid, signal.SIGCONT)
+    line = proc.stdout.readline().rstrip("\n")
+    assert re.fullmatch(rf"{TAG} server pid {pid} on \S+ continued", line), line
+    assert report.see(line) and report.stopped == {}
+    proc.stdin.close()  # end of file: the guard ends the command
+    assert proc.wait(10) == 1

@@ -18,8 +18,9 @@ class Clock:
         return self.t
 
 
-def put(directory, rank, done, issued=None, here=None, phase="train", tick=1, pid=None):
-    rec = Record(rank, "hostA", pid or 100 + rank, done, done if issued is None else issued,
+def put(directory, rank, done, issued=None, here=None, phase="train", tick=1, pid=None,
+        host="hostA"):
+    rec = Record(rank, host, pid or 100 + rank, done, done if issued is None else issued,
                  done if here is None else here, phase, tick)
     heartbeat.path_for(directory, rank).write_bytes(rec.encode())
 
@@ -172,6 +173,53 @@ def test_an_unreachable_host_is_named_and_ends_the_busy_allowance(tmp_path):
     assert stall is not None and "(stall timeout 10 s)" in stall.message
     assert "host 198.18.0.12 unreachable" in stall.message
     assert "suspect a server" not in stall.message
+
+
+def test_behind_a_cut_host_are_its_workers_never_a_healthy_one(tmp_path):
+    """mpi after a cut: rank 1 on h1 issued the lowest step (it waits for a pull that h2's
+    server cannot answer), rank 0 on h2, the host that does not answer, is the one behind; the
+    probe's hosts are matched to the heartbeats' hostnames by address (localhost here)."""
+    clock = Clock()
+    dog = Watchdog(tmp_path, 2, 10, lambda line: None, clock,
+                   probe=lambda: {"127.0.0.1": "no answer on port 22 within 2 s"})
+    put(tmp_path, 0, 200, here=1, host="localhost")
+    put(tmp_path, 1, 200, here=1, host="h1.invalid")
+    dog.check()
+    for tick in range(2, 13):
+        put(tmp_path, 0, 200, issued=201, here=1, tick=tick, host="localhost")
+        put(tmp_path, 1, 200, here=1, tick=tick, host="h1.invalid")
+        stall = advance(clock, dog, 1)
+    assert stall is not None and stall.behind == (0,), stall
+    assert "behind: worker rank 0 at step 200 on localhost (pid 100), on a host that does " \
+        "not answer; host 127.0.0.1 unreachable" in stall.message, stall.message
+    assert "h1.invalid" not in stall.message
+
+
+def test_a_stopped_server_its_guard_reported_is_named_when_every_worker_waits(tmp_path):
+    """mpi, Slurm: every worker ticks and waits at the same step; the guard of the server on
+    h2 said it is stopped: the stall names it and its host, and its outcome blames it."""
+    from mxlarge.launcher._supervise import stall_outcome
+    from mxlarge.launcher.guard import Stopped
+
+    clock, lines = Clock(), []
+    dog = Watchdog(tmp_path, 2, 10, lines.append, clock,
+                   stopped=lambda: [Stopped("server", 77, "h2")])
+    put(tmp_path, 0, 5, here=1)
+    put(tmp_path, 1, 5, here=1)
+    dog.check()
+    for tick in range(2, 13):  # rank 1 waits in the pull of step 5, rank 0 pushed step 6
+        for r in (0, 1):
+            put(tmp_path, r, 5, issued=6 - r, here=1, tick=tick)
+        clock.t += 1
+        outcome = stall_outcome(dog, [])
+    assert "every worker waits at step 5: server pid 77 on h2 stopped (SIGSTOP or a " \
+        "debugger)" in lines[0], lines
+    assert outcome is not None and "suspect a server" not in outcome.message, outcome
+    assert outcome.message.endswith("every worker waits at step 5: server pid 77 on h2 stopped "
+                                    "(SIGSTOP or a debugger)"), outcome.message
+    assert outcome.failure is not None and outcome.failure.tags() == {
+        "failed_role": "server", "failed_host": "h2", "failed_pid": "77",
+        "failed_status": "-19"}, outcome.failure
 
 
 def test_default_timeout_is_20_median_steps_at_least_120_s(tmp_path):

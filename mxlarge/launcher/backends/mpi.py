@@ -109,6 +109,10 @@ class MpiBackend(DmlcBackend):
         server_lines = place(lines, servers, 0)[0] if homes else _fill(others, servers)
         return layout_of(scheduler, server_lines, _fill(others, workers))
 
+    def probes_with_ssh(self) -> bool:
+        # mpirun reaches its hosts with ssh unless told otherwise
+        return not any(v in os.environ for v in _MPIRUN_AGENT_VARS)
+
     def guard_flags(self) -> dict[str, bool]:
         return {"reraise": True, "from_first_byte": True}
 

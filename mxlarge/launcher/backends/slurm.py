@@ -23,11 +23,18 @@ import signal
 from collections.abc import Sequence
 
 from mxlarge.launcher._supervise import Child
+from mxlarge.launcher.backends.base import Spec
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.explain import FailureContext, terminated
 from mxlarge.launcher.hostfile import HostEntry, Layout, check_server_hosts
 from mxlarge.launcher.outcome import Outcome
-from mxlarge.launcher.slurm_query import allocation_ending, slurm_nodes, srun_has_overlap
+from mxlarge.launcher.preflight import HostCheckError
+from mxlarge.launcher.slurm_query import (
+    allocation_ending,
+    bad_nodes,
+    slurm_nodes,
+    srun_has_overlap,
+)
 
 _SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
 # dmlc's step: "srun --share --exclusive=user -N <nodes> -n <tasks> <command>"
@@ -79,6 +86,15 @@ class SlurmBackend(DmlcBackend):
                                  f"one node left for the workers")
         self._homes = homes
         return None
+
+    def preflight(self, spec: Spec) -> None:
+        """No node of the allocation that Slurm counts as not usable (``HostCheckError``);
+        outside an allocation srun itself says why it cannot run."""
+        bad = bad_nodes(slurm_nodes())
+        if bad:
+            node, state = next(iter(bad.items()))
+            raise HostCheckError(f"host {node} (the Slurm allocation): Slurm has it {state} "
+                                 "(sinfo); nothing started")
 
     def firewall_refusal(self) -> str | None:
         return REFUSAL

@@ -195,6 +195,7 @@ class SshBackend(DmlcBackend):
                           child.status)
         why = None if host is None else unreachable(host, context.ports.get(host, 22))
         if why is not None:
+            context.cut[host] = why
             return failed(255, f"{what}: host {host} unreachable ({why}); ssh lost it "
                                f"(status 255)", 255)
         if child.guard.pid is None:

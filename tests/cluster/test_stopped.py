@@ -1,0 +1,84 @@
+"""A server stopped (``SIGSTOP``, state ``T``) under an mpirun job and under an srun job at
+once, 2 workers + 2 servers over h1 and h2 each (``--stall-timeout 10``): no worker is behind
+(every worker ticks and waits at the same step), so before issue 41 the stall said only
+"suspect a server, the scheduler or the network". The guard of the stopped server says it is
+stopped (mxlarge/launcher/guard.py), and the stall names it, its pid and its host; the MLflow
+run blames it (``failed_role=server``, ``failed_host``, ``failed_pid``). Nothing of either job
+is left on any host afterwards. In the slower cluster tier (``make test-cluster-slow``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from mxlarge.testbed import Testbed
+from tests.cluster.test_failures import anything_of, finish, launch, the_run, training
+
+pytestmark = pytest.mark.slow
+STALL = 10
+BACKENDS = {"mpi": "h1 slots=1\nh2 slots=1\n", "slurm": None}
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_server_is_named_with_its_host_on_mpi_and_slurm(testbed: Testbed,
+                                                                   work: Path) -> None:
+    jobs = {}
+    stopped: dict[str, int] = {}
+    ended: dict[str, float] = {}
+    try:
+        for b, hostfile in BACKENDS.items():
+            (work / b).mkdir()
+            jobs[b] = launch(testbed, work / b, b, "--stall-timeout", str(STALL),
+                             hostfile=hostfile)
+        procs = {b: training(obs) for b, (_, obs) in jobs.items()}
+        t0 = time.monotonic()
+        for b in jobs:
+            victim = next(p for p in procs[b] if p.role == "server" and p.host == "h2")
+            os.kill(victim.pid, signal.SIGSTOP)
+            stopped[b] = victim.pid
+        while len(ended) < len(jobs):
+            for b, (job, _) in jobs.items():
+                if b not in ended and job.proc.poll() is not None:
+                    ended[b] = time.monotonic() - t0
+            assert time.monotonic() - t0 < 60, (ended, {b: j.text()[-3000:]
+                                                        for b, (j, _) in jobs.items()})
+            time.sleep(0.2)
+        gone = {}
+        for b in jobs:
+            deadline = time.monotonic() + 30
+            while anything_of(str(work / b)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            gone[b] = anything_of(str(work / b))
+    finally:
+        for pid in stopped.values():
+            with_cont(pid)
+        for b, (job, obs) in jobs.items():
+            finish(job, obs, work / b)
+    for b, (job, _) in jobs.items():
+        text = job.text()
+        pid = stopped[b]
+        print(f"stopped server, {b}: the launcher exited {ended[b]:.1f} s after the SIGSTOP")
+        assert job.proc.returncode == 124, (b, text[-3000:])
+        assert re.search(rf"stalled: no worker advanced for \d+ s \(stall timeout {STALL} s\); "
+                         rf"every worker waits at step \d+: server pid {pid} on h2 stopped "
+                         r"\(SIGSTOP or a debugger\)", text), (b, text[-3000:])
+        assert "suspect a server" not in text, (b, text[-3000:])
+        assert ended[b] < STALL + 15, (b, ended, text[-3000:])
+        assert gone[b] == [], (b, gone)
+        tags = the_run(work / b).data.tags
+        assert (tags["failure"], tags["failed_role"], tags["failed_host"], tags["failed_pid"],
+                tags["failed_status"]) == ("stalled", "server", "h2", str(pid), "-19"), tags
+        assert "None" not in tags.values(), tags
+
+
+def with_cont(pid: int) -> None:
+    """SIGCONT to ``pid`` if it is still there (teardown continues it too)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass

@@ -21,6 +21,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import shutil
+import tempfile
 import time
 import warnings
 from typing import Any
@@ -95,11 +98,14 @@ def profile_net(key: str, steps: int, profiled: int = 10) -> dict[str, Any]:
         after = [st["collections"] for st in gc.get_stats()]
         out[which]["gc_per_100_steps"] = [g + 100 * (a - b) / (2 * steps) for g, a, b in
                                           zip(out[which]["gc_per_100_steps"], after, before)]
+    trace_dir = tempfile.mkdtemp(prefix="mxlarge-profile-")
     for which in TRAINERS:
         net, trainer = setups[which]
         for part in ("fwd_bwd", "step"):
+            # a file of our own: MXNet 1.9.1's profiler replaces a device such as /dev/null
+            # with a regular file of its trace (which then breaks sshd and every `>/dev/null`)
             mx.profiler.set_config(profile_all=True, aggregate_stats=True,
-                                   filename="/dev/null")
+                                   filename=os.path.join(trace_dir, "profile.json"))
             for s in range(profiled):
                 x, y = batches[s % len(batches)]
                 mx.nd.waitall()
@@ -115,6 +121,7 @@ def profile_net(key: str, steps: int, profiled: int = 10) -> dict[str, Any]:
                 mx.profiler.set_state("stop")
             out[which][f"operators_{part}"] = _operators(mx.profiler.dumps(reset=True),
                                                         profiled)
+    shutil.rmtree(trace_dir, ignore_errors=True)
     return out
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from mxlarge.launcher.reach import (
     PROBE_TIMEOUT,
     SSH_PROBE_TIMEOUT,
     each_host,
+    ssh_run,
     unreachable_hosts,
 )
 
@@ -55,15 +55,9 @@ def host_facts(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT
                ) -> HostFacts | str:
     """The facts of ``host`` from one ``ssh -p port host`` (non-interactive), or why ssh did
     not give them within ``timeout`` s."""
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-           "-o", f"ConnectTimeout={max(1, int(timeout))}", "-p", str(port), host, _FACTS]
-    try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"ssh gave no answer within {timeout:g} s"
-    except OSError as e:
-        return f"ssh: {e.strerror or e}"
+    r = ssh_run(host, port, _FACTS, timeout)
+    if isinstance(r, str):
+        return f"ssh: {r}"
     if r.returncode != 0:
         said = r.stderr.strip().splitlines()
         return f"ssh exited with status {r.returncode}" + (f" ({said[-1]})" if said else "")

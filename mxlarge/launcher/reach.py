@@ -39,18 +39,26 @@ def unreachable_hosts(hosts: Mapping[str, int], timeout: float = PROBE_TIMEOUT
     return each_host(hosts, lambda host, port: unreachable(host, port, timeout), timeout)
 
 
-def ssh_fails(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> str | None:
-    """``None`` if ``ssh -p port host true`` (the ``ssh`` on PATH, non-interactive: no password
-    prompt, no host-key question) exits 0 within ``timeout`` s, else why not."""
+def ssh_run(host: str, port: int, command: str, timeout: float
+            ) -> subprocess.CompletedProcess[str] | str:
+    """``ssh -p port host command`` (the ``ssh`` on PATH, non-interactive: no password prompt,
+    no host-key question), or why it gave no exit status within ``timeout`` s."""
     cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-           "-o", f"ConnectTimeout={max(1, int(timeout))}", "-p", str(port), host, "true"]
+           "-o", f"ConnectTimeout={max(1, int(timeout))}", "-p", str(port), host, command]
     try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=timeout)
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
-        return f"ssh {host} true: no answer within {timeout:g} s"
+        return f"no answer within {timeout:g} s"
     except OSError as e:
-        return f"ssh {host} true: {e.strerror or e}"
+        return str(e.strerror or e)
+
+
+def ssh_fails(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> str | None:
+    """``None`` if ``ssh -p port host true`` exits 0 within ``timeout`` s, else why not."""
+    r = ssh_run(host, port, "true", timeout)
+    if isinstance(r, str):
+        return f"ssh {host} true: {r}"
     if r.returncode == 0:
         return None
     said = r.stderr.strip().splitlines()

@@ -110,6 +110,7 @@ def test_lost_worker_continues_as_one_worker_simulating_two_bitwise(tmp_path):
     assert dmlc_processes(str(tmp_path)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_no_world_above_the_floor_ends_the_job_with_the_reason(tmp_path):
     cfg = tmp_path / "e.yaml"

@@ -100,6 +100,7 @@ class Ports:
                 for port in payloads}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_garbage_on_every_port_is_named_and_one_restart_finishes_the_job() -> None:
     marker = f"foreign-{uuid.uuid4().hex[:8]}"
@@ -155,6 +156,7 @@ def test_garbage_on_every_port_is_named_and_one_restart_finishes_the_job() -> No
     assert_no_leftovers(marker)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mxlarge_launch_names_the_cause_in_the_restart_reason(tmp_path: Path) -> None:
     """`mxlarge launch` with MLflow: 4 KiB of random bytes on the scheduler's port as soon as

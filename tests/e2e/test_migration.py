@@ -190,6 +190,7 @@ def _conv_bn_net():
     return net
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_gluoncv_style_script_deferred_init_nag_lrsequential_resume_launched(tmp_path):
     """GluonCV's shape (deferred init with BN, hybridized, NAG, LRSequential warmup + cosine,

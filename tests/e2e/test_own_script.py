@@ -90,6 +90,7 @@ def _same_params(a, b):
         np.testing.assert_array_equal(x[k].asnumpy(), y[k].asnumpy(), err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_own_script_restarted_after_a_crash_resumes_through_its_hook(tmp_path):
     """--max-restarts with docs/trainer.md's resume hook (mxlarge.resume): rank 1 raises at step 10
@@ -129,6 +130,7 @@ def test_own_script_failing_the_same_way_twice_is_not_restarted_again(tmp_path):
     assert dmlc_processes(marker) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("fakes")
 def test_cluster_launcher_restarts_an_own_script_too(tmp_path):

@@ -61,6 +61,7 @@ def test_compare_is_allclose_and_measures_the_first_update() -> None:
     assert not compare({"w0_0": w0["w0_0"]}, w0, 1e-5, 1e-6)["agree"]  # a tensor missing
 
 
+@pytest.mark.slow
 def test_the_engine_floor_is_measured_in_mxlarge_launches(tmp_path: Path) -> None:
     """Phase 3 on a real 2-worker job: every layout's bare exchanges are timed, in mxlarge's
     launches only, and the report puts their medians next to the target step time."""

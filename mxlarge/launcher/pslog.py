@@ -11,11 +11,13 @@ Two facts, both measured with real processes (``tests/e2e/test_foreign_packets.p
 * ps-lite listens with a ZeroMQ ROUTER socket that accepts any TCP client, and parses each
   message it receives with a ``CHECK``: a message that is not ps-lite's own protobuf ends the
   process at once, ``van.cc:520: Check failed: pb.ParseFromArray(meta_buf, buf_size): failed
-  to parse string into protobuf``, then SIGABRT. Nothing of the job sends such a message, so
-  that line means something outside the job (a port scanner, a misdirected client) connected
-  to that process's port. 4 KiB of random bytes do it; a short HTTP request or a truncated
-  ZeroMQ greeting does not (ZeroMQ waits for the rest); a TLS ClientHello sometimes does,
-  depending on its random bytes. Who sent it cannot be told afterwards: ps-lite logs no peer
+  to parse string into protobuf``, then SIGABRT. Bytes that happen to parse as an empty meta
+  fail the next check instead, ``van.cc:225: Check failed: msg->meta.sender != Meta::kEmpty``
+  (a TLS ClientHello, about 1 in 20, measured). Nothing of the job sends either message, so
+  such a line means something outside the job (a port scanner, a misdirected client)
+  connected to that process's port. 4 KiB of random bytes do it; a short HTTP request or a
+  truncated ZeroMQ greeting does not (ZeroMQ waits for the rest); a TLS ClientHello sometimes
+  does, depending on its random bytes. Who sent it cannot be told afterwards: ps-lite logs no peer
   address, the connection ends with the process, and a host without the packet filter keeps
   no connection table (the line says so; with the filter, an outsider's connection is refused
   before any byte arrives).
@@ -42,8 +44,9 @@ _VERBOSE = re.compile(r"(?:van\.cc|zmq_van\.h):\d+: (?:Bind to |assign rank=|the
 # server r and 9 + 2r for worker r (kvstore rank r), so this names every process's kvstore rank.
 _ASSIGN = re.compile(r"van\.cc:\d+: assign rank=(?P<id>\d+) to node role=(?P<role>server|worker), "
                      r"ip=(?P<ip>[^,\s]+), port=(?P<port>\d+)")
-_ABORT = re.compile(r"van\.cc:\d+: Check failed: pb\.ParseFromArray\(meta_buf, buf_size\): "
-                    r"failed to parse string into protobuf")
+_ABORT = re.compile(r"(?P<line>van\.cc:\d+): Check failed: (?:pb\.ParseFromArray\(meta_buf, "
+                    r"buf_size\): (?P<why>failed to parse string into protobuf)|"
+                    r"(?P<check>msg->meta\.sender != Meta::kEmpty))")
 
 
 def verbose_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -63,7 +66,7 @@ class PsLog:
     def __init__(self, hide_verbose: bool) -> None:
         self.hide_verbose = hide_verbose
         self.bound: list[str] = []   # "ip:port" of each Bind line, in order
-        self.aborted = False         # the malformed-message check fired
+        self.aborted: str | None = None  # the malformed-message check that fired: "van.cc:520: ..."
         # the scheduler's assignments: "ip:port" -> (role, kvstore rank)
         self.assigned: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
@@ -79,20 +82,22 @@ class PsLog:
                 node = int(a.group("id"))
                 self.assigned[f"{a.group('ip')}:{a.group('port')}"] = (
                     a.group("role"), (node - 8 - (a.group("role") == "worker")) // 2)
-            if _ABORT.search(line):
-                self.aborted = True
+            b = _ABORT.search(line)
+            if b and self.aborted is None:
+                self.aborted = f"{b.group('line')}: {b.group('why') or b.group('check')}"
         return not (self.hide_verbose and _VERBOSE.search(line))
 
     def cause(self) -> str | None:
         """Why the process died, when its output says so; ``None`` otherwise."""
         with self._lock:
-            if not self.aborted:
+            if self.aborted is None:
                 return None
             where = (f"its port {self.bound[0]}" if len(self.bound) == 1 else
                      f"one of its ports ({', '.join(self.bound)})" if self.bound else
                      "its port")
-        return (f"ps-lite aborted on a malformed message that arrived on {where} (van.cc:520: "
-                "failed to parse string into protobuf): something outside the job (a port "
+            check = self.aborted
+        return (f"ps-lite aborted on a malformed message that arrived on {where} ({check}): "
+                "something outside the job (a port "
                 "scanner, a misdirected client) connected to it; its sender cannot be told "
                 "here (ps-lite logs no peer, and the connection ended with the process); "
                 "see 'Who can reach a job' in docs/security.md")

@@ -34,10 +34,11 @@ from tests.e2e.test_launcher import (
 from tests.foreign import HARMLESS, RANDOM, client_hello
 from tests.helpers import EQ_CONFIG
 
-CAUSE = ("exited with signal 6 (SIGABRT): ps-lite aborted on a malformed message that arrived "
-         "on its port 127.0.0.1:{port} (van.cc:520: failed to parse string into protobuf): "
-         "something outside the job")
-ABORT_LINE = "failed to parse string into protobuf"
+# a TLS ClientHello fails either check, by its random bytes (mxlarge.launcher.pslog)
+CAUSE = (r"exited with signal 6 \(SIGABRT\): ps-lite aborted on a malformed message that "
+         r"arrived on its port 127\.0\.0\.1:{port} \((?:van\.cc:520: failed to parse string into "
+         r"protobuf|van\.cc:225: msg->meta\.sender != Meta::kEmpty)\): something outside the job")
+ABORT_LINE = r"(?:failed to parse string into protobuf|msg->meta\.sender != Meta::kEmpty)"
 
 
 class Output:
@@ -149,7 +150,7 @@ def test_garbage_on_every_port_is_named_and_one_restart_finishes_the_job() -> No
                   r"exited with .*? its port 127\.0\.0\.1:(\d+) ", text, re.M)
     assert m, text[-4000:]
     assert ports.label[int(m.group(2))][0] == m.group(1)
-    assert CAUSE.format(port=m.group(2)) in text
+    assert re.search(CAUSE.format(port=m.group(2)), text), text[-4000:]
     assert record[m.group(1)].get("4 KiB random", record[m.group(1)]["TLS ClientHello"]) \
         == "aborts"
     assert "job finished" in text.splitlines()[-1], text[-2000:]
@@ -192,4 +193,4 @@ def test_mxlarge_launch_names_the_cause_in_the_restart_reason(tmp_path: Path) ->
     assert len(runs) == 1
     assert runs[0].info.status == "FINISHED"
     reason = runs[0].data.tags["restart_1_reason"]
-    assert reason.startswith("scheduler " + CAUSE.format(port=port)), reason
+    assert re.match("scheduler " + CAUSE.format(port=port), reason), reason

@@ -30,7 +30,7 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
     """Weights after 12 steps through warmup and a decay, with momentum: k workers × n equal one
     process with k·n up to float rounding inside the reductions (measured max |diff| 3.0e-8 for
     k = 2 and 3; asserted <= 2e-7, which a corrupted first pull or a wrong scale exceeds by
-    orders of magnitude), and the replicas are bitwise identical. Launched 3 times per k (6 in
+    orders of magnitude), and the replicas are bitwise identical. Launched twice per k (4 in
     all) so that the first-step init/push race would show up."""
     cfg = tmp_path / "eq.yaml"
     cfg.write_text(EQ_CONFIG)
@@ -38,7 +38,7 @@ def test_k_workers_equal_one_process_with_global_batch(tmp_path, k):
                 f"data.batch_size={8 * k}", f"train.save_params={tmp_path}/ref.params"], tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = load_params(tmp_path / "ref.params")
-    for attempt in range(3):
+    for attempt in range(2):
         out = tmp_path / f"k{k}-{attempt}"
         r = cli(["launch", str(cfg), "-n", str(k), "-s", "1",
                   f"train.save_params={out}-{{rank}}.params"], tmp_path)

@@ -30,14 +30,15 @@ def launch(cwd, *script_args, stall_timeout=30, timeout=120):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3000)
-def test_a_script_ending_right_after_its_last_step_exits_20_times_in_20(tmp_path):
+@pytest.mark.timeout(1500)
+def test_a_script_ending_right_after_its_last_step_exits_10_times_in_10(tmp_path):
     """The issue's script (conv net with BN, inference forward, mxlarge.Trainer on dist_sync, 5
-    steps, no waitall) 20 times in a row: every job exits 0 on its own (every process exited
+    steps, no waitall) 10 times in a row: every job exits 0 on its own (every process exited
     0, no worker ended by the launcher) within the normal time. Before the fix: 4 hangs in 8
-    (each stopped by the stall watchdog, exit 124)."""
+    (each stopped by the stall watchdog, exit 124): at that rate 10 clean runs in a row have a
+    chance of 2⁻¹⁰."""
     times = []
-    for i in range(20):
+    for i in range(10):
         r, took = launch(tmp_path)
         assert r.returncode == 0, f"run {i + 1}: exit {r.returncode} after {took:.0f} s\n" \
                                   f"{r.stdout[-3000:]}"
@@ -46,7 +47,7 @@ def test_a_script_ending_right_after_its_last_step_exits_20_times_in_20(tmp_path
         assert r.stdout.count("done 5 steps") == 2
         assert took < NORMAL, f"run {i + 1} took {took:.0f} s"
         times.append(took)
-    print(f"20 runs: {min(times):.1f}-{max(times):.1f} s")
+    print(f"10 runs: {min(times):.1f}-{max(times):.1f} s")
 
 
 @pytest.mark.slow

@@ -125,7 +125,7 @@ class MpiBackend(DmlcBackend):
                              "alive; expected it unset")
         assert lines is not None
         server_lines, worker_lines = mpi_slots(lines, servers, world.processes)
-        # mpirun's ssh takes the port from ~/.ssh/config like the probe's: no port here
+        # port 22: an mpi hostfile has no port column, and mpirun's ssh is given none here
         return Elastic(world, [e.host for e in worker_lines], ssh_probe({}), min_workers,
                        others=[e.host for e in server_lines])
 

@@ -174,10 +174,12 @@ def test_mpi_elastic_probes_worker_and_server_hosts_and_refuses_mpiruns_own_agen
     assert backend.attempt_hostfile(_mpi_lines("a", "b"), e, 2, 2, 1) is None  # none lost
     with pytest.raises(ValueError, match="--local-lost: expected with --launcher local"):
         backend.elastic(World(2, batch=8), 2, _mpi_lines("a", "b"), 1, "lost")
-    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", "rsh")
-    with pytest.raises(ValueError, match=r"^--elastic with --launcher mpi: "
-                                         r"OMPI_MCA_plm_rsh_agent is set \(mpirun's remote"):
-        backend.elastic(World(2, batch=8), 2, _mpi_lines("a", "b"), 1, None)
+    for var in ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_rsh_agent"):
+        with monkeypatch.context() as m:
+            m.setenv(var, "rsh")
+            with pytest.raises(ValueError, match=rf"^--elastic with --launcher mpi: {var} is "
+                                                 r"set \(mpirun's remote"):
+                backend.elastic(World(2, batch=8), 2, _mpi_lines("a", "b"), 1, None)
 
 
 def test_ssh_probe_takes_a_host_whose_ssh_fails_as_lost():

@@ -25,9 +25,10 @@ and every process's as ``failure/job.log`` (:meth:`_Record.outcome`).
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run
 records each world as tags ``world_<attempt>`` (and ``workers_lost``) and the metric
-``world/workers`` at the step the attempt starts from. An ssh job's restart after a host is
-lost runs from a hostfile of the answering hosts only
-(:func:`~mxlarge.launcher.backends.ssh.survivors_hostfile`).
+``world/workers`` at the step the attempt starts from. An ssh or mpi job's restart after a
+host is lost runs from a hostfile of the answering hosts only
+(:func:`~mxlarge.launcher.backends.ssh.survivors_hostfile`,
+:func:`~mxlarge.launcher.backends.mpi.survivors_hostfile`).
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def elastic_of(args: argparse.Namespace, backend: LaunchBackend, world: World, s
     """``--elastic``'s world keeper, or None; options that cannot apply are refused.
 
     The hosts and their probe are the backend's
-    (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): an ssh job's are its
-    hostfile's ``lines``, probed over ssh; a local job's its worker processes, probed with
+    (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): an ssh or mpi job's are
+    its hostfile's ``lines``, probed over ssh; a local job's its worker processes, probed with
     ``--local-lost``."""
     if not args.elastic:
         for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):
@@ -325,8 +326,9 @@ def _run_attempt(job: Launch, attempt: Attempt, record: _Record) -> Outcome:
     spec = attempt_spec(job, attempt)
     hostfile = job.spec.hostfile
     if attempt.hostfile is not None:
-        print(f"mxlarge: restart {number}: hosts " + ", ".join(attempt.hostfile.split()) +
-              f" ({spec.servers} server(s) first; lost: {', '.join(attempt.lost)})",
+        print(f"mxlarge: restart {number}: hosts " + ", ".join(attempt.hostfile.splitlines())
+              + f" ({spec.servers} server(s), {spec.world.processes} worker(s); lost: "
+              f"{', '.join(attempt.lost)})",
               flush=True)
         fd, hostfile = tempfile.mkstemp(prefix="mxlarge-hosts-")
         with os.fdopen(fd, "w") as f:

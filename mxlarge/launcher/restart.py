@@ -22,7 +22,9 @@ without ``--elastic``. Which hosts a job has and how they are probed is
 its backend's (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): a local job's are
 its worker processes (:mod:`mxlarge.launcher.backends.local`), an ssh job's its hostfile's,
 placed as dmlc places them and probed with ``ssh host true``
-(:mod:`mxlarge.launcher.backends.ssh`); mpirun and Slurm jobs are not elastic.
+(:mod:`mxlarge.launcher.backends.ssh`), an mpirun job's its hostfile's, placed as mpirun
+places them and probed the same way (:mod:`mxlarge.launcher.backends.mpi`); Slurm jobs are
+not elastic.
 
 **What each attempt runs** (:class:`RestartPlan`, :meth:`RestartPlan.attempt`): attempt 0
 the job as declared, from ``--resume``'s checkpoint if one was given; attempt n > 0 from the

@@ -1,7 +1,7 @@
 """The restart policy and loop with scripted attempts (no processes; real restarted jobs are
 tests/e2e/test_restart.py), the local probe and the elastic world of each attempt, the restart
-plan (what each attempt runs), and the parts of an elastic ssh job that need no testbed (the
-whole job: tests/cluster/test_elastic.py)."""
+plan (what each attempt runs), and the parts of an elastic ssh or mpi job that need no testbed
+(the whole jobs: tests/cluster/test_elastic.py)."""
 import shutil
 import socket
 import time
@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from mxlarge.launcher.backends.local import local_hosts, local_probe
+from mxlarge.launcher.backends.mpi import MpiBackend, mpi_slots
+from mxlarge.launcher.backends.mpi import survivors_hostfile as mpi_survivors
 from mxlarge.launcher.backends.ssh import ssh_probe, ssh_slots, survivors_hostfile
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
@@ -124,6 +126,60 @@ def test_elastic_probes_the_server_hosts_too_and_names_them_lost():
     assert e.lost == ["c", "a"]
     answering |= {"a", "c"}  # both answer again: the declared world
     assert e.replan() is None and e.world == World(2, batch=8) and e.lost == []
+
+
+# -- elastic mpi jobs: mpirun's by-slot placement, the survivors' mpi hostfile ---------------
+
+def _mpi_lines(*lines: str) -> list[HostEntry]:
+    out = []
+    for line in lines:
+        host, *opts = line.split()
+        kv = dict(o.split("=") for o in opts)
+        out.append(HostEntry(host, None, int(kv["slots"]) if "slots" in kv else None,
+                             kv.get("role") == "server"))
+    return out
+
+
+def test_mpi_slots_fill_each_hosts_slots_in_order():
+    servers, workers = mpi_slots(_mpi_lines("a", "b"), 2, 2)  # co-located: both fill a, b
+    assert [e.host for e in servers] == ["a", "b"] and [e.host for e in workers] == ["a", "b"]
+    servers, workers = mpi_slots(_mpi_lines("a slots=2", "b slots=2"), 1, 3)
+    assert [e.host for e in servers] == ["a"] and [e.host for e in workers] == ["a", "a", "b"]
+    servers, workers = mpi_slots(_mpi_lines("s role=server", "a", "b"), 2, 2)
+    assert [e.host for e in servers] == ["s", "s"] and [e.host for e in workers] == ["a", "b"]
+
+
+def test_mpi_survivors_hostfile_keeps_the_workers_slots_and_places_the_servers():
+    # co-located, b lost: 1 worker and 2 servers on a, which needs 2 slots for the servers
+    assert mpi_survivors(_mpi_lines("a", "b"), 2, {"a"}, 2, 1) == "a slots=2\n"
+    # the servers' extra slots go on the last worker host: the workers' fill stays a, a, c
+    lines = _mpi_lines("a slots=2", "b", "c")
+    assert mpi_survivors(lines, 4, {"a", "c"}, 4, 3) == "a slots=2\nc slots=2\n"
+    # answering server hosts stay server lines (a lost one is dropped), workers on the rest
+    lines = _mpi_lines("s role=server", "t role=server", "a", "b")
+    assert mpi_survivors(lines, 2, {"t", "a"}, 2, 1) == "a slots=1\nt role=server\n"
+    # no server host answers: the servers share the workers' host
+    assert mpi_survivors(lines, 2, {"b"}, 2, 1) == "b slots=2\n"
+    with pytest.raises(ValueError, match="2 worker.s. but 1 answering worker slot"):
+        mpi_survivors(_mpi_lines("a", "b"), 2, {"a"}, 2, 2)
+
+
+def test_mpi_elastic_probes_worker_and_server_hosts_and_refuses_mpiruns_own_agent(
+        monkeypatch):
+    for var in ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_rsh_agent"):
+        monkeypatch.delenv(var, raising=False)
+    backend = MpiBackend()
+    e = backend.elastic(World(2, batch=8), 2, _mpi_lines("s role=server", "a", "b"), 1, None)
+    assert (e.hosts, e.others) == (["a", "b"], ["s", "s"])
+    assert backend.attempt_hostfile(_mpi_lines("a", "b"), e, 2, 2, 1) is None  # none lost
+    with pytest.raises(ValueError, match="--local-lost: expected with --launcher local"):
+        backend.elastic(World(2, batch=8), 2, _mpi_lines("a", "b"), 1, "lost")
+    for var in ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_rsh_agent"):
+        with monkeypatch.context() as m:
+            m.setenv(var, "rsh")
+            with pytest.raises(ValueError, match=rf"^--elastic with --launcher mpi: {var} is "
+                                                 r"set \(mpirun's remote"):
+                backend.elastic(World(2, batch=8), 2, _mpi_lines("a", "b"), 1, None)
 
 
 def test_ssh_probe_takes_a_host_whose_ssh_fails_as_lost():

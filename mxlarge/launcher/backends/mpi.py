@@ -13,6 +13,11 @@ mpirun's own report (``process rank R ... on node H exited on signal N``), which
 guards ``--reraise``: the report stays what it would be unguarded. Open MPI 4.1's ``--stdin
 all`` gives ranks on mpirun's own host no byte, so their lease runs from the first one
 (``--from-first-byte``); mpirun, here, ends them itself.
+
+An elastic job (``--elastic``) probes the hostfile's hosts with ``ssh host true``, as mpirun
+reaches them (:func:`~mxlarge.launcher.backends.ssh.ssh_probe`; refused when the user chose
+mpirun's remote agent), and runs a restart from a hostfile of the answering hosts only
+(:func:`survivors_hostfile`).
 """
 from __future__ import annotations
 
@@ -21,9 +26,10 @@ import os
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from mxlarge.launcher._supervise import Child
+from mxlarge.launcher.backends.ssh import ssh_probe
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.explain import FailureContext
 from mxlarge.launcher.hostfile import (
@@ -36,6 +42,8 @@ from mxlarge.launcher.hostfile import (
     with_server_hosts,
 )
 from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.restart import Elastic
+from mxlarge.plan import World
 
 _MPIRUN_FLAGS = "mpirun --stdin all "
 # Same keepalive as the ssh backend's; not added when the user chose mpirun's remote agent or
@@ -101,13 +109,32 @@ class MpiBackend(DmlcBackend):
 
     def layout(self, entries: list[HostEntry] | None, servers: int, workers: int,
                scheduler: str) -> Layout:
-        """mpirun's by-slot placement: each host's slots in order (a line without ``slots=``
-        has one); with server hosts the servers' own file (:meth:`dmlc_hostfile`)."""
-        lines = entries or []
-        homes = [e for e in lines if e.server]
-        others = [e for e in lines if not e.server] if homes else lines
-        server_lines = place(lines, servers, 0)[0] if homes else _fill(others, servers)
-        return layout_of(scheduler, server_lines, _fill(others, workers))
+        """mpirun's by-slot placement (:func:`mpi_slots`)."""
+        return layout_of(scheduler, *mpi_slots(entries or [], servers, workers))
+
+    def elastic(self, world: World, servers: int, lines: list[HostEntry] | None,
+                min_workers: int, local_lost: str | None) -> Elastic:
+        if local_lost is not None:
+            raise ValueError("--local-lost: expected with --launcher local (an mpi job probes "
+                             "its hosts with ssh)")
+        chosen = [v for v in _MPIRUN_AGENT_VARS if v in os.environ]
+        if chosen:
+            raise ValueError(f"--elastic with --launcher mpi: {chosen[0]} is set (mpirun's "
+                             "remote agent or its arguments), so ssh host true is not how "
+                             "mpirun reaches the hosts and cannot tell which of them are "
+                             "alive; expected it unset")
+        assert lines is not None
+        server_lines, worker_lines = mpi_slots(lines, servers, world.processes)
+        # port 22: an mpi hostfile has no port column, and mpirun's ssh is given none here
+        return Elastic(world, [e.host for e in worker_lines], ssh_probe({}), min_workers,
+                       others=[e.host for e in server_lines])
+
+    def attempt_hostfile(self, lines: list[HostEntry] | None, elastic: Elastic,
+                         declared_servers: int, servers: int, workers: int) -> str | None:
+        if lines is None or not elastic.lost:
+            return None
+        return survivors_hostfile(lines, elastic.declared.processes, elastic.answering,
+                                  servers, workers)
 
     def probes_with_ssh(self) -> bool:
         # mpirun reaches its hosts with ssh unless told otherwise
@@ -130,6 +157,45 @@ class MpiBackend(DmlcBackend):
 
     def explain(self, context: FailureContext, child: Child) -> Outcome:
         return context.explain_reported(child, "mpi rank")
+
+
+def mpi_slots(lines: Sequence[HostEntry], servers: int, workers: int
+              ) -> tuple[list[HostEntry], list[HostEntry]]:
+    """Where mpirun puts a job: (each server's line, each worker's line). Each of the two
+    mpiruns fills its hosts' slots in order (:func:`_fill`); with server hosts
+    (``role=server`` lines) the servers go round-robin over those
+    (:func:`~mxlarge.launcher.hostfile.place`, :meth:`MpiBackend.dmlc_hostfile`), the workers
+    over the other lines."""
+    homes = [e for e in lines if e.server]
+    others = [e for e in lines if not e.server] if homes else list(lines)
+    server_lines = place(lines, servers, 0)[0] if homes else _fill(others, servers)
+    return server_lines, _fill(others, workers)
+
+
+def survivors_hostfile(lines: Sequence[HostEntry], declared_workers: int,
+                       answering: Collection[str], servers: int, workers: int) -> str:
+    """The mpi hostfile of an attempt with ``servers`` servers and ``workers`` workers on the
+    ``answering`` hosts only. The workers take the first ``workers`` of the declared workers'
+    slots (:func:`mpi_slots`) whose host answers: one ``host slots=k`` line per such host, k
+    its workers, in order, so that mpirun's by-slot fill puts them there again. Server hosts
+    that answer stay ``role=server`` lines (at most ``servers`` of them); if none does, the
+    servers share the workers' lines, whose last gets the slots the servers need beyond the
+    workers' (max(servers, workers) in all; after the workers' own, so their fill is as said).
+
+    Raises:
+        ValueError: fewer answering worker slots than ``workers`` (the world does not fit).
+    """
+    declared = mpi_slots(lines, 0, declared_workers)[1]
+    live = [e.host for e in declared if e.host in answering]
+    if len(live) < workers:
+        raise ValueError(f"{workers} worker(s) but {len(live)} answering worker slot(s)")
+    slots = Counter(live[:workers])
+    homes = [h for h in dict.fromkeys(e.host for e in lines if e.server) if h in answering]
+    if not homes:
+        last = live[workers - 1]
+        slots[last] += max(0, servers - workers)
+    text = "".join(f"{h} slots={n}\n" for h, n in slots.items())
+    return text + "".join(f"{h} role=server\n" for h in homes[:servers])
 
 
 def _fill(lines: Sequence[HostEntry], n: int) -> list[HostEntry]:

@@ -11,6 +11,7 @@ process with batch k·n differs by rounding inside the reductions (measured max 
 simulation's.
 """
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,64 +41,74 @@ def _assert_same(a_prefix, b_prefix, units, tol=0.0):
                 assert diff <= tol, (u, suffix, diff)
 
 
+class _BNRuns:
+    """Runs of BN_CONFIG saving their parameters, each made once per module (a 2-worker launch
+    is compared with three other worlds): ``runs(name, verb, *overrides)`` -> the prefix of its
+    ``<prefix>-<unit>.params`` files."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cfg = root / "sim.yaml"
+        self.cfg.write_text(BN_CONFIG)
+        self.made: dict[str, Path] = {}
+        self.stdout: dict[str, str] = {}
+
+    def __call__(self, name: str, verb: str, *overrides: str,
+                 env: dict[str, str] | None = None) -> Path:
+        if name not in self.made:
+            r = cli([verb, str(self.cfg), *overrides,
+                     f"train.save_params={self.root}/{name}-{{rank}}.params"], self.root, env=env)
+            assert r.returncode == 0, name + r.stdout[-2000:] + r.stderr[-2000:]
+            self.made[name], self.stdout[name] = self.root / name, r.stdout
+        return self.made[name]
+
+    def real(self, k: int) -> Path:
+        return self(f"real{k}", "launch", "-n", str(k), "-s", "1")
+
+    def sim(self, k: int) -> Path:
+        return self(f"sim{k}", "train", *LOCAL, f"dist.simulate_workers={k}")
+
+
+LOCAL = ("dist.kvstore=local", "dist.workers=1")
+
+
+@pytest.fixture(scope="module")
+def bn_runs(tmp_path_factory) -> _BNRuns:
+    return _BNRuns(tmp_path_factory.mktemp("bn"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("k", [2, 3])
-def test_simulation_equals_real_launched_workers(tmp_path, k):
-    cfg = tmp_path / "sim.yaml"
-    cfg.write_text(BN_CONFIG)
-    real = cli(["launch", str(cfg), "-n", str(k), "-s", "1",
-                 f"train.save_params={tmp_path}/real-{{rank}}.params"], tmp_path)
-    assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
-    sim = cli(["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
-                f"dist.simulate_workers={k}", f"train.save_params={tmp_path}/sim-{{rank}}.params"],
-               tmp_path)
-    assert sim.returncode == 0, sim.stderr[-2000:]
-    _assert_same(tmp_path / "real", tmp_path / "sim", k, tol=0.0 if k == 2 else K3_TOL)
+def test_simulation_equals_real_launched_workers(bn_runs, k):
+    real, sim = bn_runs.real(k), bn_runs.sim(k)
+    _assert_same(real, sim, k, tol=0.0 if k == 2 else K3_TOL)
     # the per-worker statistics really are per worker
-    a = load_params(f"{tmp_path}/sim-0.params.local")
-    b = load_params(f"{tmp_path}/sim-1.params.local")
+    a = load_params(f"{sim}-0.params.local")
+    b = load_params(f"{sim}-1.params.local")
     assert any(not np.array_equal(a[n], b[n]) for n in a if "running_" in n)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_launched_processes_simulating_workers_equal_real_workers(tmp_path):
+def test_launched_processes_simulating_workers_equal_real_workers(bn_runs):
     """1 launched worker × 2 simulated == 2 launched workers, bitwise (the world an elastic
     restart relaunches in), given the same OpenMP team per worker (CPU kernels' reductions
     depend on it: with 2 threads instead of 1, 17 of 32 tensors differed by up to 1.2e-7)."""
-    cfg = tmp_path / "sim.yaml"
-    cfg.write_text(BN_CONFIG)
-    real = cli(["launch", str(cfg), "-n", "2", "-s", "1",
-                f"train.save_params={tmp_path}/real-{{rank}}.params"], tmp_path)
-    assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
-    sim = cli(["launch", str(cfg), "-n", "1", "-s", "1", "dist.simulate_workers=2",
-               f"train.save_params={tmp_path}/sim-{{rank}}.params"], tmp_path,
-              env={"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))})
-    assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-2000:]
-    assert "1 worker(s) x 2 simulated worker(s) x 8 images = global batch 16" in sim.stdout
-    _assert_same(tmp_path / "real", tmp_path / "sim", 2)
+    sim = bn_runs("launched-sim2", "launch", "-n", "1", "-s", "1", "dist.simulate_workers=2",
+                  env={"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2))})
+    assert ("1 worker(s) x 2 simulated worker(s) x 8 images = global batch 16"
+            in bn_runs.stdout["launched-sim2"])
+    _assert_same(bn_runs.real(2), sim, 2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_devices_workers_and_simulation_agree(tmp_path):
+def test_devices_workers_and_simulation_agree(bn_runs):
     """1 worker × 2 CPU devices == 2 launched workers × 1 device == simulation of 2, bitwise."""
-    cfg = tmp_path / "sim.yaml"
-    cfg.write_text(BN_CONFIG)
-    runs = {
-        "dev": ["train", str(cfg), "dist.kvstore=local", "dist.workers=1", "dist.devices=2"],
-        "real": ["launch", str(cfg), "-n", "2", "-s", "1"],
-        "sim": ["train", str(cfg), "dist.kvstore=local", "dist.workers=1",
-                "dist.simulate_workers=2"],
-    }
-    for name, args in runs.items():
-        r = cli(args + [f"train.save_params={tmp_path}/{name}-{{rank}}.params"], tmp_path)
-        assert r.returncode == 0, name + r.stdout[-2000:] + r.stderr[-2000:]
-    _assert_same(tmp_path / "real", tmp_path / "dev", 2)
-    _assert_same(tmp_path / "real", tmp_path / "sim", 2)
-
-
+    dev = bn_runs("dev2", "train", *LOCAL, "dist.devices=2")
+    _assert_same(bn_runs.real(2), dev, 2)
+    _assert_same(bn_runs.real(2), bn_runs.sim(2), 2)
 
 
 @pytest.mark.slow

@@ -12,9 +12,10 @@ records, per step (medians over the rounds' steps):
 * ``split``: forward+backward, ``allreduce_grads``, ``update``, each followed by ``waitall``;
 * ``issue``: the Python wall time of issuing forward, backward, ``allreduce_grads`` and
   ``update`` (no waitall between them), then the wait for the engine; and the Python thread's
-  CPU time while issuing the forward (wall above CPU: the thread was not running).
+  CPU time while issuing the forward (wall above CPU: the thread was not running);
 
-Prints one JSON object (ms). Ad hoc: not part of ``make bench``.
+and ``bare_pushpull``: MXNet's own ``kv.pushpull`` of as many floats as one key (the
+exchange's floor, no trainer). Prints one JSON object (ms). Ad hoc: not part of ``make bench``.
 """
 from __future__ import annotations
 
@@ -58,6 +59,19 @@ def work(opts: argparse.Namespace) -> None:
         loops[mode] = recipe_loop(net, recipe_trainer(net, store, fusion_bytes=fusion))
     rec: dict[str, dict[str, list[tuple[float, ...]]]] = {
         m: {"whole": [], "split": [], "issue": []} for m in loops}
+    # the floor: MXNet's own pushpull of the demo net's gradient floats as one key, no trainer
+    net = loops["dist"].net
+    floats = sum(p.data().size for p in net.collect_params().values() if p.grad_req != "null")
+    flat = mx.nd.zeros(floats)
+    kv.init(3 * KEY_STRIDE, flat)
+    mx.nd.waitall()
+    bare_rows: list[tuple[float, ...]] = []
+
+    def bare() -> tuple[float, ...]:
+        t0 = time.perf_counter()
+        kv.pushpull(3 * KEY_STRIDE, flat, out=flat)
+        flat.wait_to_read()
+        return (time.perf_counter() - t0,)
 
     def whole(loop: Any, x: Any, y: Any) -> tuple[float, ...]:
         t0 = time.perf_counter()
@@ -105,7 +119,12 @@ def work(opts: argparse.Namespace) -> None:
                     loop.step += 1
                     if r:
                         rec[mode][kind].append(got)
+        for _ in range(opts.steps):
+            got = bare()
+            if r:
+                bare_rows.append(got)
     emit_result({m: {k: _med(v) for k, v in kinds_.items()} for m, kinds_ in rec.items()}
+                | {"bare_pushpull": _med(bare_rows), "floats": floats}
                 | {"buckets": {m: len(lp.trainer.store.buckets) for m, lp in loops.items()
                                if lp.trainer.store.kv is not None}})
 

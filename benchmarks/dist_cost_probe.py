@@ -15,7 +15,8 @@ records, per step (medians over the rounds' steps):
   CPU time while issuing the forward (wall above CPU: the thread was not running);
 
 and ``bare_pushpull``: MXNet's own ``kv.pushpull`` of as many floats as one key (the
-exchange's floor, no trainer). Prints one JSON object (ms). Ad hoc: not part of ``make bench``.
+exchange's floor, no trainer), back to back and right after a local forward+backward.
+Prints one JSON object (ms). Ad hoc: not part of ``make bench``.
 """
 from __future__ import annotations
 
@@ -73,6 +74,15 @@ def work(opts: argparse.Namespace) -> None:
         flat.wait_to_read()
         return (time.perf_counter() - t0,)
 
+    def bare_after_compute(loop: Any, x: Any, y: Any) -> tuple[float, ...]:
+        """The same after a local forward+backward, as in a step (every thread of the job was
+        idle or computing for ~20 ms, not exchanging)."""
+        with autograd.record():
+            loss = loop.loss_fn(loop.net(x), y)
+        autograd.backward([loss])
+        mx.nd.waitall()
+        return bare()
+
     def whole(loop: Any, x: Any, y: Any) -> tuple[float, ...]:
         t0 = time.perf_counter()
         loop.train_step(x, y)
@@ -119,14 +129,17 @@ def work(opts: argparse.Namespace) -> None:
                     loop.step += 1
                     if r:
                         rec[mode][kind].append(got)
-        for _ in range(opts.steps):
+        for s in range(opts.steps):
             got = bare()
+            cold = bare_after_compute(loops["local"], *batches[s % len(batches)])
             if r:
-                bare_rows.append(got)
+                bare_rows.append(got + cold)
     emit_result({m: {k: _med(v) for k, v in kinds_.items()} for m, kinds_ in rec.items()}
                 | {"bare_pushpull": _med(bare_rows), "floats": floats}
                 | {"buckets": {m: len(lp.trainer.store.buckets) for m, lp in loops.items()
-                               if lp.trainer.store.kv is not None}})
+                               if lp.trainer.store.kv is not None}}
+                | {"copied": {m: len(lp.trainer.store._copied) for m, lp in loops.items()
+                              if lp.trainer.store.kv is not None}})
 
 
 def main(argv: list[str] | None = None) -> int:

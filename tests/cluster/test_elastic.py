@@ -10,7 +10,7 @@ of either job is left on any host, the cut-off one included.
   h1 (mxlarge.launcher.backends.ssh.survivors_hostfile). (3 workers that finish as 1 × 3, not
   bitwise: tests/e2e/test_elastic.py, locally; the 3-worker survivors' hostfile:
   tests/launcher/test_restart.py. The testbed job of that case made room for the mpi one.)
-- mpi: hostfile ``h1 slots=1``, ``h2 slots=1`` (servers and workers co-located, mpirun on
+- mpi: hostfile ``h1``, ``h2`` (servers and workers co-located, mpirun on
   h0); the relaunch runs both servers and the worker on h1 from ``h1 slots=2``
   (mxlarge.launcher.backends.mpi.survivors_hostfile).
 """
@@ -139,10 +139,10 @@ def test_a_host_cut_off_for_good_continues_on_the_rest_bitwise(testbed: Testbed,
 @pytest.mark.timeout(240)
 def test_an_mpi_job_loses_a_host_for_good_and_continues_on_the_rest_bitwise(
         testbed: Testbed, work: Path) -> None:
-    # mpirun's by-slot placement over h1, h2 (slots=1: a line without slots has as many as
-    # the host has cores for Open MPI), a server and a worker on each
-    out, where, resumed = _lose_h2(testbed, work, ["h1 slots=1", "h2 slots=1"], 2, 2, 1.5,
-                                   "mpi", "h2")
+    # Bare lines, one slot each for the layout: Open MPI alone would give each as many slots
+    # as the host has cores (both workers on h1); mpirun reads a copy with slots=1, so its
+    # by-slot placement puts a server and a worker on each host
+    out, where, resumed = _lose_h2(testbed, work, ["h1", "h2"], 2, 2, 1.5, "mpi", "h2")
     assert ("restart 1: world 1 worker(s) x 2 simulated worker(s) x 16 images = global batch "
             "32 (lost: h2)") in out, out[-4000:]
     assert "restart 1: hosts h1 slots=2 (2 server(s), 1 worker(s); lost: h2)" in out

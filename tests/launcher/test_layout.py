@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,34 @@ def _dmlc_commands(name: str, workers: int, servers: int, host_file: str | None,
     return rec.commands
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (make test-cluster)")
+def test_open_mpi_gets_every_slot_count_the_layout_assumes(tmp_path: Path) -> None:
+    """A line without a slot count is one slot in the layout; Open MPI would give it as many as
+    its host has cores (both workers on w1), so its mpirun reads a copy that says 1."""
+    import contextlib
+
+    from mxlarge.launcher.backends import mpi as mpi_module
+
+    f = tmp_path / "hosts"
+    f.write_text("w1\nw2:2\n")
+    mpi = backend_for("mpi")
+    lines = mpi.check_hosts(str(f), 3, 1)
+    with contextlib.ExitStack() as stack:
+        given = Path(mpi.dmlc_hostfile(str(f), lines, stack))
+        if mpi_module._open_mpi():
+            assert given != f and given.read_text() == "w1 slots=1\nw2 slots=2\n"
+        else:  # MPICH: a bare line is one slot already, and its hostfile syntax is host:n
+            assert given == f
+    assert not given.exists()  # the copy lives as long as the job
+    f.write_text("w1 slots=1\nw2 slots=2\n")
+    with contextlib.ExitStack() as stack:
+        assert mpi.dmlc_hostfile(str(f), mpi.check_hosts(str(f), 3, 1), stack) == str(f)
+    # what mpirun's by-slot mapping does over the copy: w1 one rank, w2 two
+    assert mpi.layout(lines, 1, 3, "h0").describe().startswith(
+        "layout: scheduler on h0; 1 server(s) co-located with the workers: w1; 3 worker(s) on "
+        "w1, w2;")
+
+
 def test_mpi_servers_get_a_hostfile_of_their_own(tmp_path: Path) -> None:
     import contextlib
 
@@ -129,11 +158,11 @@ def test_mpi_servers_get_a_hostfile_of_their_own(tmp_path: Path) -> None:
     lines = mpi.check_hosts(str(f), 3, 2)
     with contextlib.ExitStack() as stack:
         dmlc_file = mpi.dmlc_hostfile(str(f), lines, stack)
-        assert Path(dmlc_file).read_text() == "w1 slots=2\nw2\n"
+        assert Path(dmlc_file).read_text() == "w1 slots=2\nw2 slots=1\n"
         commands = _dmlc_commands("mpi", 3, 2, dmlc_file, mpi)
         files = {re.search(r"DMLC_ROLE=(\w+)", c).group(1):
                  Path(re.search(r"--hostfile (\S+)", c).group(1)).read_text() for c in commands}
-    assert files == {"worker": "w1 slots=2\nw2\n", "server": "spare slots=2\n"}
+    assert files == {"worker": "w1 slots=2\nw2 slots=1\n", "server": "spare slots=2\n"}
     assert mpi.layout(lines, 2, 3, "spare").describe().startswith(
         "layout: scheduler on spare; 2 server(s) on their own host(s): spare; 3 worker(s) on "
         "w1, w2")

@@ -22,8 +22,10 @@ mpirun's remote agent), and runs a restart from a hostfile of the answering host
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
+import subprocess
 import tempfile
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -52,6 +54,16 @@ _MPIRUN_SSH_KEEPALIVE = '--mca plm_rsh_args "-o ServerAliveInterval=3 -o ServerA
 # dmlc's servers' mpirun (get_mpi_env: Open MPI's -x, MPICH's -env)
 _SERVER_ROLE = ("-x DMLC_ROLE=server ", "-env DMLC_ROLE server ")
 _MPIRUN_AGENT_VARS = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_rsh_agent")
+
+
+@functools.cache
+def _open_mpi() -> bool:
+    """Whether ``mpirun`` is Open MPI's (what dmlc's ``get_mpi_env`` asks too)."""
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False  # dmlc's own mpirun call then fails with its message
+    return b"Open MPI" in out
 
 
 class MpiBackend(DmlcBackend):
@@ -92,13 +104,21 @@ class MpiBackend(DmlcBackend):
                       stack: contextlib.ExitStack) -> str | None:
         """With server hosts, two hostfiles: the workers' lines (what dmlc reads) and one line
         per server host with as many slots as servers go there (:meth:`fix_command` gives it
-        to the servers' mpirun); else the user's own."""
+        to the servers' mpirun). Else the user's own, unless Open MPI runs it and a line has no
+        slot count: Open MPI gives such a line as many slots as its host has cores, where the
+        job's layout (and MPICH) counts one, so mpirun gets a copy with ``slots=1`` there."""
         if not any(e.server for e in entries or ()):
-            return hostfile
+            if all(e.slots is not None for e in entries or ()) or not _open_mpi():
+                return hostfile
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mxlarge-hosts-"))
+            path = os.path.join(tmp, "hosts")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("".join(f"{e.host} slots={e.slots or 1}\n" for e in entries or ()))
+            return path
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mxlarge-hosts-"))
         homes = Counter(e.host for e in place(entries or [], self._servers, 0)[0])
         files = (os.path.join(tmp, "workers"), os.path.join(tmp, "servers"))
-        texts = ("".join(f"{e.host}" + (f" slots={e.slots}" if e.slots else "") + "\n"
+        texts = ("".join(f"{e.host} slots={e.slots or 1}\n"
                          for e in entries or () if not e.server),
                  "".join(f"{h} slots={n}\n" for h, n in homes.items()))
         for path, text in zip(files, texts):

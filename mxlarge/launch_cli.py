@@ -247,11 +247,14 @@ def prepare(args: argparse.Namespace) -> Launch:
 def attempt_spec(job: Launch, attempt: Attempt) -> JobSpec:
     """The spec of one attempt: the job's, resuming from the attempt's checkpoint, in its world
     and with its servers (and the backend's environment for a world other than the declared
-    one), from its hostfile (set by the caller)."""
+    one), from its hostfile (set by the caller). Its server hosts are the declared ones that
+    answered (at most one per server): the backend adds a server host its hostfile lacks, so a
+    lost one would get servers again."""
     spec = job.spec
     cmd = spec.command if attempt.resume is None else (*spec.command, "--resume",
                                                        str(attempt.resume))
-    out = dataclasses.replace(spec, command=cmd)
+    homes = tuple(h for h in spec.server_hosts if h not in attempt.lost)[:attempt.servers]
+    out = dataclasses.replace(spec, command=cmd, server_hosts=homes)
     if attempt.world != spec.world:
         out = dataclasses.replace(out, world=attempt.world, servers=attempt.servers,
                                   env=job.backend.attempt_env(spec, spec.world.processes))

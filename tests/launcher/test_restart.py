@@ -310,3 +310,34 @@ def test_the_plan_runs_attempts_until_the_policy_stops_and_probes_before_each_re
     out = RestartPlan(RestartPolicy(5), World(2, batch=8), 1, elastic=elastic).run(
         attempt, lambda line: None)
     assert out.exit_code == 0 and [a.number for a in seen] == [0, 1, 2] and len(probes) == 2
+
+
+
+def test_a_lost_server_host_is_not_given_servers_again(tmp_path):
+    """dist.server_hosts s, t; t lost: the restart's spec names s only, so the backend that
+    reads the survivors' hostfile does not add t back as a server line."""
+    from mxlarge.launch_cli import Launch, attempt_spec
+    from mxlarge.launcher.backends.ssh import SshBackend
+    from mxlarge.launcher.hostfile import place
+    from mxlarge.launcher.job import JobSpec
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.0.0.1\n10.0.0.2\n")
+    backend = SshBackend()
+    spec = JobSpec("ssh", ["true"], World(2, batch=8), 2, hostfile=str(hosts),
+                   server_hosts=("10.0.0.8", "10.0.0.9"))
+    lines = backend.check_hosts(str(hosts), 2, 2, spec.server_hosts)
+    e = backend.elastic(spec.world, 2, lines, 1, None)
+    e.probe = lambda asked: [h for h in asked if h != "10.0.0.9"]
+    plan = RestartPlan(RestartPolicy(1), spec.world, 2, elastic=e,
+                       hostfile_of=lambda el, s, w: backend.attempt_hostfile(lines, el, 2, s, w))
+    plan.attempt(0)
+    assert e.replan() is None
+    attempt = plan.attempt(1)
+    job = Launch(spec, backend, plan, None, None, None, None, "c.yaml")
+    again = attempt_spec(job, attempt)
+    assert again.server_hosts == ("10.0.0.8",)
+    hosts.write_text(attempt.hostfile)
+    servers, workers = place(backend.check_hosts(str(hosts), 2, 2, again.server_hosts), 2, 2)
+    assert [e.host for e in servers] == ["10.0.0.8", "10.0.0.8"]
+    assert [e.host for e in workers] == ["10.0.0.1", "10.0.0.2"]

@@ -58,7 +58,8 @@ def elastic_of(args: argparse.Namespace, backend: LaunchBackend, world: World, s
 
     The hosts and their probe are the backend's
     (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): an ssh or mpi job's are
-    its hostfile's ``lines``, probed over ssh; a local job's its worker processes, probed with
+    its hostfile's ``lines``, probed over ssh; a Slurm job's its allocation's nodes, probed by
+    asking Slurm and their slurmd; a local job's its worker processes, probed with
     ``--local-lost``."""
     if not args.elastic:
         for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):

@@ -312,6 +312,46 @@ def test_the_plan_runs_attempts_until_the_policy_stops_and_probes_before_each_re
     assert out.exit_code == 0 and [a.number for a in seen] == [0, 1, 2] and len(probes) == 2
 
 
+# -- elastic Slurm jobs: the allocation's nodes, the survivors' steps ------------------------
+
+def test_slurm_elastic_runs_a_restart_on_the_answering_nodes_only(monkeypatch, tmp_path):
+    """h2 lost in a 2-node allocation: the restart's hostfile is h1, whose steps leave h2 out
+    and overcommit h1 (2 servers, 1 worker: the allocation may grant one CPU per node)."""
+    import importlib
+
+    from tests.launcher.test_layout import _dmlc_commands
+
+    slurm_mod = importlib.import_module("mxlarge.launcher.backends.slurm")
+    monkeypatch.setattr(slurm_mod, "slurm_nodes", lambda: ["h1", "h2"])
+    monkeypatch.setattr(slurm_mod, "silent_nodes", lambda nodes: {"h2": "cut"})
+    backend = slurm_mod.SlurmBackend()
+    assert backend.check_hosts(None, 2, 2) is None
+    e = backend.elastic(World(2, batch=8), 2, None, 1, None)
+    assert (e.hosts, e.others) == (["h1", "h2"], [])
+    assert backend.attempt_hostfile(None, e, 2, 2, 2) is None  # nobody lost yet
+    assert e.replan() is None and e.world == World(1, simulated=2, batch=8) and e.lost == ["h2"]
+    text = backend.attempt_hostfile(None, e, 2, 2, 1)
+    assert text == "h1\n"
+    with pytest.raises(ValueError, match="--local-lost: expected with --launcher local"):
+        backend.elastic(World(2, batch=8), 2, None, 1, "lost")
+    with pytest.raises(ValueError, match=r"3 workers on 2 worker node\(s\) \(h1, h2\)"):
+        backend.elastic(World(3, batch=8), 2, None, 1, None)
+    (tmp_path / "nodes").write_text(text)
+    attempt = slurm_mod.SlurmBackend()
+    assert attempt.check_hosts(str(tmp_path / "nodes"), 1, 2) is None
+    commands = {c.split("DMLC_ROLE=")[1].split()[0]: c
+                for c in _dmlc_commands("slurm", 1, 2, None, attempt)}
+    assert attempt.layout(None, 2, 1, "h0").describe().startswith(
+        "layout: scheduler on h0; 2 server(s) co-located with the workers: h1; 1 worker(s) on h1")
+    (tmp_path / "nodes").write_text("h1\nh9\n")
+    with pytest.raises(ValueError, match=r"h9 not among the allocation's nodes \(h1, h2\)"):
+        attempt.check_hosts(str(tmp_path / "nodes"), 1, 2)
+    (tmp_path / "nodes").write_text("h1 slots=2\n")
+    with pytest.raises(ValueError, match=r"h1: expected node names only"):
+        attempt.check_hosts(str(tmp_path / "nodes"), 1, 2)
+    assert " --overcommit " in commands["server"] and " -N 1 -x h2 -n 2 " in commands["server"]
+    assert " --overcommit " not in commands["worker"] and " -N 1 -x h2 -n 1 " in commands["worker"]
+
 
 def test_a_lost_server_host_is_not_given_servers_again(tmp_path):
     """dist.server_hosts s, t; t lost: the restart's spec names s only, so the backend that

@@ -5,20 +5,20 @@ relaunches on the answering ones only as 1 worker × 2 simulated workers, in one
 records the world change. Nothing of the job is left on any host, and once h2's link is back,
 h2 holds nothing either.
 
-- ssh: servers on h0 and h1, workers on h1 and h2, scheduler on h0; the relaunch runs on h0
-  and h1 (mxlarge.launcher.backends.ssh.survivors_hostfile).
-- mpi: hostfile ``h1``, ``h2`` (servers and workers co-located, mpirun on h0); the relaunch
-  runs both servers and the worker on h1 from ``h1 slots=2``
-  (mxlarge.launcher.backends.mpi.survivors_hostfile).
-- Slurm: ``salloc --no-kill -N 2 -w h1,h2`` on h0 (the launcher and the scheduler on h0, a
-  server and a worker on each node); the relaunch runs its steps on h1 with ``-x h2``
-  (mxlarge.launcher.backends.slurm: h2's slurmd does not answer). Slurm's step daemons on h2
-  wait for the link.
-
-Each job (the cut in epoch 2 of 2) finishes with weights, momentum and both units' BN
-statistics bitwise those of the same job uninterrupted (run at the same time as the first of
-them, on h3 alone). (3 workers that finish as 1 × 3, not bitwise: tests/e2e/test_elastic.py,
-locally; the 3-worker survivors' hostfile: tests/launcher/test_restart.py.)
+- mpi and Slurm, the cut in epoch 2 of 2: the job finishes with weights, momentum and both
+  units' BN statistics bitwise those of the same job uninterrupted (run at the same time as the
+  first of them, on h3 alone). mpi: hostfile ``h1``, ``h2`` (servers and workers co-located,
+  mpirun on h0); the relaunch runs both servers and the worker on h1 from ``h1 slots=2``
+  (mxlarge.launcher.backends.mpi.survivors_hostfile). Slurm: ``salloc --no-kill -N 2 -w
+  h1,h2`` on h0 (the launcher and the scheduler on h0, a server and a worker on each node);
+  the relaunch runs its steps on h1 with ``-x h2`` (mxlarge.launcher.backends.slurm: h2's
+  slurmd does not answer). Slurm's step daemons on h2 wait for the link.
+- ssh, the cut after the last step (once the final checkpoint is written, during the final
+  hooks): servers on h0 and h1, workers on h1 and h2, scheduler on h0; the relaunch on h0 and
+  h1 (mxlarge.launcher.backends.ssh.survivors_hostfile) resumes from the final checkpoint with
+  no step left and finishes, exit 0. (A bitwise continuation mid-training: the mpi and Slurm
+  jobs here, and tests/e2e/test_elastic.py locally; the ssh survivors' hostfiles, 2 and 3
+  workers: tests/launcher/test_restart.py.)
 """
 from __future__ import annotations
 
@@ -183,19 +183,24 @@ def _bitwise(work: Path, name: str, epoch: int) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_host_cut_off_for_good_continues_on_the_rest_bitwise(testbed: Testbed,
-                                                               work: Path) -> None:
+def test_a_cut_after_the_last_step_restarts_from_the_final_checkpoint_and_finishes(
+        testbed: Testbed, work: Path) -> None:
+    """h2 cut once the final checkpoint is written, while the workers run their final hooks
+    (the model's export, the MLflow model): the job stalls, restarts on h0 and h1 from that
+    checkpoint with no step left, and finishes: exit 0, its final weights those of the
+    checkpoint, the run FINISHED; nothing left on any host."""
     # dmlc's ssh placement, process i on line i: servers h0, h1; workers h1, h2
-    el = _lose_h2(testbed, work, {"el": ("ssh", [H0, H1, H1, H2], H2)}, 2, 2, 1.5)["el"]
-    assert el.resumed < 2, el.out[-4000:]  # the cut lands in epoch 2
+    el = _lose_h2(testbed, work, {"el": ("ssh", [H0, H1, H1, H2], H2)}, 2, 2, 1.5,
+                  cut_at=2)["el"]
+    assert el.resumed == 2, el.out[-4000:]
     assert ("restart 1: world 1 worker(s) x 2 simulated worker(s) x 16 images = global batch "
             f"32 (lost: {H2})") in el.out, el.out[-4000:]
     assert f"restart 1: hosts {H0}, {H1}, {H1} (2 server(s), 1 worker(s); lost: {H2})" in el.out
+    assert "no steps left after the resume" in el.out, el.out[-4000:]
     assert "done: 86 steps on 1 worker(s) x 2 simulated worker(s)" in el.out, el.out[-4000:]
     # the first attempt on h0, h1, h2; the second without h2
     assert el.where == sorted([("scheduler", "h0")] * 2 + [("server", "h0"), ("server", "h1")] * 2
                               + [("worker", "h1"), ("worker", "h2"), ("worker", "h1")]), el.where
-    _bitwise(work, "el", 2)
     _the_run(work, "el", el.resumed, 2)
 
 

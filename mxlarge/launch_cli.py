@@ -25,10 +25,10 @@ and every process's as ``failure/job.log`` (:meth:`_Record.outcome`).
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run
 records each world as tags ``world_<attempt>`` (and ``workers_lost``) and the metric
-``world/workers`` at the step the attempt starts from. An ssh or mpi job's restart after a
+``world/workers`` at the step the attempt starts from. A cluster job's restart after a
 host is lost runs from a hostfile of the answering hosts only
 (:func:`~mxlarge.launcher.backends.ssh.survivors_hostfile`,
-:func:`~mxlarge.launcher.backends.mpi.survivors_hostfile`).
+:func:`~mxlarge.launcher.backends.mpi.survivors_hostfile`, a Slurm job's answering nodes).
 """
 from __future__ import annotations
 

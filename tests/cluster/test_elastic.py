@@ -82,43 +82,36 @@ class Lost:
 
 ELASTIC = ("--max-restarts", "1", "--elastic")
 #: (workers, epochs, decay) -> the uninterrupted job's directory, shared by the tests of a
-#: session (the mpi and the Slurm job train the same job)
+#: session (the mpi and the Slurm tests train the same job)
 REFERENCES: dict[tuple[int, int, float], Path] = {}
 
 
-def _lose_h2(testbed: Testbed, work: Path, jobs: dict[str, tuple[str, list[str] | None, str]],
-             workers: int, epochs: int, decay: float, cut_at: int = 1) -> dict[str, Lost]:
-    """Elastic jobs ``{name: (launcher, hostfile, how the launcher names h2)}`` (``work/name``;
-    ``--max-restarts 1 --elastic``), h2's link cut once each wrote the checkpoint of epoch
-    ``cut_at``; unless that is the last, or an earlier test ran it (:data:`REFERENCES`),
-    meanwhile the same job uninterrupted, all of it on h3 (``work/ref``: where the processes
-    run does not change the bits, test_jobs.py). Returns each job once nothing of any is left
-    on any host (checked again once h2's link is back: h2 holds nothing)."""
+def _lose_h2(testbed: Testbed, work: Path, launcher: str, hostfile: list[str] | None,
+             lost: str, epochs: int, cut_at: int = 1) -> Lost:
+    """A 2-worker ``--max-restarts 1 --elastic`` job (``work/el``; ``lost``: how its launcher
+    names h2), h2's link cut once it wrote the checkpoint of epoch ``cut_at``; unless that is
+    the last, or an earlier test ran it (:data:`REFERENCES`), meanwhile the same job
+    uninterrupted, all of it on h3 (``work/ref``: where the processes run does not change the
+    bits, test_jobs.py). Returns the job once nothing of it is left on any host (checked again
+    once h2's link is back: h2 holds nothing)."""
     t0 = time.monotonic()
-    key = (workers, epochs, decay)
+    key = (2, epochs, 1.5)
     ref = None if cut_at == epochs or key in REFERENCES else start(
-        testbed, "h3", _argv(work, "ref", [H3] * (workers + 2), workers, epochs, decay), work,
-        "ref.log")
-    running = {}
-    for name, (launcher, hostfile, _) in jobs.items():
-        obs = Observer(testbed, str(work / name))
-        running[name] = (start(testbed, "h0", _argv(work, name, hostfile, workers, epochs, decay,
-                                                     *ELASTIC, launcher=launcher),
-                               work, f"{name}.log"), obs)
-    procs, ended, took = {}, {}, {}
+        testbed, "h3", _argv(work, "ref", [H3] * 4, *key), work, "ref.log")
+    obs = Observer(testbed, str(work / "el"))
+    job = start(testbed, "h0", _argv(work, "el", hostfile, *key, *ELASTIC, launcher=launcher),
+                work)
     down = False
     try:
-        wait_until(lambda: all((work / f"{n}/ckpt/epoch-{cut_at:04d}/meta.json").exists() or
-                               job.proc.poll() is not None for n, (job, _) in running.items()),
-                   120, f"the checkpoints of epoch {cut_at}")
+        wait_until(lambda: (work / f"el/ckpt/epoch-{cut_at:04d}/meta.json").exists() or
+                   job.proc.poll() is not None, 90, f"the checkpoint of epoch {cut_at}")
         testbed.link("h2", up=False)
         down = True
         cut = time.monotonic()
-        for name, (job, obs) in running.items():
-            job.wait(120)
-            ended[name] = time.monotonic() - cut
-            took[name] = wait_gone(work / name, None, cut)  # h2's: their lease ends them
-            procs[name] = obs.stop()
+        rc = job.wait(120)
+        ended = time.monotonic() - cut
+        took = wait_gone(work / "el", None, cut)  # h2's processes: their lease ends them
+        procs = obs.stop()
         assert ref is None or ref.wait(60) == 0, ref.text()[-4000:]
         if ref is not None:
             REFERENCES[key] = work / "ref"
@@ -131,37 +124,28 @@ def _lose_h2(testbed: Testbed, work: Path, jobs: dict[str, tuple[str, list[str] 
     finally:
         if down:
             testbed.link("h2", up=True)
-        for name, (job, obs) in running.items():
-            finish(job, obs, work / name)
+        finish(job, obs, work / "el")
         if ref is not None and ref.proc.poll() is None:
             ref.proc.kill()
-    out: dict[str, Lost] = {}
-    for name, (job, _) in running.items():
-        text = job.text()
-        print(f"{name}: elastic job ended {ended[name]:.1f} s after the cut, "
-              f"{ended[name] + cut - t0:.1f} s after its start; nothing of it on any host "
-              f"{took[name]:.1f} s after the cut")
-        assert job.proc.returncode == 0, text[-4000:]
-        assert took[name] < ended[name] + 30
-        lost = jobs[name][2]
-        assert re.search(rf"^mxlarge: restart 1/1 after: .*\b{re.escape(lost)}\b", text, re.M), \
-            text[-4000:]
-        # the newest checkpoint before the stall
-        resumed = re.search(rf"^mxlarge: restart 1: resuming from {work}/{name}/ckpt/"
-                            r"epoch-(\d+)$", text, re.M)
-        assert resumed is not None and int(resumed.group(1)) >= cut_at, text[-4000:]
-        out[name] = Lost(text, sorted((p.role, p.host) for p in procs[name].values()),
-                         int(resumed.group(1)))
-    print(f"h2 empty {empty:.1f} s after its link came back (load average "
-          f"{os.getloadavg()[0]:.1f})")
-    assert anything_of(str(work)) == []
-    return out
+    out = job.text()
+    print(f"{launcher}: elastic job ended {ended:.1f} s after the cut, {ended + cut - t0:.1f} s "
+          f"after its start; nothing of it on any host {took:.1f} s after the cut; h2 empty "
+          f"{empty:.1f} s after its link came back (load average {os.getloadavg()[0]:.1f})")
+    assert rc == 0, out[-4000:]
+    assert took < ended + 30 and anything_of(str(work)) == []
+    assert re.search(rf"^mxlarge: restart 1/1 after: .*\b{re.escape(lost)}\b", out, re.M), \
+        out[-4000:]
+    # the newest checkpoint before the stall
+    resumed = re.search(rf"^mxlarge: restart 1: resuming from {work}/el/ckpt/epoch-(\d+)$",
+                        out, re.M)
+    assert resumed is not None and int(resumed.group(1)) >= cut_at, out[-4000:]
+    return Lost(out, sorted((p.role, p.host) for p in procs.values()), int(resumed.group(1)))
 
 
-def _the_run(work: Path, name: str, resumed: int, workers: int,  # type: ignore[no-untyped-def]
+def _the_run(work: Path, resumed: int, workers: int,  # type: ignore[no-untyped-def]
              lost: str = H2):
-    """An elastic job's one MLflow run: FINISHED, both worlds, h2 lost, world/workers."""
-    c = MlflowClient(tracking_uri=f"sqlite:///{work}/{name}/mlruns.db")
+    """The elastic job's one MLflow run: FINISHED, both worlds, h2 lost, world/workers."""
+    c = MlflowClient(tracking_uri=f"sqlite:///{work}/el/mlruns.db")
     (run,) = c.search_runs([e.experiment_id for e in c.search_experiments()])
     assert run.info.status == "FINISHED"
     tags = run.data.tags
@@ -176,10 +160,11 @@ def _the_run(work: Path, name: str, resumed: int, workers: int,  # type: ignore[
                                                           (resumed * spe, 1.0)]
 
 
-def _bitwise(work: Path, name: str, epoch: int) -> None:
+def _bitwise(work: Path, epoch: int) -> None:
+    """The elastic job's last checkpoint is bitwise the uninterrupted job's."""
     ref = REFERENCES[(2, epoch, 1.5)]
     for f in ("model.params", "momentum.nd", "bn-0.nd", "bn-1.nd"):
-        _same(ref / f"ckpt/epoch-{epoch:04d}" / f, work / name / f"ckpt/epoch-{epoch:04d}" / f)
+        _same(ref / f"ckpt/epoch-{epoch:04d}" / f, work / f"el/ckpt/epoch-{epoch:04d}" / f)
 
 
 @pytest.mark.timeout(240)
@@ -190,8 +175,7 @@ def test_a_cut_after_the_last_step_restarts_from_the_final_checkpoint_and_finish
     checkpoint with no step left, and finishes: exit 0, its final weights those of the
     checkpoint, the run FINISHED; nothing left on any host."""
     # dmlc's ssh placement, process i on line i: servers h0, h1; workers h1, h2
-    el = _lose_h2(testbed, work, {"el": ("ssh", [H0, H1, H1, H2], H2)}, 2, 2, 1.5,
-                  cut_at=2)["el"]
+    el = _lose_h2(testbed, work, "ssh", [H0, H1, H1, H2], H2, 2, cut_at=2)
     assert el.resumed == 2, el.out[-4000:]
     assert ("restart 1: world 1 worker(s) x 2 simulated worker(s) x 16 images = global batch "
             f"32 (lost: {H2})") in el.out, el.out[-4000:]
@@ -201,7 +185,7 @@ def test_a_cut_after_the_last_step_restarts_from_the_final_checkpoint_and_finish
     # the first attempt on h0, h1, h2; the second without h2
     assert el.where == sorted([("scheduler", "h0")] * 2 + [("server", "h0"), ("server", "h1")] * 2
                               + [("worker", "h1"), ("worker", "h2"), ("worker", "h1")]), el.where
-    _the_run(work, "el", el.resumed, 2)
+    _the_run(work, el.resumed, 2)
 
 
 @pytest.mark.timeout(240)
@@ -213,7 +197,7 @@ def test_an_mpi_or_slurm_job_loses_a_host_for_good_and_continues_on_the_rest_bit
     # mpi: bare lines, one slot each for the layout: Open MPI alone would give each as many
     # slots as the host has cores (both workers on h1); mpirun reads a copy with slots=1, so
     # its by-slot placement puts a server and a worker on each host. Slurm: -N 2 -n 2 steps.
-    el = _lose_h2(testbed, work, {"el": (launcher, hostfile, "h2")}, 2, 2, 1.5)["el"]
+    el = _lose_h2(testbed, work, launcher, hostfile, "h2", 2)
     assert el.resumed < 2, el.out[-4000:]  # the cut lands in epoch 2
     assert ("restart 1: world 1 worker(s) x 2 simulated worker(s) x 16 images = global "
             "batch 32 (lost: h2)") in el.out, el.out[-4000:]
@@ -222,5 +206,5 @@ def test_an_mpi_or_slurm_job_loses_a_host_for_good_and_continues_on_the_rest_bit
     assert el.where == sorted([("scheduler", "h0")] * 2 + [("server", "h1"), ("server", "h2")]
                               + [("server", "h1")] * 2
                               + [("worker", "h1"), ("worker", "h2"), ("worker", "h1")]), el.where
-    _bitwise(work, "el", 2)
-    _the_run(work, "el", el.resumed, 2, "h2")
+    _bitwise(work, 2)
+    _the_run(work, el.resumed, 2, "h2")

@@ -25,10 +25,10 @@ and every process's as ``failure/job.log`` (:meth:`_Record.outcome`).
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run
 records each world as tags ``world_<attempt>`` (and ``workers_lost``) and the metric
-``world/workers`` at the step the attempt starts from. An ssh or mpi job's restart after a
+``world/workers`` at the step the attempt starts from. A cluster job's restart after a
 host is lost runs from a hostfile of the answering hosts only
 (:func:`~mxlarge.launcher.backends.ssh.survivors_hostfile`,
-:func:`~mxlarge.launcher.backends.mpi.survivors_hostfile`).
+:func:`~mxlarge.launcher.backends.mpi.survivors_hostfile`, a Slurm job's answering nodes).
 """
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def elastic_of(args: argparse.Namespace, backend: LaunchBackend, world: World, s
 
     The hosts and their probe are the backend's
     (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): an ssh or mpi job's are
-    its hostfile's ``lines``, probed over ssh; a local job's its worker processes, probed with
+    its hostfile's ``lines``, probed over ssh; a Slurm job's its allocation's nodes, probed by
+    asking Slurm and their slurmd; a local job's its worker processes, probed with
     ``--local-lost``."""
     if not args.elastic:
         for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):
@@ -247,11 +248,14 @@ def prepare(args: argparse.Namespace) -> Launch:
 def attempt_spec(job: Launch, attempt: Attempt) -> JobSpec:
     """The spec of one attempt: the job's, resuming from the attempt's checkpoint, in its world
     and with its servers (and the backend's environment for a world other than the declared
-    one), from its hostfile (set by the caller)."""
+    one), from its hostfile (set by the caller). Its server hosts are the declared ones that
+    answered (at most one per server): the backend adds a server host its hostfile lacks, so a
+    lost one would get servers again."""
     spec = job.spec
     cmd = spec.command if attempt.resume is None else (*spec.command, "--resume",
                                                        str(attempt.resume))
-    out = dataclasses.replace(spec, command=cmd)
+    homes = tuple(h for h in spec.server_hosts if h not in attempt.lost)[:attempt.servers]
+    out = dataclasses.replace(spec, command=cmd, server_hosts=homes)
     if attempt.world != spec.world:
         out = dataclasses.replace(out, world=attempt.world, servers=attempt.servers,
                                   env=job.backend.attempt_env(spec, spec.world.processes))

@@ -23,8 +23,9 @@ its backend's (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): a
 its worker processes (:mod:`mxlarge.launcher.backends.local`), an ssh job's its hostfile's,
 placed as dmlc places them and probed with ``ssh host true``
 (:mod:`mxlarge.launcher.backends.ssh`), an mpirun job's its hostfile's, placed as mpirun
-places them and probed the same way (:mod:`mxlarge.launcher.backends.mpi`); Slurm jobs are
-not elastic.
+places them and probed the same way (:mod:`mxlarge.launcher.backends.mpi`), a Slurm job's
+its allocation's nodes, probed by asking Slurm and each node's slurmd
+(:mod:`mxlarge.launcher.backends.slurm`).
 
 **What each attempt runs** (:class:`RestartPlan`, :meth:`RestartPlan.attempt`): attempt 0
 the job as declared, from ``--resume``'s checkpoint if one was given; attempt n > 0 from the

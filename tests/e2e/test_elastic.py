@@ -96,7 +96,8 @@ def test_no_world_above_the_floor_ends_the_job_with_the_reason(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--elastic"], "--elastic: expected --max-restarts N >= 1"),
     (["--max-restarts", "1", "--elastic", "--launcher", "slurm"],
-     "--elastic with --launcher slurm: not built yet: a restart would need the steps started"),
+     "--elastic with --launcher slurm: no Slurm allocation (no SLURM_JOB_NODELIST); expected "
+     "the launch inside salloc --no-kill or sbatch --no-kill"),
     (["--max-restarts", "1", "--elastic", "--launcher", "ssh", "-H", "hosts", "--local-lost",
       "lost"], "--local-lost: expected with --launcher local"),
     (["--min-workers", "1"], "--min-workers: expected together with --elastic"),

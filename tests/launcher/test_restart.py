@@ -310,3 +310,74 @@ def test_the_plan_runs_attempts_until_the_policy_stops_and_probes_before_each_re
     out = RestartPlan(RestartPolicy(5), World(2, batch=8), 1, elastic=elastic).run(
         attempt, lambda line: None)
     assert out.exit_code == 0 and [a.number for a in seen] == [0, 1, 2] and len(probes) == 2
+
+
+# -- elastic Slurm jobs: the allocation's nodes, the survivors' steps ------------------------
+
+def test_slurm_elastic_runs_a_restart_on_the_answering_nodes_only(monkeypatch, tmp_path):
+    """h2 lost in a 2-node allocation: the restart's hostfile is h1, whose steps leave h2 out
+    and overcommit h1 (2 servers, 1 worker: the allocation may grant one CPU per node)."""
+    import importlib
+
+    from tests.launcher.test_layout import _dmlc_commands
+
+    slurm_mod = importlib.import_module("mxlarge.launcher.backends.slurm")
+    monkeypatch.setattr(slurm_mod, "slurm_nodes", lambda: ["h1", "h2"])
+    monkeypatch.setattr(slurm_mod, "silent_nodes", lambda nodes: {"h2": "cut"})
+    backend = slurm_mod.SlurmBackend()
+    assert backend.check_hosts(None, 2, 2) is None
+    e = backend.elastic(World(2, batch=8), 2, None, 1, None)
+    assert (e.hosts, e.others) == (["h1", "h2"], [])
+    assert backend.attempt_hostfile(None, e, 2, 2, 2) is None  # nobody lost yet
+    assert e.replan() is None and e.world == World(1, simulated=2, batch=8) and e.lost == ["h2"]
+    text = backend.attempt_hostfile(None, e, 2, 2, 1)
+    assert text == "h1\n"
+    with pytest.raises(ValueError, match="--local-lost: expected with --launcher local"):
+        backend.elastic(World(2, batch=8), 2, None, 1, "lost")
+    with pytest.raises(ValueError, match=r"3 workers on 2 worker node\(s\) \(h1, h2\)"):
+        backend.elastic(World(3, batch=8), 2, None, 1, None)
+    (tmp_path / "nodes").write_text(text)
+    attempt = slurm_mod.SlurmBackend()
+    assert attempt.check_hosts(str(tmp_path / "nodes"), 1, 2) is None
+    commands = {c.split("DMLC_ROLE=")[1].split()[0]: c
+                for c in _dmlc_commands("slurm", 1, 2, None, attempt)}
+    assert attempt.layout(None, 2, 1, "h0").describe().startswith(
+        "layout: scheduler on h0; 2 server(s) co-located with the workers: h1; 1 worker(s) on h1")
+    (tmp_path / "nodes").write_text("h1\nh9\n")
+    with pytest.raises(ValueError, match=r"h9 not among the allocation's nodes \(h1, h2\)"):
+        attempt.check_hosts(str(tmp_path / "nodes"), 1, 2)
+    (tmp_path / "nodes").write_text("h1 slots=2\n")
+    with pytest.raises(ValueError, match=r"h1: expected node names only"):
+        attempt.check_hosts(str(tmp_path / "nodes"), 1, 2)
+    assert " --overcommit " in commands["server"] and " -N 1 -x h2 -n 2 " in commands["server"]
+    assert " --overcommit " not in commands["worker"] and " -N 1 -x h2 -n 1 " in commands["worker"]
+
+
+def test_a_lost_server_host_is_not_given_servers_again(tmp_path):
+    """dist.server_hosts s, t; t lost: the restart's spec names s only, so the backend that
+    reads the survivors' hostfile does not add t back as a server line."""
+    from mxlarge.launch_cli import Launch, attempt_spec
+    from mxlarge.launcher.backends.ssh import SshBackend
+    from mxlarge.launcher.hostfile import place
+    from mxlarge.launcher.job import JobSpec
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.0.0.1\n10.0.0.2\n")
+    backend = SshBackend()
+    spec = JobSpec("ssh", ["true"], World(2, batch=8), 2, hostfile=str(hosts),
+                   server_hosts=("10.0.0.8", "10.0.0.9"))
+    lines = backend.check_hosts(str(hosts), 2, 2, spec.server_hosts)
+    e = backend.elastic(spec.world, 2, lines, 1, None)
+    e.probe = lambda asked: [h for h in asked if h != "10.0.0.9"]
+    plan = RestartPlan(RestartPolicy(1), spec.world, 2, elastic=e,
+                       hostfile_of=lambda el, s, w: backend.attempt_hostfile(lines, el, 2, s, w))
+    plan.attempt(0)
+    assert e.replan() is None
+    attempt = plan.attempt(1)
+    job = Launch(spec, backend, plan, None, None, None, None, "c.yaml")
+    again = attempt_spec(job, attempt)
+    assert again.server_hosts == ("10.0.0.8",)
+    hosts.write_text(attempt.hostfile)
+    servers, workers = place(backend.check_hosts(str(hosts), 2, 2, again.server_hosts), 2, 2)
+    assert [e.host for e in servers] == ["10.0.0.8", "10.0.0.8"]
+    assert [e.host for e in workers] == ["10.0.0.1", "10.0.0.2"]

@@ -79,7 +79,7 @@ class LaunchBackend:
             ValueError: this backend's hosts cannot be probed, or an option does not apply.
         """
         raise ValueError(f"--elastic with --launcher {self.name}: probing {self.name} hosts "
-                         "is not built; elastic restarts run on local, ssh and mpi launches")
+                         "is not built; elastic restarts run on local, ssh, mpi and slurm launches")
 
     def attempt_env(self, spec: Spec, declared_workers: int) -> Mapping[str, str]:
         """The environment of an attempt in a smaller world than the declared one."""

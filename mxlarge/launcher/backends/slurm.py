@@ -15,6 +15,15 @@ launcher at about the same time: a failed step first waits a moment for that sig
 Slurm whether the allocation is ending, so the cancellation, not the step it ended, is named
 (and not restarted). No packet filter: slurmctld, which may run outside the job, calls srun
 back on ports in the same ranges.
+
+A hostfile (``-H``) names the nodes of the allocation to run on (node names, one per line): the
+steps leave the others out (``-x``), and a step with more tasks than its nodes overcommits
+(``--overcommit``: the allocation may grant one CPU per node). That is how an elastic restart
+(``--elastic``) runs on the survivors: before it, every node of the job is probed
+(:func:`~mxlarge.launcher.slurm_query.silent_nodes`: still in the allocation, usable to Slurm,
+its slurmd answering), and the restart's hostfile lists the answering ones. The allocation must
+outlive a failed node (``salloc``/``sbatch --no-kill``): without it Slurm ends the allocation
+once it counts the node down (``SlurmdTimeout``), the restart with it.
 """
 from __future__ import annotations
 
@@ -26,13 +35,14 @@ from mxlarge.launcher._supervise import Child
 from mxlarge.launcher.backends.base import Spec
 from mxlarge.launcher.cluster import DmlcBackend
 from mxlarge.launcher.explain import FailureContext, terminated
-from mxlarge.launcher.hostfile import HostEntry, Layout, check_server_hosts
+from mxlarge.launcher.hostfile import HostEntry, Layout, check_server_hosts, listed_hosts
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.preflight import HostCheckError
 from mxlarge.launcher.restart import Elastic
 from mxlarge.launcher.slurm_query import (
     allocation_ending,
     bad_nodes,
+    silent_nodes,
     slurm_nodes,
     srun_has_overlap,
 )
@@ -64,19 +74,34 @@ class SlurmBackend(DmlcBackend):
 
     def __init__(self) -> None:
         self._overlap = False
+        self._nodes: list[str] = []  # the nodes to run on: the allocation's, or the hostfile's
+        self._left_out: list[str] = []  # the allocation's other nodes
         self._homes: list[str] = []  # server hosts: nodes of the allocation for servers only
 
     def check_hosts(self, hostfile: str | None, workers: int, servers: int,
                     server_hosts: Sequence[str] = ()) -> None:
+        """The nodes to run on (the hostfile's, all nodes of the allocation) and the server
+        hosts among them, checked; the steps are placed from them (:meth:`fix_command`)."""
+        allocation = slurm_nodes()
+        have = ", ".join(allocation) or "none: no SLURM_JOB_NODELIST"
+        nodes = allocation
         if hostfile is not None:
-            raise ValueError("the slurm launcher takes its nodes from the allocation; "
-                             "pass hostfile=None")
+            entries = listed_hosts(hostfile, self.name)
+            odd = next((e for e in entries if e.port or e.slots is not None or e.server), None)
+            if odd is not None:
+                raise ValueError(f"hostfile {hostfile}: {odd.host}: expected node names only "
+                                 f"(the steps' tasks per node are Slurm's; server hosts: "
+                                 f"dist.server_hosts)")
+            nodes = list(dict.fromkeys(e.host for e in entries))
+            outside = [n for n in nodes if n not in allocation]
+            if outside:
+                raise ValueError(f"hostfile {hostfile}: {', '.join(outside)} not among the "
+                                 f"allocation's nodes ({have}); expected nodes to run on, of "
+                                 f"the allocation")
         homes = list(dict.fromkeys(server_hosts))
         if homes:
-            nodes = slurm_nodes()
             outside = [h for h in homes if h not in nodes]
             if outside:
-                have = ", ".join(nodes) or "none: no SLURM_JOB_NODELIST"
                 raise ValueError(f"dist.server_hosts: {', '.join(outside)} not among the "
                                  f"allocation's nodes ({have}); expected node names of the "
                                  f"allocation (allocate them with the workers' nodes)")
@@ -86,13 +111,15 @@ class SlurmBackend(DmlcBackend):
                 raise ValueError(f"dist.server_hosts: every node of the allocation "
                                  f"({', '.join(nodes)}) is a server host; expected at least "
                                  f"one node left for the workers")
-        self._homes = homes
+        self._nodes, self._homes = nodes, homes
+        self._left_out = [n for n in allocation if n not in nodes]
         return None
 
     def preflight(self, spec: Spec) -> None:
-        """No node of the allocation that Slurm counts as not usable (``HostCheckError``);
-        outside an allocation srun itself says why it cannot run."""
-        bad = bad_nodes(slurm_nodes())
+        """No node to run on that Slurm counts as not usable (``HostCheckError``); outside an
+        allocation srun itself says why it cannot run."""
+        self.check_hosts(spec.hostfile, spec.world.processes, spec.servers, spec.server_hosts)
+        bad = bad_nodes(self._nodes)
         if bad:
             node, state = next(iter(bad.items()))
             raise HostCheckError(f"host {node} (the Slurm allocation): Slurm has it {state} "
@@ -103,43 +130,66 @@ class SlurmBackend(DmlcBackend):
 
     def elastic(self, world: World, servers: int, lines: list[HostEntry] | None,
                 min_workers: int, local_lost: str | None) -> Elastic:
-        raise ValueError("--elastic with --launcher slurm: not built yet: a restart would "
-                         "need the steps started so that a lost node does not end the "
-                         "allocation (salloc/sbatch --no-kill) and the next steps placed on "
-                         "the nodes scontrol shows responding (-w), and neither is done; "
-                         "elastic restarts run on local, ssh and mpi launches")
+        """The workers' nodes (one worker each, in the allocation's order) and the others,
+        probed with :func:`~mxlarge.launcher.slurm_query.silent_nodes`."""
+        if local_lost is not None:
+            raise ValueError("--local-lost: expected with --launcher local (a Slurm job asks "
+                             "Slurm and each node's slurmd)")
+        if not self._nodes:
+            raise ValueError("--elastic with --launcher slurm: no Slurm allocation (no "
+                             "SLURM_JOB_NODELIST); expected the launch inside salloc --no-kill "
+                             "or sbatch --no-kill")
+        free = [n for n in self._nodes if n not in self._homes]
+        if len(free) < world.processes:
+            raise ValueError(f"--elastic with --launcher slurm: {world.processes} workers on "
+                             f"{len(free)} worker node(s) ({', '.join(free) or 'none'}); "
+                             f"expected a node per worker (srun -N {world.processes})")
+        hosts = free[:world.processes]
+        return Elastic(world, hosts, _probe, min_workers,
+                       others=[n for n in self._nodes if n not in hosts])
+
+    def attempt_hostfile(self, lines: list[HostEntry] | None, elastic: Elastic,
+                         declared_servers: int, servers: int, workers: int) -> str | None:
+        if not elastic.lost:
+            return None
+        return "".join(f"{n}\n" for n in self._nodes if n in elastic.answering)
 
     def guard_flags(self) -> dict[str, bool]:
         return {"reraise": True}
 
     def hosts(self, entries: list[HostEntry] | None) -> list[str]:
-        return slurm_nodes()
+        return self._nodes
 
     def prepare(self) -> None:
         self._overlap = srun_has_overlap()
 
     def fix_command(self, command: str) -> str:
         """``--overlap``, ``--kill-on-bad-exit`` and ``--input=all`` (module docstring); with
-        server hosts, the servers' step on them (``-w``) and the workers' off them (``-x``)."""
-        flags = "srun --overlap " if self._overlap else _SRUN_DMLC_FLAGS
-        if self._homes:
-            step = _STEP.search(command)
-            if step is not None:
-                tasks = int(step.group("tasks"))
-                nodes = (len(self._homes) if "DMLC_ROLE=server " in command else
-                         min(tasks, len(slurm_nodes()) - len(self._homes)))
-                where = "-w" if "DMLC_ROLE=server " in command else "-x"
-                command = (command[:step.start("nodes")] +
-                           f"{nodes} {where} {','.join(self._homes)}" +
-                           command[step.end("nodes"):])
-        return command.replace(_SRUN_DMLC_FLAGS, flags + _SRUN_FLAGS)
+        server hosts, the servers' step on them (``-w``) and the workers' off them (``-x``);
+        nodes left out (a hostfile) left out of both (``-x``)."""
+        flags = ("srun --overlap " if self._overlap else _SRUN_DMLC_FLAGS) + _SRUN_FLAGS
+        step = _STEP.search(command)
+        if step is not None and (self._homes or self._left_out):
+            tasks = int(step.group("tasks"))
+            server = "DMLC_ROLE=server " in command
+            if server and self._homes:
+                nodes, where = len(self._homes), f"-w {','.join(self._homes)}"
+            else:
+                out = self._left_out + ([] if server else self._homes)
+                nodes = min(tasks, len(self._nodes) - (0 if server else len(self._homes)))
+                where = f"-x {','.join(out)}"
+            if tasks > nodes:
+                flags += "--overcommit "
+            command = (command[:step.start("nodes")] + f"{nodes} {where}" +
+                       command[step.end("nodes"):])
+        return command.replace(_SRUN_DMLC_FLAGS, flags)
 
     def layout(self, entries: list[HostEntry] | None, servers: int, workers: int,
                scheduler: str) -> Layout:
-        """The allocation's nodes: with server hosts the servers' and the others."""
-        nodes = slurm_nodes()
-        others = tuple(n for n in nodes if n not in self._homes)
-        return Layout(scheduler, servers, workers, tuple(self._homes) or tuple(nodes), others)
+        """The nodes to run on: with server hosts the servers' and the others."""
+        others = tuple(n for n in self._nodes if n not in self._homes)
+        return Layout(scheduler, servers, workers, tuple(self._homes) or tuple(self._nodes),
+                      others)
 
     def before_explain(self, context: FailureContext) -> Outcome | None:
         if context.stop.wait(_TERMINATION_WAIT):
@@ -153,3 +203,9 @@ class SlurmBackend(DmlcBackend):
 
     def explain(self, context: FailureContext, child: Child) -> Outcome:
         return context.explain_reported(child, "task")
+
+
+def _probe(nodes: Sequence[str]) -> list[str]:
+    """A Slurm job's :data:`~mxlarge.launcher.restart.Probe`: the nodes a new step can run on."""
+    silent = silent_nodes(list(dict.fromkeys(nodes)))
+    return [n for n in nodes if n not in silent]

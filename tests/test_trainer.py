@@ -754,6 +754,20 @@ def test_a_dist_store_outside_a_launcher_names_the_trainers_fix_not_a_config_key
         assert "kvstore='local'" in str(e.value) and "dist.kvstore" not in str(e.value)
 
 
+def test_mxnets_p3_store_with_several_servers_is_refused_before_it_hangs(monkeypatch):
+    """DMLC_PS_VAN_TYPE=p3 (MXNet's P3 store) hangs in kv.init with 2 servers
+    (docs/mxnet-facts.md): refused in a launched worker's environment before any store
+    exists; with one server it is MXNet's to run."""
+    from mxlarge.errors import InputError
+
+    monkeypatch.setenv("DMLC_ROLE", "worker")
+    monkeypatch.setenv("DMLC_PS_VAN_TYPE", "p3")
+    monkeypatch.setenv("DMLC_NUM_SERVER", "2")
+    with pytest.raises(InputError, match=r"^DMLC_PS_VAN_TYPE=p3 with several servers: MXNet "
+                       r"1\.9\.1's P3 store hangs in kv.init"):
+        Trainer(_net().collect_params(), "sgd", kvstore="dist_sync")
+
+
 def test_the_note_names_momentum_correction_only_when_the_lr_changes(capsys):
     capsys.readouterr()
     Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})

@@ -75,8 +75,8 @@ def create(kind: str) -> mx.kv.KVStore:
 
     Raises:
         InputError: a dist store outside a launched job (MXNet would abort with a long C++
-            traceback when it finds no scheduler to talk to), or a dist store of another type
-            than the process's.
+            traceback when it finds no scheduler to talk to), a dist store of another type
+            than the process's, or MXNet's P3 store with several servers (it hangs).
     """
     kind = validate_kvstore(kind)
     if not kind.startswith("dist"):
@@ -86,6 +86,9 @@ def create(kind: str) -> mx.kv.KVStore:
                          "workers): run it with `mxlarge launch CONFIG -n K` or "
                          "`python -m mxlarge.launcher -n K -s S -- CMD`, or use a local store "
                          "(dist.kvstore=local)")
+    if os.environ.get("DMLC_PS_VAN_TYPE") == "p3" and os.environ.get("DMLC_NUM_SERVER") != "1":
+        raise InputError("DMLC_PS_VAN_TYPE=p3 with several servers: MXNet 1.9.1's P3 store hangs "
+                         "in kv.init on a net's keys (docs/mxnet-facts.md); unset it")
     live = live_dist_store()
     if live is None:
         live = mx.kv.create(kind)
@@ -123,8 +126,7 @@ class SyncStore:
         self.kind = validate_kvstore(kind)
         self.params = list(params)
         if fusion_bytes < 0:
-            raise ValueError(f"fusion_bytes {fusion_bytes}: expected ≥ 0 (0: one key per "
-                             "tensor)")
+            raise ValueError(f"fusion_bytes {fusion_bytes}: expected ≥ 0 (0: one key per tensor)")
         self.fusion_bytes = fusion_bytes
         self.roles: list[ParamRole] = []
         self.pushed: list[int] = []
@@ -139,8 +141,7 @@ class SyncStore:
         self.grads_version = 0
         self._broadcast: set[int] = set()  # parameters whose keys hold rank 0's values
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
-        # One process with one device has nothing to aggregate: skip the store entirely.
-        self.kv = None if isinstance(kvstore, str) else kvstore
+        self.kv = None if isinstance(kvstore, str) else kvstore  # one device in one process: none
         if self.kv is None and (kind.startswith("dist") or num_devices > 1):
             self.kv = create(kind)
         if len(self.params) > MAX_PARAMS:
@@ -156,8 +157,7 @@ class SyncStore:
             self._bit = float(np.float32(compression.get("threshold", 0.5)))
             self.kv.set_gradient_compression(compression)
         if wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire_dtype {wire_dtype!r}: expected one of "
-                             f"{', '.join(WIRE_DTYPES)}")
+            raise ValueError(f"wire_dtype {wire_dtype!r}: expected one of {', '.join(WIRE_DTYPES)}")
         self.wire16 = wire_dtype == "float16"
         if self.wire16 and not (kind.startswith("dist") and self.kv is not None):
             raise ValueError("wire_dtype='float16' needs a dist kvstore (it halves the bytes "

@@ -19,6 +19,20 @@ def test_buckets_fill_in_backward_order_and_big_tensors_travel_alone():
                    Bucket(0, (0,), (0,), 10), Bucket(1, (1,), (0,), 3)]
 
 
+def test_a_tensor_over_the_piece_size_travels_as_consecutive_pieces_under_bucket_keys():
+    """With ``piece``, a lone tensor of n > piece elements is k = ⌈n / piece⌉ pieces of
+    ⌊n / k⌋ elements (the last takes the rest) covering it in order; smaller ones stay whole."""
+    sizes = [10, 25, 3, 2, 30]
+    got = fuse(sizes, [4, 3, 2, 1, 0], limit=8, piece=12)
+    assert [(b.members, b.offsets, b.size, b.alone) for b in got] == [
+        ((4,), (0,), 10, False), ((4,), (10,), 10, False), ((4,), (20,), 10, False),
+        ((1,), (0,), 8, False), ((1,), (8,), 8, False), ((1,), (16,), 9, False),
+        ((0,), (0,), 10, True), ((3, 2), (0, 2), 5, False)]
+    assert [b.key for b in got] == [FUSE_KEY + j for j in range(6)] + [0, FUSE_KEY + 6]
+    assert fuse(sizes, [4, 3, 2, 1, 0], limit=8) == \
+        fuse(sizes, [4, 3, 2, 1, 0], limit=8, piece=30)  # nothing above the piece size
+
+
 @pytest.mark.parametrize("limit", [0, 1, 5, 7, 64, 10**9])
 def test_every_tensor_in_exactly_one_bucket_and_no_bucket_over_the_limit(limit):
     rng = np.random.default_rng(limit)

@@ -6,7 +6,11 @@ parameter server. :func:`fuse` packs the pushed gradients, in backward order, in
 at most a given size and one dtype; the store (:class:`mxlarge.kvstore.sync.SyncStore`) makes
 the members' gradient arrays views of the bucket's buffer. :func:`spread` picks the buckets'
 keys so that every server sums as many of their elements as every other (MXNet sends a key
-below its big-array bound whole to one server, chosen by the key).
+below its big-array bound whole to one server, chosen by the key). With several servers a
+tensor larger than ``servers`` buckets travels as pieces of that size (``piece``), so MXNet
+slices each over the servers into messages of a bucket's size: a server starts returning a sum
+once every worker's piece arrived, not the whole tensor's third (measured on the testbed,
+``make bench-cluster`` rows ``floor_*``).
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ FUSE_KEY = 150_000
 @dataclass(frozen=True)
 class Bucket:
     """Gradients that travel as one key: ``members`` (parameter indices, backward order) at
-    element ``offsets`` of a flat buffer of ``size`` floats. One member: its own key, no buffer."""
+    element ``offsets`` of a flat buffer of ``size`` floats. One member: its own key, no buffer
+    (:attr:`alone`), or elements ``offsets[0]`` to ``offsets[0] + size`` of it (a piece)."""
 
     key: int
     members: tuple[int, ...]
@@ -31,10 +36,15 @@ class Bucket:
     def fused(self) -> bool:
         return len(self.members) > 1
 
+    @property
+    def alone(self) -> bool:
+        """A whole tensor under its own key (the key that also broadcasts its weight)."""
+        return self.key == self.members[0] and not self.fused
+
 
 def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
          alone: frozenset[int] = frozenset(),
-         kinds: Sequence[str] | None = None) -> list[Bucket]:
+         kinds: Sequence[str] | None = None, piece: int = 0) -> list[Bucket]:
     """Greedy buckets over the parameters ``order`` (backward order) of ``sizes`` elements each.
 
     A parameter of ``limit`` elements or more (or every one when ``limit`` ≤ 0) is a bucket of
@@ -42,7 +52,9 @@ def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
     while their total stays ≤ ``limit`` and their ``kinds`` (dtypes: a buffer has one) agree.
     Buckets come in the order they are complete (a bucket
     is ready when its last member is); bucket ``b`` of several members gets key
-    ``FUSE_KEY + b``.
+    ``FUSE_KEY + b``. With ``piece`` > 0 a lone tensor of more than ``piece`` elements travels
+    as k = ⌈n / piece⌉ consecutive pieces of ⌊n / k⌋ elements (the last one takes the rest),
+    numbered and keyed as the buckets of several members are.
     """
     groups: list[list[int]] = []
     current: list[int] = []
@@ -69,8 +81,14 @@ def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
         for i in g[:-1]:
             offsets.append(offsets[-1] + int(sizes[i]))
         size = offsets[-1] + int(sizes[g[-1]])
-        if len(g) == 1:
+        if len(g) == 1 and (piece <= 0 or size <= piece or g[0] in alone):
             out.append(Bucket(g[0], (g[0],), (0,), size))
+        elif len(g) == 1:
+            k = -(-size // piece)
+            for j in range(k):
+                n = size // k + (size % k if j == k - 1 else 0)
+                out.append(Bucket(FUSE_KEY + b, (g[0],), (j * (size // k),), n))
+                b += 1
         else:
             out.append(Bucket(FUSE_KEY + b, tuple(g), tuple(offsets), size))
             b += 1

@@ -146,8 +146,7 @@ class SyncStore:
             self.kv = create(kind)
         if len(self.params) > MAX_PARAMS:
             raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
-        # Under 2-bit compression a gathered float travels as 32 pushed values of 0 or t.
-        self._bit: float | None = None
+        self._bit: float | None = None  # 2-bit: a gathered float travels as 32 values of 0 or t
         if compression:
             if not kind.startswith("dist") or self.kv is None:
                 raise ValueError("gradient compression needs a dist kvstore")
@@ -213,27 +212,28 @@ class SyncStore:
         self.stats = [i for i, r in enumerate(roles) if r.local_stat]
         # A bucket has one dtype; float16 and float32 tensors fill buckets of their own.
         kinds = [np.dtype(p.dtype).name for p in self.params]
+        servers = int(os.environ.get("DMLC_NUM_SERVER", "1")) if self.distributed else 1
         self.buckets = fuse([int(np.prod(p.shape)) for p in self.params],
                             list(reversed(self.pushed)), self.fusion_bytes // 4,
                             alone=frozenset(i for i in self.pushed
                                             if kinds[i] not in ("float32", "float16")),
-                            kinds=kinds)
+                            kinds=kinds, piece=servers * self.fusion_bytes // 4 * (servers > 1))
         if self.kv is None:
             return
         if self.distributed:  # every server the same share of the buckets (fusion.spread)
             wired = self.wire16
             self.buckets = spread(
-                self.buckets, int(os.environ.get("DMLC_NUM_SERVER", "1")),
+                self.buckets, servers,
                 int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", BIGARRAY_BOUND)),
                 AUX_KEY - FUSE_KEY, lambda b: WIRE_KEY + b.key
-                if wired and kinds[b.key] == "float32" else b.key)
+                if wired and b.alone and kinds[b.key] == "float32" else b.key)
         keys: list[int] = []
         values: list[mx.nd.NDArray] = []
         contexts = self.params[0].list_ctx() if self.params else []
         for b in self.buckets:
             dtype = kinds[b.members[0]]
             wired = self.wire16 and dtype == "float32"
-            shape = (b.size,) if b.fused else tuple(self.params[b.key].shape)
+            shape = tuple(self.params[b.key].shape) if b.alone else (b.size,)
             if wired:
                 self._wire[b.key] = [mx.nd.zeros(shape, ctx=c, dtype="float16")
                                      for c in contexts]
@@ -245,7 +245,7 @@ class SyncStore:
                      for i, s in zip(b.members, b.offsets)] for flat in self._flat[b.key]]
                 if not in_forward:  # else the first step adopts them
                     self._adopt(b, copy_in=True)
-            if b.fused or wired:
+            if not b.alone or wired:
                 keys.append(self._wire_key(b))
                 values.append(mx.nd.zeros(shape, dtype="float16" if wired else dtype))
         if self.distributed:  # gather keys (module docstring); one process needs none
@@ -343,25 +343,25 @@ class SyncStore:
     def _wire_key(self, b: Bucket) -> int:
         """The key ``b``'s sums travel under: its own, or a lone float32 gradient's float16 wire
         key (its own key holds the float32 weight of the initial broadcast)."""
-        return WIRE_KEY + b.key if b.key in self._wire and not b.fused else b.key
+        return WIRE_KEY + b.key if b.key in self._wire and b.alone else b.key
 
     def allreduce_grads(self, prescale: float = 1.0) -> None:
-        """Replaces every pushed gradient by its sum over workers and devices.
-
-        ``prescale``: s of the 16-bit wire (module docstring); ignored on a float32 wire.
+        """Replaces every pushed gradient by its sum over workers and devices; ``prescale``: s
+        of the 16-bit wire (module docstring), ignored on a float32 wire.
 
         Buckets (:func:`fuse`) go in backward order with priority −(their first parameter): the
         last layers' gradients exist first during backward, and MXNet's engine starts each
-        bucket's copy and push as soon as its last gradient is ready, so communication overlaps
-        the rest of backward.
+        bucket's push as soon as its last gradient is ready, overlapping the rest of backward.
         """
         if self.kv is None:
             return
         s = float(prescale) if self.wire16 and np.isfinite(prescale) and prescale else 1.0
         for b in self.buckets:
             priority = -min(b.members)
-            if not b.fused:
-                grads = self.params[b.key].list_grad()
+            if not b.fused:  # a whole tensor, or a piece of one (its elements' views)
+                lo, hi = b.offsets[0], b.offsets[0] + b.size
+                grads = [g if b.alone else g.reshape((-1,))[lo:hi]
+                         for g in self.params[b.members[0]].list_grad()]
                 self._exchange(b, grads, priority, s)
                 continue
             flats = self._flat[b.key]
@@ -492,8 +492,8 @@ class SyncStore:
         """Rank 0's ``array`` of statistic ``i`` on every rank (collective), exactly."""
         if not self.distributed:
             return array.copy()
-        row = self._gather(STAT_KEY + i, array.asnumpy())[0]
-        return mx.nd.array(row.reshape(array.shape), ctx=array.context)
+        return mx.nd.array(self._gather(STAT_KEY + i, array.asnumpy())[0].reshape(array.shape),
+                           ctx=array.context)
 
     def barrier(self) -> None:
         if self.distributed:

@@ -172,7 +172,9 @@ class DistConfig:
     compression_threshold: float = _f(0.5, "2bit compression threshold", gt=0)
     fusion_bytes: int = _f(FUSION_BYTES, "gradient fusion: tensors smaller than this travel "
                                          "packed in buckets of up to this many bytes, one "
-                                         "request each (0: one key per tensor)", ge=0)
+                                         "request each, and with S ≥ 2 servers tensors over S "
+                                         "buckets as pieces of S buckets (0: one key per "
+                                         "tensor)", ge=0)
     wire_dtype: str = _f("float32", "the type gradients travel in between workers and servers "
                                     "(float16: half the bytes, summed in float32 by the "
                                     "servers)", choices=("float32", "float16"))

@@ -17,7 +17,8 @@ environment or its ``env`` argument): the user's value always wins, and ``tuning
   A key below the bound goes whole to server ``(key · 9973) mod S``, so the many mid-sized
   tensors of a real net (ResNet-50's 1×1 and 3×3 convolutions are 65 k – 2.4 M floats, most of
   its bytes) land unevenly and the busiest server's link sets the pace; from the bound on a
-  key is sliced evenly over all servers. A tensor travels alone when it fills a bucket, so with
+  key is sliced evenly over all servers. A tensor travels alone when it fills a bucket (as
+  pieces of S buckets with S ≥ 2 servers: :func:`mxlarge.kvstore.fusion.fuse`), so with
   the bound at the bucket size only buckets go whole, and
   :func:`mxlarge.kvstore.fusion.spread` gives every server the same share of them. ResNet-50's
   gradients over 3 servers (an even third: 8.519 M floats): the busiest one sums 8.83 M with

@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, server_of, spread
+from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, piece_floats, server_of, spread
 from mxlarge.kvstore.roles import param_roles
 from mxlarge.kvstore.sync import SyncStore
 
@@ -31,6 +31,21 @@ def test_a_tensor_over_the_piece_size_travels_as_consecutive_pieces_under_bucket
     assert [b.key for b in got] == [FUSE_KEY + j for j in range(6)] + [0, FUSE_KEY + 6]
     assert fuse(sizes, [4, 3, 2, 1, 0], limit=8) == \
         fuse(sizes, [4, 3, 2, 1, 0], limit=8, piece=30)  # nothing above the piece size
+
+
+def test_pieces_are_one_bucket_per_server_and_only_across_hosts(monkeypatch):
+    from mxlarge.kvstore import spans_hosts
+
+    assert piece_floats(3, 65536, True) == 3 * 65536
+    assert piece_floats(1, 65536, True) == piece_floats(3, 65536, False) == 0
+    assert piece_floats(3, 0, True) == 0  # fusion off: one key per tensor
+    monkeypatch.delenv("MXLARGE_PIECES", raising=False)
+    monkeypatch.setenv("DMLC_PS_ROOT_URI", "127.0.0.1")
+    assert not spans_hosts()
+    monkeypatch.setenv("DMLC_PS_ROOT_URI", "198.18.0.10")
+    assert spans_hosts()
+    monkeypatch.setenv("MXLARGE_PIECES", "0")
+    assert not spans_hosts()
 
 
 @pytest.mark.parametrize("limit", [0, 1, 5, 7, 64, 10**9])

@@ -235,7 +235,7 @@ def test_launched_float16_job_keeps_every_rank_and_master_copy_bitwise_equal(tmp
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_16_bit_wire_is_within_its_bound_of_the_exact_sum_on_every_rank(tmp_path):
-    """3 workers + 2 servers, a sliced tensor and a fused bucket, values over seven decades:
+    """3 workers + 2 servers, a tensor in 34 pieces and a fused bucket, values over seven decades:
     the float16 wire's sum is within 2⁻¹¹·(Σ|x| + |Σx|) + (k+1)·2⁻²⁵ of the exact sum
     (each push rounded once, the float32 sum rounded once), the same bits on every rank; the
     float32 wire is within float32 rounding."""
@@ -245,8 +245,10 @@ def test_the_16_bit_wire_is_within_its_bound_of_the_exact_sum_on_every_rank(tmp_
     for wire in ("float16", "float32"):
         with open(tmp_path / f"{wire}.txt", "w") as log:
             outcome = run_local([sys.executable, str(HERE / "wire_worker.py"), str(tmp_path),
-                                 wire, "0.25"], workers=k, servers=2, output=log)
+                                 wire, "0.25"], workers=k, servers=2, output=log,
+                                env={"MXLARGE_PIECES": "1"})  # as on several hosts
         assert outcome.exit_code == 0, (tmp_path / f"{wire}.txt").read_text()[-3000:]
+        assert "pieces=34" in (tmp_path / f"{wire}.txt").read_text()  # 1.1 M ÷ (2 · 16,384)
     worst = {}
     for wire, rel in (("float16", 2.0**-11), ("float32", 2.0**-23)):
         runs = [np.load(tmp_path / f"{wire}-{r}.npz") for r in range(k)]

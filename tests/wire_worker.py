@@ -55,7 +55,8 @@ def main() -> int:
                 absum.append(sum(np.abs(r[j].astype(np.float64)) for r in ranks))
         np.savez(f"{out_dir}/{wire}-{rank}.npz", *got, *exact, *absum)
         print(f"wire_worker rank={rank} buckets={len(store.buckets)} "
-              f"fused={sum(b.fused for b in store.buckets)}", flush=True)
+              f"fused={sum(b.fused for b in store.buckets)} "
+              f"pieces={sum(not (b.fused or b.alone) for b in store.buckets)}", flush=True)
         mx.nd.waitall()
     return 0
 

@@ -28,8 +28,8 @@ import mxnet as mx
 import numpy as np
 
 from mxlarge.errors import InputError, ReplicaMismatch
-from mxlarge.kvstore import FUSION_BYTES
-from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, spread
+from mxlarge.kvstore import FUSION_BYTES, spans_hosts
+from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, piece_floats, spread
 from mxlarge.kvstore.roles import ParamRole
 from mxlarge.kvstore.shutdown import leave_together
 
@@ -136,8 +136,7 @@ class SyncStore:
         self._views: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> [device][member]
         self._probe: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> old grads [member][device]
         self._copied: set[int] = set()  # buckets whose members' backward ignores the views
-        #: Counts the changes of the members' gradient arrays (:meth:`_adopt`, :meth:`_confirm`):
-        #: whoever keeps references to gradient arrays gathers them again when it moves.
+        #: Counts the changes of the members' gradient arrays (:meth:`_adopt`, :meth:`_confirm`).
         self.grads_version = 0
         self._broadcast: set[int] = set()  # parameters whose keys hold rank 0's values
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
@@ -217,7 +216,8 @@ class SyncStore:
                             list(reversed(self.pushed)), self.fusion_bytes // 4,
                             alone=frozenset(i for i in self.pushed
                                             if kinds[i] not in ("float32", "float16")),
-                            kinds=kinds, piece=servers * self.fusion_bytes // 4 * (servers > 1))
+                            kinds=kinds, piece=piece_floats(servers, self.fusion_bytes // 4,
+                                                            spans_hosts()))
         if self.kv is None:
             return
         if self.distributed:  # every server the same share of the buckets (fusion.spread)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Sequence
+from itertools import groupby
 
 import mxnet as mx
 import numpy as np
@@ -30,6 +31,7 @@ import numpy as np
 from mxlarge.errors import InputError, ReplicaMismatch
 from mxlarge.kvstore import FUSION_BYTES, spans_hosts
 from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, piece_floats, spread
+from mxlarge.kvstore.pieces import PieceLinks
 from mxlarge.kvstore.roles import ParamRole
 from mxlarge.kvstore.shutdown import leave_together
 
@@ -165,6 +167,7 @@ class SyncStore:
                              "pushes already carry 2 bits per element and MXNet's 2-bit "
                              "compression quantises float32 only; choose one")
         self._wire: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> float16 buffer/device
+        self._pieces = PieceLinks()
         if self.distributed and self.rank == 0 and (
                 self.wire16 or any(np.dtype(p.dtype) != np.float32 for p in self.params)):
             # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
@@ -347,46 +350,43 @@ class SyncStore:
 
     def allreduce_grads(self, prescale: float = 1.0) -> None:
         """Replaces every pushed gradient by its sum over workers and devices; ``prescale``: s
-        of the 16-bit wire (module docstring), ignored on a float32 wire.
-
-        Buckets (:func:`fuse`) go in backward order with priority −(their first parameter): the
-        last layers' gradients exist first during backward, and MXNet's engine starts each
-        bucket's push as soon as its last gradient is ready, overlapping the rest of backward.
-        """
+        of the 16-bit wire (module docstring), ignored on a float32 wire. Buckets
+        (:func:`fuse`) go in backward order with priority −(their first parameter), so MXNet's
+        engine starts each bucket's push once its last gradient is ready, overlapping the rest
+        of backward; a tensor's pieces go together (:mod:`mxlarge.kvstore.pieces`)."""
         if self.kv is None:
             return
         s = float(prescale) if self.wire16 and np.isfinite(prescale) and prescale else 1.0
-        for b in self.buckets:
+        for _, group in groupby(self.buckets, key=lambda b: b.members):
+            b, *rest = group
             priority = -min(b.members)
-            if not b.fused:  # a whole tensor, or a piece of one (its elements' views)
-                lo, hi = b.offsets[0], b.offsets[0] + b.size
-                grads = [g if b.alone else g.reshape((-1,))[lo:hi]
-                         for g in self.params[b.members[0]].list_grad()]
-                self._exchange(b, grads, priority, s)
+            if rest:  # the pieces of one tensor, consecutive in the plan (fusion.fuse)
+                self._pieces.exchange([b, *rest], self.params[b.members[0]].list_grad(),
+                                      lambda p, a: self._exchange(p, a, -p.members[0], s))
+                continue
+            if not b.fused:  # a whole tensor
+                self._exchange(b, self.params[b.key].list_grad(), priority, s)
                 continue
             flats = self._flat[b.key]
             if self._adopted(b) and (b.key not in self._probe or self._confirm(b)):
                 self._exchange(b, flats, priority, s)  # backward wrote into the buffer
                 continue
-            grads = [self.params[i].list_grad() for i in b.members]  # [member][device]
             # Copies into and out of views of the flat buffer (a slice of a 1-D NDArray shares
             # its memory and engine variable): measured ~3x faster than one concat op.
-            views = self._views[b.key]
-            for d, row in enumerate(views):
-                for g, view in zip(grads, row):
-                    g[d].copyto(view)
+            pairs = [(p.list_grad()[d], view) for d, row in enumerate(self._views[b.key])
+                     for p, view in zip((self.params[i] for i in b.members), row)]
+            for g, view in pairs:
+                g.copyto(view)
             self._exchange(b, flats, priority, s)
-            for d, row in enumerate(views):
-                for g, view in zip(grads, row):
-                    view.copyto(g[d])
+            for g, view in pairs:
+                view.copyto(g)
             if b.key not in self._copied:
                 self._adopt(b)
 
     def _exchange(self, b: Bucket, arrays: list[mx.nd.NDArray], priority: int,
                   prescale: float = 1.0) -> None:
-        """Sum of ``arrays`` over devices and workers, written back into them: one pushpull in
-        a dist job without compression (module docstring), else push then pull; through the
-        float16 buffers on the 16-bit wire."""
+        """Sum of ``arrays`` over devices and workers, written back into them: one pushpull
+        (push then pull if compressed), through the float16 buffers on the 16-bit wire."""
         key = b.key
         wire = self._wire.get(key)
         if wire is not None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from mxlarge.kvstore.fusion import piece_floats
 from tests.helpers import BN_CONFIG, EQ_CONFIG, cli, dmlc_processes, load_params
 
 HERE = Path(__file__).resolve().parents[1]  # tests/: the worker scripts live there
@@ -59,19 +60,22 @@ def test_fused_and_per_key_push_pull_give_bitwise_identical_weights(tmp_path):
     """10 steps of a BN net (momentum, warmup, weight decay), 2 workers + 2 servers with arrays
     above 500 elements split over both servers: gradients fused into buckets of 2 KiB (several
     buckets, big tensors alone) and into one 4 MiB bucket give bitwise the same weights on
-    every rank as one key per tensor."""
+    every rank as one key per tensor; so do buckets of 512 bytes with the tensors over 2 · 128
+    floats in pieces (as on several hosts: ``MXLARGE_PIECES=1``), exchanged concurrently
+    through aliases of the gradient (:mod:`mxlarge.kvstore.pieces`)."""
     cfg = tmp_path / "fuse.yaml"
     cfg.write_text(BN_CONFIG.replace("max_steps: 12", "max_steps: 10"))
-    env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500"}
     weights = {}
-    for fusion in (0, 2048, 4 << 20):
-        out = tmp_path / f"f{fusion}"
+    for fusion, pieces in ((0, "0"), (2048, "0"), (4 << 20, "0"), (512, "1")):
+        out = tmp_path / f"f{fusion}-{pieces}"
+        env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500", "MXLARGE_PIECES": pieces}
         r = cli(["launch", str(cfg), "-n", "2", "-s", "2", f"dist.fusion_bytes={fusion}",
                  f"train.save_params={out}-{{rank}}.params"], tmp_path, env=env)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        weights[fusion] = [load_params(f"{out}-{rank}.params") for rank in range(2)]
-    ref = weights[0][0]
+        weights[fusion, pieces] = [load_params(f"{out}-{rank}.params") for rank in range(2)]
+    ref = weights[0, "0"][0]
     assert any(np.abs(ref[n]).sum() > 0 for n in ref)
+    assert sum(ref[n].size > piece_floats(2, 512 // 4, True) for n in ref) >= 2
     for fusion, ranks in weights.items():
         for got in ranks:
             assert got.keys() == ref.keys()

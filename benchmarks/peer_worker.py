@@ -429,20 +429,32 @@ def work(opts: argparse.Namespace) -> None:
         cores.append((time.process_time() - c0) / wall)
         machine.append(os.cpu_count() * (b1 - b0) / max(j1 - j0, 1))
     split = [split_step(s) for s in range(opts.split_steps)]
-    floor = exchange_floor(kv, tensors, trainer.store.buckets, opts.floor_steps,
-                           "float16" if opts.peer in WIRE16 else "float32") \
-        if opts.floor_steps else {}
+
+    def fwd_bwd(s: int) -> None:
+        x, y = batches[s % len(batches)]
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+
+    floor, overlap = exchange_floor(kv, tensors, trainer.store.buckets, opts.floor_steps,
+                                    "float16" if opts.peer in WIRE16 else "float32",
+                                    fwd_bwd) if opts.floor_steps else ({}, [])
     emit_result({**result, "sec_per_step": secs, "cores_busy": cores, "machine_busy": machine,
                  "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
-                 "comm_update": [c for _, c in split], "floor": floor})
+                 "comm_update": [c for _, c in split], "floor": floor, "overlap": overlap})
 
 
-def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any],
-                   steps: int, dtype: str = "float32") -> dict[str, list[float]]:
+def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any], steps: int,
+                   dtype: str, fwd_bwd: Callable[[int], None],
+                   ) -> tuple[dict[str, list[float]], list[float]]:
     """Phase 3 (module docstring): layout → seconds of each of ``steps`` bare exchanges, the
     layouts alternated exchange by exchange, every rank starting each one after a barrier;
     arrays of ``dtype`` (float16: the 16-bit wire's bytes, summed in float32 by the servers
-    that its trainer put in multi-precision mode)."""
+    that its trainer put in multi-precision mode). Then the perfect-overlap bound: ``steps``
+    times the equal keys' exchange issued together with a forward+backward
+    (``fwd_bwd(s)``, which shares no array with it), each to ``waitall``: a step that
+    computes these gradients and exchanges them through these servers on these cores, with
+    nothing waiting for anything (perfect overlap, no update)."""
     layouts = {"per_tensor": BareKV(kv, [p.shape for p in tensors], FLOOR_KEYS["per_tensor"],
                                     dtype),
                # reversed: the first layers' bucket last, at priority 0, as the tensors are
@@ -459,7 +471,15 @@ def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any],
             t0 = time.perf_counter()
             bare.push_pull()
             out[name].append(time.perf_counter() - t0)
-    return out
+    even = layouts["even"]  # the same keys on every rank (each rank's fastest could differ)
+    overlap = []
+    for s in range(steps):
+        kv._barrier()
+        t0 = time.perf_counter()
+        fwd_bwd(s)
+        even.push_pull()  # ends in waitall
+        overlap.append(time.perf_counter() - t0)
+    return out, overlap
 
 
 def main(argv: list[str] | None = None) -> int:

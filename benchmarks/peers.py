@@ -204,6 +204,14 @@ def floor_lines(net: Mapping[str, Any], targets: Sequence[Target]) -> list[str]:
                 f"tensors on the same servers, nothing else; medians of {n} exchanges per "
                 f"layout): {cells}. Target step time of `{base}` (`{t.peer}` ÷ {t.bound:.3g}): "
                 f"{1e3 * goal:.1f} ms, {verdict}.", ""]
+        if key == "floor" and net.get("overlap"):
+            bound = median(net["overlap"])
+            out += [f"The equal keys' exchange issued together with a forward+backward of the "
+                    f"net (no array shared, each to `waitall`; median of "
+                    f"{len(net['overlap'])}): {1e3 * bound:.1f} ms, a step that computes "
+                    f"these gradients and exchanges them on these cores with nothing waiting "
+                    f"for anything (perfect overlap, no update); target {1e3 * goal:.1f} ms "
+                    + ("below it" if goal < bound else "above it") + ".", ""]
     return out
 
 

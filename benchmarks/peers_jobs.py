@@ -204,6 +204,7 @@ class NetRun:
     findings: list[dict[str, Any]] = field(default_factory=list)
     floor: dict[str, list[float]] = field(default_factory=dict)  # layout → exchanges, rank 0
     floor16: dict[str, list[float]] = field(default_factory=dict)  # the same, float16 wire
+    overlap: list[float] = field(default_factory=list)  # float32 floor with fwd+bwd alongside
 
 
 def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *,
@@ -258,6 +259,8 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
                 run.comm_update.setdefault(peer, []).extend(res["comm_update"])
                 for layout, secs in res.get("floor", {}).items():
                     getattr(run, FLOORS[peer]).setdefault(layout, []).extend(secs)
+                if peer == "mxlarge":
+                    run.overlap.extend(res.get("overlap", []))
                 print(f"  {spec.key:9s} {peer:9s} round {r + 1}: "
                       f"{1e3 * run.sec[peer][-1]:8.1f} ms/step", flush=True)
     return runs
@@ -319,6 +322,7 @@ def summarise(runs: Sequence[NetRun], peers: Sequence[str], workers: int,
                for t in targets if t.peer in run.sec and t.base in run.sec]
         out[spec.key] = {"title": spec.title, "batch": spec.batch, "peers": rows,
                          "findings": run.findings, "floor": run.floor, "floor16": run.floor16,
+                         "overlap": run.overlap,
                          "targets": met}
     return out
 

@@ -58,7 +58,8 @@ Phases, in this order, in one launch:
    of the same number of floats in :func:`even_sizes` equal keys (each sliced evenly over the
    servers: every server and link carries the same bytes). A dist_sync step contains an
    exchange of these bytes, so the fastest layout's time bounds from below the step time of
-   any peer that exchanges them through these servers in one of these ways.
+   any peer that exchanges them through these servers in one of these ways. Then F times the
+   equal keys' exchange issued together with a forward+backward (the perfect-overlap bound).
 
 One ``BENCH_RESULT`` line per rank: the check's outcome, and seconds per step of every block
 with the cores the process kept busy.

@@ -84,7 +84,7 @@ def main() -> None:
             mxlarge.resume.save(a.ckpt, step + 1, net, trainer)
     if a.out is not None and trainer.rank == 0:
         net.save_parameters(a.out)
-    print(f"own_loop rank={trainer.rank} done", flush=True)
+    print(f"own_loop rank={trainer.rank} done lead={trainer.store.lead}", flush=True)
 
 
 if __name__ == "__main__":

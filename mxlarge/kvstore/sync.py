@@ -28,9 +28,11 @@ from itertools import groupby
 import mxnet as mx
 import numpy as np
 
-from mxlarge.errors import InputError, ReplicaMismatch
+from mxlarge.errors import InputError
 from mxlarge.kvstore import FUSION_BYTES, spans_hosts
+from mxlarge.kvstore.collectives import AUX_KEY, SCALARS, STAT_KEY, Collectives
 from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, piece_floats, spread
+from mxlarge.kvstore.order import Order, gate, lead_groups
 from mxlarge.kvstore.pieces import PieceLinks
 from mxlarge.kvstore.roles import ParamRole
 from mxlarge.kvstore.shutdown import leave_together
@@ -43,10 +45,7 @@ WIRE_DTYPES = ("float32", "float16")
 # keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with 2 servers.
 MAX_PARAMS = 50_000
 WIRE_KEY = 50_000
-STAT_KEY = 100_000
-AUX_KEY = 200_000
 MAX_KEY = 2**31 // 9973 - 1
-SCALARS = 8  # length of the scalar-sum vector
 BIGARRAY_BOUND = 1_000_000  # MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (kvstore_dist.h)
 
 
@@ -102,7 +101,7 @@ def create(kind: str) -> mx.kv.KVStore:
     return live
 
 
-class SyncStore:
+class SyncStore(Collectives):
     """Push/pull of gradients and collectives over one KVStore.
 
     Built in two stages, so that parameters initialised at the first forward (Gluon's deferred
@@ -147,7 +146,7 @@ class SyncStore:
             self.kv = create(kind)
         if len(self.params) > MAX_PARAMS:
             raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
-        self._bit: float | None = None  # 2-bit: a gathered float travels as 32 values of 0 or t
+        self._bit = None  # 2-bit: a gathered float travels as 32 values of 0 or t
         if compression:
             if not kind.startswith("dist") or self.kv is None:
                 raise ValueError("gradient compression needs a dist kvstore")
@@ -168,6 +167,8 @@ class SyncStore:
                              "compression quantises float32 only; choose one")
         self._wire: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> float16 buffer/device
         self._pieces = PieceLinks()
+        self._order = Order(self.distributed and spans_hosts(),
+                            1.0 if os.environ.get("MXLARGE_SERVER_HOSTS") == "1" else 2.0)
         if self.distributed and self.rank == 0 and (
                 self.wire16 or any(np.dtype(p.dtype) != np.float32 for p in self.params)):
             # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
@@ -182,6 +183,12 @@ class SyncStore:
     @property
     def num_workers(self) -> int:
         return self.kv.num_workers if self.kv is not None else 1
+
+    @property
+    def lead(self) -> float | None:
+        """The share of the pushed bytes sent in backward order (:mod:`mxlarge.kvstore.order`):
+        None until measured, or on one host (all of them)."""
+        return self._order.share
 
     @property
     def aggregates(self) -> bool:
@@ -353,35 +360,70 @@ class SyncStore:
         of the 16-bit wire (module docstring), ignored on a float32 wire. Buckets
         (:func:`fuse`) go in backward order with priority −(their first parameter), so MXNet's
         engine starts each bucket's push once its last gradient is ready, overlapping the rest
-        of backward; a tensor's pieces go together (:mod:`mxlarge.kvstore.pieces`)."""
+        of backward; a tensor's pieces go together (:mod:`mxlarge.kvstore.pieces`). On several
+        hosts only the lead goes so; the rest follows backward in forward order
+        (:mod:`mxlarge.kvstore.order`)."""
         if self.kv is None:
             return
         s = float(prescale) if self.wire16 and np.isfinite(prescale) and prescale else 1.0
-        for _, group in groupby(self.buckets, key=lambda b: b.members):
-            b, *rest = group
-            priority = -min(b.members)
-            if rest:  # the pieces of one tensor, consecutive in the plan (fusion.fuse)
-                self._pieces.exchange([b, *rest], self.params[b.members[0]].list_grad(),
-                                      lambda p, a: self._exchange(p, a, -p.members[0], s))
-                continue
-            if not b.fused:  # a whole tensor
-                self._exchange(b, self.params[b.key].list_grad(), priority, s)
-                continue
-            flats = self._flat[b.key]
-            if self._adopted(b) and (b.key not in self._probe or self._confirm(b)):
-                self._exchange(b, flats, priority, s)  # backward wrote into the buffer
-                continue
-            # Copies into and out of views of the flat buffer (a slice of a 1-D NDArray shares
-            # its memory and engine variable): measured ~3x faster than one concat op.
-            pairs = [(p.list_grad()[d], view) for d, row in enumerate(self._views[b.key])
-                     for p, view in zip((self.params[i] for i in b.members), row)]
-            for g, view in pairs:
-                g.copyto(view)
-            self._exchange(b, flats, priority, s)
-            for g, view in pairs:
-                view.copyto(g)
-            if b.key not in self._copied:
-                self._adopt(b)
+        groups = [list(g) for _, g in groupby(self.buckets, key=lambda b: b.members)]
+        order, last = self._order, self.params[min(self.pushed, default=0)].list_grad()
+        after = order.measure(self._grads(groups[0][0])[0], last[0],
+                              lambda: [self._grads(g[0])[0] for g in groups]
+                              ) if order.probing() and groups else None
+        order.agree(lambda x: self.sum_scalars([x])[0] / self.num_workers)
+        lead = lead_groups([sum(b.size * self._itemsize(b) for b in g) for g in groups],
+                           order.share)
+        # the gate: a copy of the last-written gradient's head, taken before any exchange
+        # writes it (gating on the gradient itself would wait for its own sum)
+        gates = [g.reshape((-1,))[0:1].copy() for g in last] if lead < len(groups) else None
+        for group in groups[:lead]:
+            self._group(group, s)
+        for group in reversed(groups[lead:]):
+            self._group(group, s, gates)
+        if after is not None:
+            after()
+
+    def _grads(self, b: Bucket) -> list[mx.nd.NDArray]:
+        """The gradient arrays per device that hold bucket ``b``'s first member."""
+        return self.params[b.members[0]].list_grad()
+
+    def _itemsize(self, b: Bucket) -> int:
+        return 2 if b.key in self._wire else np.dtype(self.params[b.members[0]].dtype).itemsize
+
+    def _group(self, group: list[Bucket], s: float,
+               gates: list[mx.nd.NDArray] | None = None) -> None:
+        """Exchanges one bucket, or one tensor's pieces, each array first gated on ``gates``
+        (:func:`mxlarge.kvstore.order.gate`) if given."""
+        b, *rest = group
+        priority = -min(b.members)
+
+        def exchange(bucket: Bucket, arrays: list[mx.nd.NDArray], prio: int) -> None:
+            if gates is not None:
+                gate(arrays, gates)
+            self._exchange(bucket, arrays, prio, s)
+        if rest:  # the pieces of one tensor, consecutive in the plan (fusion.fuse)
+            self._pieces.exchange(group, self._grads(b),
+                                  lambda p, a: exchange(p, a, -p.members[0]))
+            return
+        if not b.fused:  # a whole tensor
+            exchange(b, self.params[b.key].list_grad(), priority)
+            return
+        flats = self._flat[b.key]
+        if self._adopted(b) and (b.key not in self._probe or self._confirm(b)):
+            exchange(b, flats, priority)  # backward wrote into the buffer
+            return
+        # Copies into and out of views of the flat buffer (a slice of a 1-D NDArray shares
+        # its memory and engine variable): measured ~3x faster than one concat op.
+        pairs = [(p.list_grad()[d], view) for d, row in enumerate(self._views[b.key])
+                 for p, view in zip((self.params[i] for i in b.members), row)]
+        for g, view in pairs:
+            g.copyto(view)
+        exchange(b, flats, priority)
+        for g, view in pairs:
+            view.copyto(g)
+        if b.key not in self._copied:
+            self._adopt(b)
 
     def _exchange(self, b: Bucket, arrays: list[mx.nd.NDArray], priority: int,
                   prescale: float = 1.0) -> None:
@@ -403,12 +445,6 @@ class SyncStore:
         else:
             self.kv.push(key, arrays, priority=priority)
             self.kv.pull(key, out=arrays, priority=priority)
-
-    # -- collectives ----------------------------------------------------------------------------
-    def _gather_width(self, shape: Sequence[int]) -> int:
-        """Pushed floats of one gather of an array of ``shape``: k · size (· 32 compressed)."""
-        size = int(np.prod(shape))
-        return self.num_workers * size * (32 if self._bit is not None else 1)
 
     def _gather(self, key: int, mine: np.ndarray) -> np.ndarray:
         """Every rank's float32 vector ``mine`` as rows of a (k, n) array, exactly (collective).
@@ -432,69 +468,3 @@ class SyncStore:
             return rows
         bits = (rows > self._bit / 2).astype(np.uint8)
         return np.packbits(bits, axis=1).view(np.float32).reshape(k, n)
-
-    def same_on_every_rank(self, values: Sequence[float]) -> bool:
-        """Whether every rank's few floats (≤ 8, as float32) are bitwise rank 0's
-        (collective: one exact gather)."""
-        if len(values) > SCALARS:
-            raise ValueError(f"at most {SCALARS} scalars per call")
-        if not self.distributed:
-            return True
-        buf = np.zeros(SCALARS, np.float32)
-        buf[:len(values)] = values
-        rows = self._gather(AUX_KEY + 1, buf)
-        return bool((rows.view(np.uint32) == rows[0].view(np.uint32)).all())
-
-    def sum_scalars(self, values: Sequence[float]) -> list[float]:
-        """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms; summed in
-        rank order in float64, exactly the same on every rank."""
-        if len(values) > SCALARS:
-            raise ValueError(f"at most {SCALARS} scalars per call")
-        if not self.distributed:
-            return [float(v) for v in values]
-        buf = np.zeros(SCALARS, np.float32)
-        buf[:len(values)] = values
-        rows = self._gather(AUX_KEY + 1, buf).astype(np.float64)
-        return [float(x) for x in rows.sum(axis=0)[:len(values)]]
-
-    def check_replicas(self, step: int) -> None:
-        """Compares per-tensor weight sums with rank 0's, bitwise (rank 0's vector is row 0 of
-        an exact gather).
-
-        Raises:
-            ReplicaMismatch: naming the step and the first differing parameter.
-        """
-        if not self.distributed or not self.pushed:
-            return
-        mine = mx.nd.concat(*[self.params[i].list_data()[0].sum().reshape((1,))
-                              for i in self.pushed], dim=0).asnumpy()
-        ref = self._gather(AUX_KEY, mine)[0]
-        if not np.array_equal(mine, ref):
-            j = int(np.flatnonzero(mine != ref)[0])
-            name = self.roles[self.pushed[j]].name
-            raise ReplicaMismatch(
-                f"replica check failed at step {step}: rank {self.rank}'s '{name}' sums to "
-                f"{mine[j]!r}, rank 0's to {ref[j]!r}; the workers' weights have diverged")
-
-    def sum_stat(self, i: int, arrays: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
-        """Σ over workers and devices of statistic ``i``'s per-device ``arrays`` (collective):
-        devices summed in this process, then ranks in rank order."""
-        local = mx.nd.add_n(*[a.as_in_context(arrays[0].context) for a in arrays])
-        if not self.distributed:
-            return local
-        rows = self._gather(STAT_KEY + i, local.asnumpy())
-        total = rows[0].copy()
-        for row in rows[1:]:
-            total += row
-        return mx.nd.array(total.reshape(arrays[0].shape), ctx=arrays[0].context)
-
-    def rank0_stat(self, i: int, array: mx.nd.NDArray) -> mx.nd.NDArray:
-        """Rank 0's ``array`` of statistic ``i`` on every rank (collective), exactly."""
-        if not self.distributed:
-            return array.copy()
-        return mx.nd.array(self._gather(STAT_KEY + i, array.asnumpy())[0].reshape(array.shape),
-                           ctx=array.context)
-
-    def barrier(self) -> None:
-        if self.distributed:
-            self.kv._barrier()

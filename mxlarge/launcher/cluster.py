@@ -271,6 +271,8 @@ def dmlc_run(backend: DmlcBackend, command: Sequence[str], *, workers: int, serv
     if tuning:
         job_env.update(cluster_env({**os.environ, **job_env}))
     job_env["MXLARGE_JOB_ID"] = uuid.uuid4().hex[:12]
+    if server_hosts or any(e.server for e in entries or ()):
+        job_env["MXLARGE_SERVER_HOSTS"] = "1"  # the exchange's order (mxlarge.kvstore.order)
     if stall_timeout is not None and stall_timeout < 0:
         raise ValueError(f"stall_timeout must be >= 0 (0 disables), got {stall_timeout}")
     beats = None

@@ -62,18 +62,22 @@ def test_fused_and_per_key_push_pull_give_bitwise_identical_weights(tmp_path):
     buckets, big tensors alone) and into one 4 MiB bucket give bitwise the same weights on
     every rank as one key per tensor; so do buckets of 512 bytes with the tensors over 2 · 128
     floats in pieces (as on several hosts: ``MXLARGE_PIECES=1``), exchanged concurrently
-    through aliases of the gradient (:mod:`mxlarge.kvstore.pieces`)."""
+    through aliases of the gradient (:mod:`mxlarge.kvstore.pieces`), with the exchange order
+    measured or set (``MXLARGE_LEAD``: 30% or none of the bytes in backward order, the rest
+    after backward in forward order, :mod:`mxlarge.kvstore.order`)."""
     cfg = tmp_path / "fuse.yaml"
     cfg.write_text(BN_CONFIG.replace("max_steps: 12", "max_steps: 10"))
     weights = {}
-    for fusion, pieces in ((0, "0"), (2048, "0"), (4 << 20, "0"), (512, "1")):
-        out = tmp_path / f"f{fusion}-{pieces}"
-        env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500", "MXLARGE_PIECES": pieces}
+    for fusion, pieces, lead in ((0, "0", ""), (2048, "0", ""), (4 << 20, "0", ""),
+                                 (512, "1", ""), (512, "1", "0.3"), (2048, "1", "0")):
+        out = tmp_path / f"f{fusion}-{pieces}-{lead}"
+        env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "500", "MXLARGE_PIECES": pieces,
+               "MXLARGE_LEAD": lead}
         r = cli(["launch", str(cfg), "-n", "2", "-s", "2", f"dist.fusion_bytes={fusion}",
                  f"train.save_params={out}-{{rank}}.params"], tmp_path, env=env)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        weights[fusion, pieces] = [load_params(f"{out}-{rank}.params") for rank in range(2)]
-    ref = weights[0, "0"][0]
+        weights[fusion, pieces, lead] = [load_params(f"{out}-{rank}.params") for rank in range(2)]
+    ref = weights[0, "0", ""][0]
     assert any(np.abs(ref[n]).sum() > 0 for n in ref)
     assert sum(ref[n].size > piece_floats(2, 512 // 4, True) for n in ref) >= 2
     for fusion, ranks in weights.items():

@@ -69,6 +69,25 @@ def test_rank_1_raising_at_step_5_takes_the_job_down(tmp_path):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("fixed", [None, "0.25"])
+def test_exchange_order_is_measured_once_and_the_same_on_every_rank(tmp_path, fixed):
+    """As on several hosts (``MXLARGE_PIECES=1``), each rank measures the share of the pushed
+    bytes that goes in backward order on its third step, and every rank uses the mean
+    (mxlarge.kvstore.order); ``MXLARGE_LEAD`` sets it instead."""
+    marker = f"own-{uuid.uuid4().hex}"
+    env = ["--env", "MXLARGE_PIECES=1"] + (["--env", f"MXLARGE_LEAD={fixed}"] if fixed else [])
+    r = launcher([*env, "-n", "2", "-s", "2", "--", sys.executable, SCRIPT, "--steps", "8"],
+                 tmp_path, marker)
+    assert r.returncode == 0, r.stdout[-3000:]
+    leads = re.findall(r"own_loop rank=\d done lead=(\S+)", r.stdout)
+    assert len(leads) == 2 and leads[0] == leads[1], r.stdout[-3000:]
+    if fixed:
+        assert float(leads[0]) == float(fixed)
+    else:  # φ (t1 - t0) / (t2 - t0) with t0 <= t1 <= t2: in [0, 2], or 1e6 for no exchange time
+        assert 0.0 <= float(leads[0]) <= 2.0 or float(leads[0]) == 1e6, leads
+
+
+@pytest.mark.timeout(180)
 def test_own_script_finishing_normally_exits_0(tmp_path):
     """Fail-fast must not break normal completion: rank 0 still stops the servers."""
     marker = f"own-{uuid.uuid4().hex}"

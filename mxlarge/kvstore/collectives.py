@@ -1,0 +1,104 @@
+"""The store's collectives (:class:`mxlarge.kvstore.sync.SyncStore` inherits them): exact
+gathers of small float32 vectors, where slot r of the pushed buffer holds rank r's vector and
+every other slot zeros, so the pulled sum holds each rank's vector unchanged, the same on every
+rank and under 2-bit compression (each float then travels as its 32 bits, as 0 or t)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from mxlarge.errors import ReplicaMismatch
+
+STAT_KEY = 100_000
+AUX_KEY = 200_000
+SCALARS = 8  # length of the scalar-sum vector
+
+
+class Collectives:
+    """Needs ``kv``, ``rank``, ``num_workers``, ``distributed``, ``params``, ``pushed`` and
+    ``roles`` from the store, ``_bit`` (the 2-bit threshold, or None uncompressed) and its
+    ``_gather`` (the push and pull stay in :mod:`mxlarge.kvstore.sync`)."""
+
+    kv: Any
+    rank: int
+    num_workers: int
+    distributed: bool
+    params: list
+    pushed: list[int]
+    roles: list
+    _bit: float | None
+    _gather: Callable[[int, np.ndarray], np.ndarray]
+
+    def _gather_width(self, shape: Sequence[int]) -> int:
+        """Pushed floats of one gather of an array of ``shape``: k · size (· 32 compressed)."""
+        size = int(np.prod(shape))
+        return self.num_workers * size * (32 if self._bit is not None else 1)
+
+    def same_on_every_rank(self, values: Sequence[float]) -> bool:
+        """Whether every rank's few floats (≤ 8, as float32) are bitwise rank 0's
+        (collective: one exact gather)."""
+        if len(values) > SCALARS:
+            raise ValueError(f"at most {SCALARS} scalars per call")
+        if not self.distributed:
+            return True
+        buf = np.zeros(SCALARS, np.float32)
+        buf[:len(values)] = values
+        rows = self._gather(AUX_KEY + 1, buf)
+        return bool((rows.view(np.uint32) == rows[0].view(np.uint32)).all())
+
+    def sum_scalars(self, values: Sequence[float]) -> list[float]:
+        """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms; summed in
+        rank order in float64, exactly the same on every rank."""
+        if len(values) > SCALARS:
+            raise ValueError(f"at most {SCALARS} scalars per call")
+        if not self.distributed:
+            return [float(v) for v in values]
+        buf = np.zeros(SCALARS, np.float32)
+        buf[:len(values)] = values
+        rows = self._gather(AUX_KEY + 1, buf).astype(np.float64)
+        return [float(x) for x in rows.sum(axis=0)[:len(values)]]
+
+    def check_replicas(self, step: int) -> None:
+        """Compares per-tensor weight sums with rank 0's, bitwise (rank 0's vector is row 0 of
+        an exact gather).
+
+        Raises:
+            ReplicaMismatch: naming the step and the first differing parameter.
+        """
+        if not self.distributed or not self.pushed:
+            return
+        mine = mx.nd.concat(*[self.params[i].list_data()[0].sum().reshape((1,))
+                              for i in self.pushed], dim=0).asnumpy()
+        ref = self._gather(AUX_KEY, mine)[0]
+        if not np.array_equal(mine, ref):
+            j = int(np.flatnonzero(mine != ref)[0])
+            name = self.roles[self.pushed[j]].name
+            raise ReplicaMismatch(
+                f"replica check failed at step {step}: rank {self.rank}'s '{name}' sums to "
+                f"{mine[j]!r}, rank 0's to {ref[j]!r}; the workers' weights have diverged")
+
+    def sum_stat(self, i: int, arrays: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
+        """Σ over workers and devices of statistic ``i``'s per-device ``arrays`` (collective):
+        devices summed in this process, then ranks in rank order."""
+        local = mx.nd.add_n(*[a.as_in_context(arrays[0].context) for a in arrays])
+        if not self.distributed:
+            return local
+        rows = self._gather(STAT_KEY + i, local.asnumpy())
+        total = rows[0].copy()
+        for row in rows[1:]:
+            total += row
+        return mx.nd.array(total.reshape(arrays[0].shape), ctx=arrays[0].context)
+
+    def rank0_stat(self, i: int, array: mx.nd.NDArray) -> mx.nd.NDArray:
+        """Rank 0's ``array`` of statistic ``i`` on every rank (collective), exactly."""
+        if not self.distributed:
+            return array.copy()
+        return mx.nd.array(self._gather(STAT_KEY + i, array.asnumpy())[0].reshape(array.shape),
+                           ctx=array.context)
+
+    def barrier(self) -> None:
+        if self.distributed:
+            self.kv._barrier()

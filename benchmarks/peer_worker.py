@@ -442,7 +442,8 @@ def work(opts: argparse.Namespace) -> None:
                                     fwd_bwd) if opts.floor_steps else ({}, [])
     emit_result({**result, "sec_per_step": secs, "cores_busy": cores, "machine_busy": machine,
                  "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
-                 "comm_update": [c for _, c in split], "floor": floor, "overlap": overlap})
+                 "comm_update": [c for _, c in split], "floor": floor, "overlap": overlap,
+                 "lead": getattr(getattr(trainer, "store", None), "lead", None)})
 
 
 def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any], steps: int,

@@ -205,6 +205,7 @@ class NetRun:
     floor: dict[str, list[float]] = field(default_factory=dict)  # layout → exchanges, rank 0
     floor16: dict[str, list[float]] = field(default_factory=dict)  # the same, float16 wire
     overlap: list[float] = field(default_factory=list)  # float32 floor with fwd+bwd alongside
+    lead: list[float | None] = field(default_factory=list)  # mxlarge.kvstore.order, per round
 
 
 def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *,
@@ -261,6 +262,7 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
                     getattr(run, FLOORS[peer]).setdefault(layout, []).extend(secs)
                 if peer == "mxlarge":
                     run.overlap.extend(res.get("overlap", []))
+                    run.lead.append(res.get("lead"))
                 print(f"  {spec.key:9s} {peer:9s} round {r + 1}: "
                       f"{1e3 * run.sec[peer][-1]:8.1f} ms/step", flush=True)
     return runs
@@ -323,6 +325,7 @@ def summarise(runs: Sequence[NetRun], peers: Sequence[str], workers: int,
         out[spec.key] = {"title": spec.title, "batch": spec.batch, "peers": rows,
                          "findings": run.findings, "floor": run.floor, "floor16": run.floor16,
                          "overlap": run.overlap,
+                         "lead": run.lead,
                          "targets": met}
     return out
 

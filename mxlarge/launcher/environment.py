@@ -21,6 +21,7 @@ from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 # Forwarded to every process when set in the launcher's environment; ``env`` adds to this.
 FORWARD_VARS = frozenset({
     "PYTHONPATH", "OMP_NUM_THREADS", "DMLC_INTERFACE", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID",
+    "MXLARGE_PIECES", "MXLARGE_LEAD",  # the exchange's knobs (mxlarge.kvstore)
 })
 FORWARD_PREFIXES = ("MLFLOW_", "MXNET_")
 # Never forwarded automatically: they would appear in process listings on every host.

@@ -16,10 +16,11 @@ PY = sys.executable
 def test_forwarded_env_and_quoting() -> None:
     environ = {"PYTHONPATH": "/a:/b", "MLFLOW_RUN_ID": "r1", "MLFLOW_TRACKING_TOKEN": "s3cr3t",
                "MXNET_ENGINE_TYPE": "NaiveEngine", "OMP_NUM_THREADS": "4", "HOME": "/h",
-               "DMLC_INTERFACE": "ib0"}
+               "DMLC_INTERFACE": "ib0", "MXLARGE_LEAD": "0.2", "MXLARGE_OTHER": "1"}
     env = forwarded_env({"EXTRA": "x y"}, environ=environ)
     assert env == {"PYTHONPATH": "/a:/b", "MLFLOW_RUN_ID": "r1", "OMP_NUM_THREADS": "4",
-                   "MXNET_ENGINE_TYPE": "NaiveEngine", "DMLC_INTERFACE": "ib0", "EXTRA": "x y"}
+                   "MXNET_ENGINE_TYPE": "NaiveEngine", "DMLC_INTERFACE": "ib0", "EXTRA": "x y",
+                   "MXLARGE_LEAD": "0.2"}
     assert shell_word("a b$c\"d`e\\f") == '"a b\\$c\\"d\\`e\\\\f"'
     words = render_command(["python", "-c", "print('hi there')"], {"K": "v w"})
     # One shell layer must give back exactly the argv (the ssh layer is tested end to end).

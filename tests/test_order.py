@@ -8,14 +8,14 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxlarge.kvstore.order import PROBE_CALL, Order, gate, lead_groups, lead_share
+from mxlarge.kvstore.order import PROBE_CALLS, Order, gate, lead_groups, lead_share
 
 
-def test_lead_is_phi_times_the_share_of_the_exchange_that_overlaps_backward():
-    # backward 94 ms of a 1168 ms exchange, co-located servers (phi = 2)
-    assert lead_share(10.0, 10.094, 11.168, 2.0) == pytest.approx(2 * 0.094 / 1.168)
-    assert lead_share(0.0, 1.0, 4.0, 1.0) == 0.25
-    assert lead_share(5.0, 5.0, 5.0, 2.0) == float("inf")  # no exchange time: backward order
+def test_lead_is_twice_the_share_of_the_exchange_that_overlaps_backward():
+    # backward 94 ms of a 1168 ms exchange
+    assert lead_share(10.0, 10.094, 11.168) == pytest.approx(2 * 0.094 / 1.168)
+    assert lead_share(0.0, 1.0, 4.0) == 0.5
+    assert lead_share(5.0, 5.0, 5.0) == float("inf")  # no exchange time: backward order
 
 
 def test_groups_in_backward_order_are_the_fewest_that_reach_the_lead():
@@ -37,31 +37,30 @@ def test_the_gate_changes_no_bit_of_the_gated_array():
     assert (a.asnumpy().view(np.uint32).ravel() == bits).all()
 
 
-def test_the_probe_is_one_call_and_the_lead_fixed_by_the_environment(monkeypatch):
+def test_the_probes_are_three_calls_and_the_lead_fixed_by_the_environment(monkeypatch):
     monkeypatch.delenv("MXLARGE_LEAD", raising=False)
-    order = Order(True, 2.0)
-    assert [order.probing() for _ in range(PROBE_CALL + 2)] == [
-        c == PROBE_CALL for c in range(1, PROBE_CALL + 3)]
-    assert not any(Order(False, 2.0).probing() for _ in range(PROBE_CALL + 2))
+    order = Order(True)
+    n = PROBE_CALLS[-1] + 2
+    assert [order.probing() for _ in range(n)] == [c in (3, 4, 5) for c in range(1, n + 1)]
+    assert not any(Order(False).probing() for _ in range(n))
     monkeypatch.setenv("MXLARGE_LEAD", "0.3")
-    fixed = Order(True, 2.0)
-    assert fixed.share == 0.3 and not any(fixed.probing() for _ in range(PROBE_CALL + 2))
-    assert Order(False, 2.0).share is None  # one host: backward order whatever it says
+    fixed = Order(True)
+    assert fixed.share == 0.3 and not any(fixed.probing() for _ in range(n))
+    assert Order(False).share is None  # one host: backward order whatever it says
 
 
-def test_the_probe_times_real_engine_work_and_agrees_through_the_collective(monkeypatch):
+def test_the_probes_time_real_engine_work_and_agree_on_their_median(monkeypatch):
     monkeypatch.delenv("MXLARGE_LEAD", raising=False)
-    order = Order(True, 2.0)
-    for _ in range(PROBE_CALL - 1):
-        order.probing()
-    assert order.probing()
+    order = Order(True)
     x = mx.nd.random.uniform(shape=(256, 256))
-    first = mx.nd.dot(x, x)
-    last = mx.nd.dot(first, x)
-    after = order.measure(first, last, lambda: [mx.nd.dot(last, x)])
-    after()
-    order.probing()
-    seen = []
-    order.agree(lambda v: seen.append(v) or v / 2)
-    assert len(seen) == 1 and 0.0 <= seen[0] <= 2.0
+    seen: list[float] = []
+    for call in range(1, PROBE_CALLS[-1] + 2):
+        if order.probing():
+            first = mx.nd.dot(x, x)
+            last = mx.nd.dot(first, x)
+            order.measure(first, last, lambda last=last: [mx.nd.dot(last, x)])()
+        order.agree(lambda v: seen.append(v) or v / 2)
+        assert (order.share is None) == (call <= PROBE_CALLS[-1])
+    assert len(order._measured) == 3 and all(0.0 <= v <= 2.0 for v in order._measured)
+    assert seen == [sorted(order._measured)[1]]
     assert order.share == seen[0] / 2

@@ -9,36 +9,38 @@ remaining pulls. Each held array is gated on the gradient written last (the firs
 parameter's) by a one-element identity that changes no bit, so that MXNet's engine cannot
 send it earlier in backward order.
 
-The lead is the share of the pushed bytes a link can send during backward, measured on one
-step in backward order (:data:`PROBE_CALL`): t₀ when the first group's gradient is ready, t₁
-when backward ends, t₂ when the last sum has landed::
+The lead is the share of the pushed bytes a link can send during backward, measured on steps
+in backward order (:data:`PROBE_CALLS`): t₀ when the first group's gradient is ready, t₁ when
+backward ends, t₂ when the last sum has landed::
 
-    lead = φ · (t₁ − t₀) / (t₂ − t₀)
+    lead = 2 · (t₁ − t₀) / (t₂ − t₀)
 
-φ = 2 with the servers on the workers' hosts: during backward a host's link carries its
-pushes, over the whole exchange also as many bytes of its server's replies; φ = 1 with server
-hosts (pushes and replies on the link's two directions). Every rank uses the mean of the
-ranks' leads (one collective on the call after the probe). A lead ≥ 1 (a fast link, a small
-net) keeps the backward order. Trial at 1 Gbit/s, ResNet-50, 3 co-located hosts
-(docs/performance.md): a lead of 16 MB of 102 MB took 3.5% off the step, 8 MB and 32 MB
-less; the formula gives 0.16 there.
+The 2: with the servers on the workers' hosts, during backward a host's link carries its
+pushes, over the whole exchange also as many bytes of its server's replies. With server hosts
+(pushes and replies on a link's two directions) the order stays backward: not measured
+there. Each rank takes the median of its
+probes, every rank the mean of those (one collective on the call after the probes): one
+probe alone moved between 0.09 and 0.19 at 1 Gbit/s. A lead ≥ 1 (a fast link, a small net)
+keeps the backward order. At 1 Gbit/s, ResNet-50, 3 co-located hosts the formula gives
+0.16–0.19 (16–19 MB of 102 MB), where trials measured the step shortest (docs/performance.md).
 """
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import mxnet as mx
 
-#: The ``allreduce_grads`` call that measures the lead (the first ones warm the servers' buffers).
-PROBE_CALL = 3
+#: The ``allreduce_grads`` calls that measure the lead (the first ones warm the servers' buffers).
+PROBE_CALLS = (3, 4, 5)
 
 
-def lead_share(t0: float, t1: float, t2: float, phi: float) -> float:
-    """``φ · (t₁ − t₀) / (t₂ − t₀)`` (module docstring); ∞ when the exchange took no time."""
-    return phi * (t1 - t0) / (t2 - t0) if t2 > t0 else float("inf")
+def lead_share(t0: float, t1: float, t2: float) -> float:
+    """``2 · (t₁ − t₀) / (t₂ − t₀)`` (module docstring); ∞ when the exchange took no time."""
+    return 2.0 * (t1 - t0) / (t2 - t0) if t2 > t0 else float("inf")
 
 
 def lead_groups(sizes: Sequence[int], share: float | None) -> int:
@@ -63,23 +65,22 @@ def gate(arrays: Sequence[mx.nd.NDArray], gates: Sequence[mx.nd.NDArray]) -> Non
 
 
 class Order:
-    """The lead of one store's exchanges (module docstring): measured on call
-    :data:`PROBE_CALL`, agreed on the next. ``MXLARGE_LEAD`` (a share ≥ 0) sets it instead."""
+    """The lead of one store's exchanges (module docstring): measured on the calls
+    :data:`PROBE_CALLS`, agreed on the next. ``MXLARGE_LEAD`` (a share ≥ 0) sets it instead."""
 
-    def __init__(self, enabled: bool, phi: float):
+    def __init__(self, enabled: bool):
         self.enabled = enabled
-        self.phi = phi
         fixed = os.environ.get("MXLARGE_LEAD")
         self.share: float | None = float(fixed) if enabled and fixed else None
         self.fixed = self.share is not None
         self.calls = 0
         self._measured: list[float] = []
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def probing(self) -> bool:
         """Counts a call; whether it is the one that measures."""
         self.calls += 1
-        return self.enabled and not self.fixed and self.calls == PROBE_CALL
+        return self.enabled and not self.fixed and self.calls in PROBE_CALLS
 
     def measure(self, first: mx.nd.NDArray, last: mx.nd.NDArray,
                 landed: Callable[[], Sequence[mx.nd.NDArray]]) -> Callable[[], None]:
@@ -91,8 +92,9 @@ class Order:
 
         def after() -> None:
             ends = [a.reshape((-1,))[0:1].copy() for a in landed()]
-            self._thread = threading.Thread(target=self._time, args=(marks, ends), daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._time, args=(marks, ends), daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return after
 
     def _time(self, marks: list[mx.nd.NDArray], ends: list[mx.nd.NDArray]) -> None:
@@ -102,14 +104,14 @@ class Order:
             stamps.append(time.perf_counter())
         for e in ends:
             e.wait_to_read()
-        self._measured = [lead_share(*stamps, time.perf_counter(), self.phi)]
+        self._measured.append(lead_share(*stamps, time.perf_counter()))
 
     def agree(self, mean: Callable[[float], float]) -> None:
-        """On the call after the probe: the probe's thread joined, and every rank's share
-        replaced by ``mean`` of them (a collective)."""
-        if not (self.enabled and not self.fixed and self.calls == PROBE_CALL + 1):
+        """On the call after the probes: their threads joined, and ``mean`` (a collective) of
+        every rank's median probe becomes the share."""
+        if not (self.enabled and not self.fixed and self.calls == PROBE_CALLS[-1] + 1):
             return
-        if self._thread is not None:
-            self._thread.join()
-        mine = self._measured[0] if self._measured else float("inf")
+        for thread in self._threads:
+            thread.join()
+        mine = statistics.median(self._measured) if self._measured else float("inf")
         self.share = mean(min(mine, 1e6))

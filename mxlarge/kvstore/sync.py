@@ -167,8 +167,8 @@ class SyncStore(Collectives):
                              "compression quantises float32 only; choose one")
         self._wire: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> float16 buffer/device
         self._pieces = PieceLinks()
-        self._order = Order(self.distributed and spans_hosts(),
-                            1.0 if os.environ.get("MXLARGE_SERVER_HOSTS") == "1" else 2.0)
+        self._order = Order(self.distributed and spans_hosts()
+                            and os.environ.get("MXLARGE_SERVER_HOSTS") != "1")
         if self.distributed and self.rank == 0 and (
                 self.wire16 or any(np.dtype(p.dtype) != np.float32 for p in self.params)):
             # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
@@ -367,13 +367,15 @@ class SyncStore(Collectives):
             return
         s = float(prescale) if self.wire16 and np.isfinite(prescale) and prescale else 1.0
         groups = [list(g) for _, g in groupby(self.buckets, key=lambda b: b.members)]
-        order, last = self._order, self.params[min(self.pushed, default=0)].list_grad()
+        if not groups:
+            return
+        order, last = self._order, self.params[min(self.pushed)].list_grad()
         after = order.measure(self._grads(groups[0][0])[0], last[0],
                               lambda: [self._grads(g[0])[0] for g in groups]
-                              ) if order.probing() and groups else None
+                              ) if order.probing() else None
         order.agree(lambda x: self.sum_scalars([x])[0] / self.num_workers)
-        lead = lead_groups([sum(b.size * self._itemsize(b) for b in g) for g in groups],
-                           order.share)
+        lead = len(groups) if order.share is None or order.share >= 1 else lead_groups(
+            [sum(b.size * self._itemsize(b) for b in g) for g in groups], order.share)
         # the gate: a copy of the last-written gradient's head, taken before any exchange
         # writes it (gating on the gradient itself would wait for its own sum)
         gates = [g.reshape((-1,))[0:1].copy() for g in last] if lead < len(groups) else None

@@ -69,19 +69,24 @@ def test_rank_1_raising_at_step_5_takes_the_job_down(tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("fixed", [None, "0.25"])
+@pytest.mark.parametrize("fixed", [None, "0.25", "server hosts"])
 def test_exchange_order_is_measured_once_and_the_same_on_every_rank(tmp_path, fixed):
     """As on several hosts (``MXLARGE_PIECES=1``), each rank measures the share of the pushed
-    bytes that goes in backward order on its third step, and every rank uses the mean
-    (mxlarge.kvstore.order); ``MXLARGE_LEAD`` sets it instead."""
+    bytes that goes in backward order on its steps 3–5, and every rank uses the mean
+    (mxlarge.kvstore.order); ``MXLARGE_LEAD`` sets it instead; with server hosts (what the
+    cluster launcher says with ``MXLARGE_SERVER_HOSTS=1``) the order stays backward."""
     marker = f"own-{uuid.uuid4().hex}"
-    env = ["--env", "MXLARGE_PIECES=1"] + (["--env", f"MXLARGE_LEAD={fixed}"] if fixed else [])
+    env = ["--env", "MXLARGE_PIECES=1"] + (
+        [] if fixed is None else ["--env", "MXLARGE_SERVER_HOSTS=1"] if fixed == "server hosts"
+        else ["--env", f"MXLARGE_LEAD={fixed}"])
     r = launcher([*env, "-n", "2", "-s", "2", "--", sys.executable, SCRIPT, "--steps", "8"],
                  tmp_path, marker)
     assert r.returncode == 0, r.stdout[-3000:]
     leads = re.findall(r"own_loop rank=\d done lead=(\S+)", r.stdout)
     assert len(leads) == 2 and leads[0] == leads[1], r.stdout[-3000:]
-    if fixed:
+    if fixed == "server hosts":
+        assert leads[0] == "None"
+    elif fixed:
         assert float(leads[0]) == float(fixed)
     else:  # φ (t1 - t0) / (t2 - t0) with t0 <= t1 <= t2: in [0, 2], or 1e6 for no exchange time
         assert 0.0 <= float(leads[0]) <= 2.0 or float(leads[0]) == 1e6, leads

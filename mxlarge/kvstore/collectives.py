@@ -61,6 +61,14 @@ class Collectives:
         rows = self._gather(AUX_KEY + 1, buf).astype(np.float64)
         return [float(x) for x in rows.sum(axis=0)[:len(values)]]
 
+    def median_scalar(self, value: float) -> float:
+        """The median over workers of one float each (as float32), the same on every rank."""
+        if not self.distributed:
+            return float(np.float32(value))
+        buf = np.zeros(SCALARS, np.float32)
+        buf[0] = value
+        return float(np.median(self._gather(AUX_KEY + 1, buf)[:, 0].astype(np.float64)))
+
     def check_replicas(self, step: int) -> None:
         """Compares per-tensor weight sums with rank 0's, bitwise (rank 0's vector is row 0 of
         an exact gather).

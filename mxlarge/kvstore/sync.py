@@ -373,7 +373,7 @@ class SyncStore(Collectives):
         after = order.measure(self._grads(groups[0][0])[0], last[0],
                               lambda: [self._grads(g[0])[0] for g in groups]
                               ) if order.probing() else None
-        order.agree(lambda x: self.sum_scalars([x])[0] / self.num_workers)
+        order.agree(self.median_scalar)
         lead = len(groups) if order.share is None or order.share >= 1 else lead_groups(
             [sum(b.size * self._itemsize(b) for b in g) for g in groups], order.share)
         # the gate: a copy of the last-written gradient's head, taken before any exchange

@@ -72,7 +72,7 @@ def test_rank_1_raising_at_step_5_takes_the_job_down(tmp_path):
 @pytest.mark.parametrize("fixed", [None, "0.25", "server hosts"])
 def test_exchange_order_is_measured_once_and_the_same_on_every_rank(tmp_path, fixed):
     """As on several hosts (``MXLARGE_PIECES=1``), each rank measures the share of the pushed
-    bytes that goes in backward order on its steps 3–5, and every rank uses the mean
+    bytes that goes in backward order on its steps 3–5, and every rank uses the median
     (mxlarge.kvstore.order); ``MXLARGE_LEAD`` sets it instead; with server hosts (what the
     cluster launcher says with ``MXLARGE_SERVER_HOSTS=1``) the order stays backward."""
     marker = f"own-{uuid.uuid4().hex}"

@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from mxlarge.errors import InputError
 from mxlarge.kvstore.order import PROBE_CALLS, Order, gate, lead_groups, lead_share
 
 
@@ -47,6 +48,10 @@ def test_the_probes_are_three_calls_and_the_lead_fixed_by_the_environment(monkey
     fixed = Order(True)
     assert fixed.share == 0.3 and not any(fixed.probing() for _ in range(n))
     assert Order(False).share is None  # one host: backward order whatever it says
+    for bad in ("abc", "-0.1", "nan"):
+        monkeypatch.setenv("MXLARGE_LEAD", bad)
+        with pytest.raises(InputError, match=f"MXLARGE_LEAD='{bad}': expected a share"):
+            Order(True)
 
 
 def test_the_probes_time_real_engine_work_and_agree_on_their_median(monkeypatch):

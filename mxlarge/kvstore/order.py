@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 
 import mxnet as mx
 
+from mxlarge.errors import InputError
+
 #: The ``allreduce_grads`` calls that measure the lead (the first ones warm the servers' buffers).
 PROBE_CALLS = (3, 4, 5)
 
@@ -65,6 +67,22 @@ def gate(arrays: Sequence[mx.nd.NDArray], gates: Sequence[mx.nd.NDArray]) -> Non
         mx.nd._internal._identity_with_attr_like_rhs(head, g.reshape((-1,))[0:1], out=head)
 
 
+def lead_from_env(text: str) -> float:
+    """``MXLARGE_LEAD``'s share.
+
+    Raises:
+        InputError: not a number ≥ 0.
+    """
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not share >= 0.0:
+        raise InputError(f"MXLARGE_LEAD={text!r}: expected a share of the gradient bytes >= 0 "
+                         "(e.g. 0.2; 1 or more keeps the backward order)")
+    return share
+
+
 class Order:
     """The lead of one store's exchanges (module docstring): measured on the calls
     :data:`PROBE_CALLS`, agreed on the next. ``MXLARGE_LEAD`` (a share ≥ 0) sets it instead."""
@@ -72,14 +90,14 @@ class Order:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         fixed = os.environ.get("MXLARGE_LEAD")
-        self.share: float | None = float(fixed) if enabled and fixed else None
+        self.share: float | None = lead_from_env(fixed) if enabled and fixed else None
         self.fixed = self.share is not None
         self.calls = 0
         self._measured: list[float] = []
         self._threads: list[threading.Thread] = []
 
     def probing(self) -> bool:
-        """Counts a call; whether it is the one that measures."""
+        """Counts a call; whether it is one of those that measure."""
         self.calls += 1
         return self.enabled and not self.fixed and self.calls in PROBE_CALLS
 

@@ -14,7 +14,12 @@ Each worker builds two copies of the same net from the same seed:
   and the pushes, so no communication overlaps computation;
 * ``dist_perkey`` (a third copy): the ``dist`` step with one key per tensor (no gradient
   fusion), its keys shifted into their own range of the same store (``OffsetKV``);
-* ``local``: ``mxlarge.Trainer`` with the local store (no push/pull at all).
+* ``local``: ``mxlarge.Trainer`` with the local store (no push/pull at all);
+* ``bound``: the ``local`` step with MXNet's own ``kv.pushpull`` of as many floats as the net
+  has gradients, as one key of the job's store, issued before the forward on an array nothing
+  else touches: the exchange overlaps the whole step and nothing waits for it but the round's
+  ``waitall``. What a trainer that hid this exchange completely would take on these cores: the
+  exchange's own CPU work (server, ps-lite threads) still competes with the computation.
 
 Modes run in interleaved rounds (:func:`benchmarks.common.interleave`), every worker in
 lockstep (a barrier before each round). Every worker prints one ``BENCH_RESULT`` JSON line with
@@ -40,6 +45,9 @@ from benchmarks.common import (
     worker_main,
 )
 from benchmarks.models import build_net, recipe_loop, recipe_trainer, synthetic_batches
+
+#: ``bound``'s key, beyond ``dist_perkey``'s range (``KEY_STRIDE`` up)
+BOUND_KEY = 3 * KEY_STRIDE
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -97,7 +105,17 @@ def work(opts: argparse.Namespace) -> None:
         t.update(x.shape[0], loop.step)
         loop.step += 1
 
+    flat = mx.nd.zeros(sum(p.data().size for p in net_l.collect_params().values()
+                           if p.grad_req != "null"))
+    if "bound" in modes:
+        kv.init(BOUND_KEY, flat)
+
+    def bound_step(loop: Any, x: Any, y: Any) -> None:
+        kv.pushpull(BOUND_KEY, flat, out=flat)
+        overlap_step(loop, x, y)
+
     steps = {"local": (overlap_step, loop_l), "dist_waitall": (waitall_step, loop_d),
+             "bound": (bound_step, loop_l),
              **{m: (overlap_step, loop) for m, loop in loops.items()}}
 
     cores: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds ÷ wall seconds

@@ -19,7 +19,12 @@ Each worker builds two copies of the same net from the same seed:
   has gradients, as one key of the job's store, issued before the forward on an array nothing
   else touches: the exchange overlaps the whole step and nothing waits for it but the round's
   ``waitall``. What a trainer that hid this exchange completely would take on these cores: the
-  exchange's own CPU work (server, ps-lite threads) still competes with the computation.
+  exchange's own CPU work (server, ps-lite threads) still competes with the computation;
+* ``floor``: ``bound``, plus MXNet's ``kv.pushpull`` of the first layer's weight gradient in
+  place between backward and the update (with one worker its values come back unchanged).
+  Backward writes that gradient last and the next forward reads the weight it updates
+  first, so a trainer that sums exactly through the store exposes at least this one round
+  trip, however it splits and orders the rest: the least such a step takes on these cores.
 
 Modes run in interleaved rounds (:func:`benchmarks.common.interleave`), every worker in
 lockstep (a barrier before each round). Every worker prints one ``BENCH_RESULT`` JSON line with
@@ -105,17 +110,30 @@ def work(opts: argparse.Namespace) -> None:
         t.update(x.shape[0], loop.step)
         loop.step += 1
 
-    flat = mx.nd.zeros(sum(p.data().size for p in net_l.collect_params().values()
-                           if p.grad_req != "null"))
-    if "bound" in modes:
+    trained = [p for p in net_l.collect_params().values() if p.grad_req != "null"]
+    flat = mx.nd.zeros(sum(p.data().size for p in trained))
+    first = trained[0].grad()  # the first layer's weight gradient: backward writes it last
+    if "bound" in modes or "floor" in modes:
         kv.init(BOUND_KEY, flat)
+        kv.init(BOUND_KEY + 1, first)
 
     def bound_step(loop: Any, x: Any, y: Any) -> None:
         kv.pushpull(BOUND_KEY, flat, out=flat)
         overlap_step(loop, x, y)
 
+    def floor_step(loop: Any, x: Any, y: Any) -> None:
+        kv.pushpull(BOUND_KEY, flat, out=flat)
+        t = loop.trainer
+        with autograd.record():
+            loss = loop.loss_fn(loop.net(x), y)
+        autograd.backward([loss])
+        kv.pushpull(BOUND_KEY + 1, first, out=first)  # the update of that weight waits for it
+        t.allreduce_grads()
+        t.update(x.shape[0], loop.step)
+        loop.step += 1
+
     steps = {"local": (overlap_step, loop_l), "dist_waitall": (waitall_step, loop_d),
-             "bound": (bound_step, loop_l),
+             "bound": (bound_step, loop_l), "floor": (floor_step, loop_l),
              **{m: (overlap_step, loop) for m, loop in loops.items()}}
 
     cores: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds ÷ wall seconds

@@ -6,8 +6,10 @@ serves its role inside ``import mxnet`` and exits there. The worker steps one
 ``mxlarge.Trainer`` on the job's dist_sync store through ``TrainLoop.train_step`` in interleaved
 rounds of two modes:
 
-* ``heartbeat``: as launched: per update, the wait for update t−1 and one ``pwrite`` of the
-  record (:mod:`mxlarge.protocol.heartbeat`);
+* ``heartbeat``: as launched: per update, the result handed to the heartbeat's watcher
+  thread (which waits for it and then writes the record with one ``pwrite``;
+  :mod:`mxlarge.protocol.heartbeat`), and the training thread's wait whenever it is
+  ``AHEAD`` updates ahead;
 * ``off``: the same trainer with its heartbeat detached (``trainer.heartbeat = None``).
 
 What is in both modes and so not in the ratio: the heartbeat's writer thread (one ``pwrite`` a
@@ -30,6 +32,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--net", default="cifar_resnet20_v1")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--width", type=int, default=16, help="width of mxlarge's own nets")
     p.add_argument("--steps", type=int, default=10, help="steps per round")
     p.add_argument("--reps", type=int, default=21, help="rounds")
     return p.parse_args(argv)
@@ -39,8 +44,9 @@ def work(opts: argparse.Namespace) -> None:
     from mxlarge.kvstore import sync
 
     kv = sync.create("dist_sync")
-    batches = synthetic_batches(4, opts.batch, 32, 10, seed=kv.rank)
-    net = build_net(opts.net, 10, 32, seed=0)
+    batches = synthetic_batches(4, opts.batch, opts.size, 10, seed=kv.rank,
+                                channels=opts.channels)
+    net = build_net(opts.net, 10, opts.size, seed=0, channels=opts.channels, width=opts.width)
     loop = recipe_loop(net, recipe_trainer(net, kv))
     trainer = loop.trainer
     beat = trainer.heartbeat
@@ -49,7 +55,6 @@ def work(opts: argparse.Namespace) -> None:
 
     def timed(heartbeat: Any) -> float:
         trainer.heartbeat = heartbeat
-        trainer._last_update = None
         mx.nd.waitall()
         t0 = time.perf_counter()
         for s in range(opts.steps):
@@ -63,13 +68,15 @@ def work(opts: argparse.Namespace) -> None:
         loop.step += 1
     t = interleave({"heartbeat": lambda: timed(beat), "off": lambda: timed(None)}, opts.reps,
                    progress=emit_progress)
-    # The heartbeat's own work per update, alone: two progress calls, one of which writes the
-    # record (the wait for update t-1 is not included: it returns at once once t-1 is done).
+    # The training thread's heartbeat work per update, alone: the issue and the hand-off of a
+    # result that exists (the watcher thread writes the record meanwhile).
     n = 2000
+    done = mx.nd.zeros(1)
+    mx.nd.waitall()
     t0 = time.perf_counter()
     for i in range(n):
-        beat.step(beat.done, loop.step + i)
-        beat.step(loop.step + i, loop.step + i)
+        beat.issue(loop.step + i)
+        beat.completes(loop.step + i, done)
     hot_path = (time.perf_counter() - t0) / n
     emit_result({"rank": kv.rank, "sec_per_step": t, "steps_per_round": opts.steps,
                  "net": opts.net, "batch": opts.batch, "hot_path_sec": hot_path})

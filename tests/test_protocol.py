@@ -1,6 +1,7 @@
 """The worker side of the job protocol: a Beat's records as the launcher reads them, and the
 one reader of the launcher's heartbeat directory."""
 import os
+import threading
 import time
 
 from mxlarge.protocol import heartbeat
@@ -53,3 +54,106 @@ def test_finish_marks_every_issued_update_done_and_the_phase_finished(tmp_path):
     assert (rec.phase, rec.done, rec.issued, rec.here) == (heartbeat.FINISHED, 5, 4, 5)
     time.sleep(0.2)
     assert heartbeat.read_all(tmp_path)[1].phase == heartbeat.FINISHED
+
+
+class _Pending:
+    """An update's result that exists once ``ready`` is set (as an NDArray's pending write)."""
+
+    def __init__(self, error: BaseException | None = None):
+        self.ready = threading.Event()
+        self.error = error
+
+    def wait_to_read(self) -> None:
+        self.ready.wait()
+        if self.error is not None:
+            raise self.error
+
+
+def _until(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_an_update_counts_as_done_once_its_result_exists_and_the_record_says_so(tmp_path):
+    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    beat.issue(0)
+    r0 = _Pending()
+    beat.completes(0, r0)  # returns at once: one update unconfirmed
+    time.sleep(0.1)
+    assert beat.done == 0 and heartbeat.read_all(tmp_path)[0].done == 0
+    r0.ready.set()
+    assert _until(lambda: beat.done == 1)
+    assert heartbeat.read_all(tmp_path)[0].done == 1  # written by the watcher, not the timer
+    heartbeat.finish_all()
+
+
+def test_the_training_thread_waits_only_when_ahead_updates_are_unconfirmed(tmp_path):
+    """A stuck job: Python issues AHEAD updates and then waits, until half of them are done."""
+    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    results = [_Pending() for _ in range(heartbeat.AHEAD + 1)]
+    returned: list[int] = []
+
+    def train():
+        for t, r in enumerate(results):
+            beat.issue(t)
+            beat.completes(t, r)
+            returned.append(t)
+
+    th = threading.Thread(target=train, daemon=True)
+    th.start()
+    assert _until(lambda: len(returned) == heartbeat.AHEAD)
+    time.sleep(0.2)
+    assert len(returned) == heartbeat.AHEAD and th.is_alive()  # update AHEAD waits
+    for r in results:
+        r.ready.set()  # the watcher waits for the newest result handed to it
+    th.join(5)
+    assert not th.is_alive() and returned[-1] == heartbeat.AHEAD
+    assert _until(lambda: beat.done == heartbeat.AHEAD + 1)
+    heartbeat.finish_all()
+
+
+def test_a_failed_update_is_raised_on_the_training_thread(tmp_path):
+    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    failed = _Pending(RuntimeError("MXNetError: the update's operator failed"))
+    failed.ready.set()
+    beat.issue(0)
+    beat.completes(0, failed)
+    assert _until(lambda: beat._error is not None)
+    beat.issue(1)
+    try:
+        beat.completes(1, _Pending())
+    except RuntimeError as e:
+        assert "operator failed" in str(e)
+    else:
+        raise AssertionError("the watcher's error was not raised")
+
+
+def test_finish_stops_the_watcher_thread(tmp_path):
+    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    beat.issue(0)
+    done = _Pending()
+    done.ready.set()
+    beat.completes(0, done)
+    watcher = beat._watcher
+    assert watcher is not None and watcher.is_alive()
+    heartbeat.finish_all()
+    assert not watcher.is_alive() and beat.done == 1
+
+
+def test_settle_waits_for_the_updates_handed_over_within_its_timeout(tmp_path):
+    """A failing worker's last record names the step it failed at (the restart policy compares
+    them), unless its job is stuck: then settle gives up after its timeout."""
+    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    late = _Pending()
+    beat.issue(0)
+    beat.completes(0, late)
+    threading.Timer(0.2, late.ready.set).start()
+    heartbeat.settle(5.0)
+    assert beat.done == 1 and heartbeat.read_all(tmp_path)[0].done == 1
+    beat.issue(1)
+    beat.completes(1, _Pending())  # stuck
+    t0 = time.monotonic()
+    heartbeat.settle(0.3)
+    assert 0.25 < time.monotonic() - t0 < 2 and beat.done == 1

@@ -27,12 +27,20 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
+
+#: Called before :func:`exit_now` leaves (errors ignored): ``mxlarge.Trainer`` adds
+#: :func:`mxlarge.protocol.heartbeat.settle`, so the last heartbeat record names the step.
+BEFORE_EXIT: list[Callable[[], None]] = []
 
 
 def exit_now(code: int) -> NoReturn:
-    """Flush stdio and logging, then ``os._exit(code)``: no atexit, no kvstore exit barrier."""
+    """Run :data:`BEFORE_EXIT`, flush stdio and logging, then ``os._exit(code)``: no
+    atexit, no kvstore exit barrier."""
+    for fn in BEFORE_EXIT:
+        with contextlib.suppress(Exception):
+            fn()
     with contextlib.suppress(Exception):
         logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -16,9 +16,12 @@ What is cheap, and why it is correct:
   (the restart policy compares steps). A daemon thread also writes it every :data:`INTERVAL`.
 * MXNet runs the step asynchronously: Python returns from ``trainer.step`` long before the
   engine has pushed, pulled and updated, and could run ahead of a stuck job indefinitely. So
-  ``done`` only counts an update after its result exists (the Trainer waits for update t−1
-  when it issues update t, while update t's forward/backward are already queued, which costs
-  the engine nothing), and Python never gets more than one step ahead of the real progress.
+  ``done`` only counts an update after its result exists: the Trainer hands each update's
+  result to :meth:`Beat.completes`, whose watcher thread waits for it and then records it.
+  The training thread itself waits only when :data:`AHEAD` updates are unconfirmed (until
+  half of them are), so Python never gets more than :data:`AHEAD` steps ahead of the real
+  progress. The wait is off the training thread because a wait there every step cost the
+  demo net's step 3–6% (``make bench`` row ``heartbeat_cost``, docs/performance.md).
 * The writer thread's counter ``tick`` tells the launcher whether a process runs at all: a
   worker stopped by SIGSTOP, a frozen VM or a dead node stops ticking, while a worker that
   merely waits in push/pull for a slow peer keeps ticking (MXNet waits without the GIL).
@@ -29,6 +32,7 @@ tens of seconds): choose a stall timeout well above that.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import json
@@ -40,8 +44,17 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 ENV = "MXLARGE_HEARTBEAT_DIR"
+#: Updates a worker may have issued beyond the last one known complete; at more, the training
+#: thread waits until at most half as many are unconfirmed.
+AHEAD = 8
+#: Seconds the watcher thread is given to end when the process exits.
+STOP_TIMEOUT = 5.0
+#: Seconds a failing worker gives its watcher to confirm the updates it handed over
+#: (:func:`settle`), so that its last record names the step it failed at.
+SETTLE = 2.0
 SIZE = 512
 INTERVAL = 1.0  # seconds between writes of one worker's record
 # The phase of a worker whose work is done: every worker passed the store's last barrier, what
@@ -88,6 +101,15 @@ class Record:
             return cls(**json.loads(data))
         except (ValueError, TypeError):
             return None
+
+
+class Result(Protocol):
+    """What :meth:`Beat.completes` waits for (an ``mx.nd.NDArray`` the update writes)."""
+
+    def wait_to_read(self) -> None: ...
+
+
+_STOP = (-1, None)  # the watcher's last item
 
 
 def path_for(directory: str | Path, rank: int) -> Path:
@@ -153,6 +175,12 @@ class Beat:
         self._host = socket.gethostname()
         self._fd = os.open(path_for(directory, rank), os.O_WRONLY | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
+        # done/issued change on the training thread and the watcher thread
+        self._cv = threading.Condition(threading.RLock())
+        self._result: tuple[int, Result | None] | None = None  # the newest update to confirm
+        self._watcher: threading.Thread | None = None
+        self._error: BaseException | None = None  # what the watcher's wait raised
+        self._handed = -1  # the newest update handed to the watcher
         self._write()
         _live.add(self)
         self._thread = threading.Thread(target=self._run, name=f"mxlarge heartbeat {rank}",
@@ -165,12 +193,79 @@ class Beat:
         The first call starts this process's count (``here``): its ``issued`` is the step the
         process started at (0, or a checkpoint's step), all before it complete.
         """
-        if self._first is None:
-            self._first = done = issued
-        advanced = done != self.done
-        self.done, self.issued, self.here = done, issued, done - self._first
-        if advanced:
-            self._write()
+        with self._cv:
+            if self._first is None:
+                self._first = done = issued
+            advanced = done != self.done
+            self.done, self.issued, self.here = done, issued, done - self._first
+            if advanced:
+                self._write()
+
+    def issue(self, step: int) -> None:
+        """Record that update ``step`` is on its way (its gradients are pushed)."""
+        with self._cv:
+            self.step(self.done, step)
+
+    def completes(self, step: int, result: Result) -> None:
+        """``result`` exists once update ``step`` is complete: the watcher thread waits for it
+        (``result.wait_to_read()``) and then records ``done = step + 1``.
+
+        The watcher takes the newest result handed to it, so ``done`` is a lower bound that
+        catches up whenever the engine does. The caller waits only while more than
+        :data:`AHEAD` updates are unconfirmed, until at most ``AHEAD // 2`` are.
+        """
+        with self._cv:
+            self._result, self._handed = (step, result), step
+            self._cv.notify_all()
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                                 name=f"mxlarge heartbeat watcher {self.rank}")
+                self._watcher.start()
+                # atexit runs the last registered first: this ends before MXNet's own
+                # shutdown (registered at its import), which a thread inside MXNet would abort
+                atexit.register(self._stop_watcher)
+            if step + 1 - self.done > AHEAD:
+                self._cv.wait_for(lambda: step + 1 - self.done <= AHEAD // 2
+                                  or self._error is not None)
+            if self._error is not None:  # an update failed: the training thread hears of it
+                raise self._error
+
+    def _watch(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._result is not None)
+                item, self._result = self._result, None
+            step, result = item  # type: ignore[misc]
+            if result is None:  # _STOP
+                return
+            try:
+                result.wait_to_read()  # MXNet waits without the GIL
+            except BaseException as e:  # noqa: BLE001 - handed to the training thread
+                with self._cv:
+                    self._error = e
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                if step + 1 > self.done:
+                    self.step(step + 1, self.issued)
+                self._cv.notify_all()
+
+    def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for the watcher to confirm every update handed to it."""
+        with self._cv:
+            if self._watcher is not None:
+                self._cv.wait_for(lambda: self.done > self._handed or self._error is not None,
+                                  timeout)
+
+    def _stop_watcher(self) -> None:
+        watcher = self._watcher
+        if watcher is None:
+            return
+        with self._cv:
+            self._result = _STOP
+            self._cv.notify_all()
+        watcher.join(STOP_TIMEOUT)  # a job stuck in an update: the process ends regardless
+        self._watcher = None
 
     @contextlib.contextmanager
     def busy(self, what: str) -> Iterator[None]:
@@ -184,10 +279,12 @@ class Beat:
     def finish(self) -> None:
         """Record that this worker's work is done: every update it issued is complete (the
         caller waited for them) and the phase is :data:`FINISHED` from now on."""
-        self.done = max(self.done, self.issued + 1)
-        self.here = self.done - (self._first if self._first is not None else self.done)
-        self.phase = FINISHED
-        self._write()
+        self._stop_watcher()
+        with self._cv:
+            self.done = max(self.done, self.issued + 1)
+            self.here = self.done - (self._first if self._first is not None else self.done)
+            self.phase = FINISHED
+            self._write()
 
     def _write(self) -> None:
         with self._lock:  # the step and the writer thread: ticks stay in order
@@ -205,6 +302,16 @@ class Beat:
 
 
 _live: weakref.WeakSet[Beat] = weakref.WeakSet()  # this process's Beats (their threads hold them)
+
+
+def settle(timeout: float = SETTLE) -> None:
+    """:meth:`Beat.settle` for every Beat of this process, within ``timeout`` s in all: on a
+    failure path, before the process leaves with ``os._exit`` (``failfast.BEFORE_EXIT``).
+    The restart policy compares the step two failures happened at; the updates a worker had
+    issued before it raised complete within milliseconds unless its job is stuck."""
+    deadline = time.monotonic() + timeout
+    for beat in list(_live):
+        beat.settle(max(0.0, deadline - time.monotonic()))
 
 
 def finish_all() -> None:

@@ -47,8 +47,8 @@ from mxlarge.kvstore.roles import ParamRole, param_roles, role_counts
 from mxlarge.kvstore.sync import WIRE_DTYPES, SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.plan import World
-from mxlarge.protocol.failfast import install_fail_fast
-from mxlarge.protocol.heartbeat import LAUNCHED, Beat, Launched, launched_dir
+from mxlarge.protocol.failfast import BEFORE_EXIT, install_fail_fast
+from mxlarge.protocol.heartbeat import LAUNCHED, Beat, Launched, launched_dir, settle
 from mxlarge.schedulers import Schedule
 from mxlarge.trainer import states as states_file
 from mxlarge.trainer.deferred import on_init
@@ -204,7 +204,8 @@ class Trainer(mx.gluon.Trainer):
         beats = launched_dir() if heartbeat is LAUNCHED else heartbeat
         self.heartbeat = (Beat(beats, self.store.rank)
                           if beats is not None and self.store.distributed else None)
-        self._last_update: mx.nd.NDArray | None = None
+        if self.heartbeat is not None and settle not in BEFORE_EXIT:
+            BEFORE_EXIT.append(settle)  # a failing worker's last record names its step
         self._base: Schedule = opt["base"]
         self._lb = (reference_batch, scaling, int(warmup_steps), warmup_lr) if gluon_form \
             else None
@@ -544,12 +545,7 @@ class Trainer(mx.gluon.Trainer):
         t = self.num_update if step is None else int(step)
         beat = self.heartbeat
         if beat is not None:
-            beat.step(beat.done, t)  # this worker's gradients of update t are pushed
-            # Python must not run ahead of a stuck job: wait for update t-1 (update t's
-            # forward/backward are queued already, so the engine never idles here).
-            if self._last_update is not None:
-                self._last_update.wait_to_read()
-            beat.step(t, t)
+            beat.issue(t)  # this worker's gradients of update t are pushed
         if self._grads_version != self.store.grads_version:
             self._gather_update_args()
         if not self._masters_current:
@@ -566,7 +562,9 @@ class Trainer(mx.gluon.Trainer):
         for weights, grads, states in self._update_args:
             self.updater.apply(t, self.pushed, weights, grads, states, rescale)
         if beat is not None and self._update_args:
-            self._last_update = self._update_args[0][0][0]
+            # a weight update t writes: exists once it is complete; Python waits only when
+            # it is AHEAD updates ahead of that (mxlarge.protocol.heartbeat)
+            beat.completes(t, self._update_args[0][0][0])
         self.num_update = t + 1
         return True
 

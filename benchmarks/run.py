@@ -69,6 +69,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
 
     # Rounds: short rounds, many of them, so that each A/B pair sits close in time.
     r1, r2, r2w, rb, rt = (3, 3, 3, 3, 3) if quick else (21, 21, 7, 9, 5)
+    rd = 3 if quick else 60  # the heartbeat's demo-net rounds (short: 10 steps of ~16 ms)
     rc = 1 if quick else 2  # the byte ratio is deterministic up to headers: few rounds suffice
     return {
         "trainer_overhead": (2 * r1, lambda log, bar: trainer_overhead.run(
@@ -81,8 +82,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "scale_model": (1, lambda log, bar: scale_model.run()),
         "gns_cost": (3 * rt, lambda log, bar: gns_cost.run(reps=rt, bar=bar)),
         "compression": (3 * rc, lambda log, bar: compression.run(reps=rc, log=log, bar=bar)),
-        "heartbeat_cost": (2 * r1, lambda log, bar: heartbeat_cost.run(
-            reps=r1, log=log, bar=bar)),
+        "heartbeat_cost": (2 * r1 + 2 * rd, lambda log, bar: heartbeat_cost.run(
+            reps=r1, demo_reps=rd, log=log, bar=bar)),
         "update_kernels": (3 * rt, lambda log, bar: update_kernels.run(reps=rt, bar=bar)),
         "amp_cost": (2 * len(amp_cost.CASES) * rt, lambda log, bar: amp_cost.run(
             reps=rt, bar=bar)),

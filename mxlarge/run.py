@@ -196,12 +196,14 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     if run is not None:
         from mxlarge import tracking
         if rank == 0:
+            from mxlarge.reporting.plots import plot_training_curves
             facts = {"zero_gamma_blocks": len(b.init_report.zero_gamma),
                      **{f"params_{k}": v for k, v in trainer.role_counts().items()}}
             example, _ = next(iter(data.val.batches(2)))  # the logged model's input example
             hooks.append(tracking.MLflowHook(cfg, run, facts, cfg.train.log_every,
                                              p.global_batch, example.asnumpy(),
-                                             launched=heartbeat_dir is not None))
+                                             launched=heartbeat_dir is not None,
+                                             plot=plot_training_curves))
         else:
             hooks.append(tracking.RankThroughputHook(run))
     gns = None

@@ -87,9 +87,9 @@ def _is_launcher(module: str) -> bool:
 # The training code: what runs inside a worker. None of it may reach the launcher.
 TRAINING = ("mxlarge.trainer", "mxlarge.run", "mxlarge.loop", "mxlarge.plan", "mxlarge.hooks",
             "mxlarge.checkpoint", "mxlarge.bnstats", "mxlarge.gns", "mxlarge.config",
-            "mxlarge.resume", "mxlarge.tracking")
+            "mxlarge.resume")
 TRAINING_PACKAGES = ("mxlarge.kvstore", "mxlarge.schedulers", "mxlarge.nets", "mxlarge.data",
-                     "mxlarge.protocol")
+                     "mxlarge.protocol", "mxlarge.tracking")
 # What may import the launcher: the front ends that turn argv into a job (and the sweep, which
 # runs cells through `mxlarge launch`).
 FRONT_ENDS = {"mxlarge.cli", "mxlarge.launch_cli", "mxlarge.sweep"}
@@ -150,14 +150,31 @@ def test_reporting_is_one_room():
     room = sorted(m for m in g if m.startswith("mxlarge.reporting."))
     assert {f"mxlarge.reporting.{m}" for m in ("runs", "store", "summary", "study", "tables",
                                                "plots", "cli")} <= set(room)
-    reading = sorted(m for m in room if "mxlarge.tracking" in reachable(g, m))
+    reading = sorted(m for m in room if any(_in_tracking(d) for d in reachable(g, m)))
     assert reading == ["mxlarge.reporting.cli", "mxlarge.reporting.store"]
 
 
-def test_mlflow_is_imported_in_one_module_only():
+def _in_tracking(module: str) -> bool:
+    return module == "mxlarge.tracking" or module.startswith("mxlarge.tracking.")
+
+
+def test_mlflow_is_imported_in_one_package_only():
+    """``mlflow`` is imported under ``mxlarge/tracking/`` only (``gluon_pyfunc``, the loader
+    copied into each logged model, imports neither MLflow nor mxlarge)."""
     users = sorted(_module(p) for p in PKG.rglob("*.py")
                    if re.search(r"^\s*(import mlflow|from mlflow)", p.read_text(), re.M))
-    assert users == ["mxlarge.tracking"]
+    assert users and all(_in_tracking(u) for u in users), users
+
+
+def test_tracking_imports_nothing_of_reporting():
+    """Reporting reads the runs through tracking, never the other way round: the hook's plot
+    function is passed in by whoever builds it (imports inside functions count too)."""
+    g = import_graph()
+    tracking = sorted(m for m in g if _in_tracking(m))
+    assert {"mxlarge.tracking", "mxlarge.tracking.hook", "mxlarge.tracking.run"} <= set(tracking)
+    up = {m: sorted(d for d in g[m] if d == "mxlarge.reporting"
+                    or d.startswith("mxlarge.reporting.")) for m in tracking}
+    assert {m: d for m, d in up.items() if d} == {}
 
 
 def test_the_run_identity_is_passed_not_read_from_the_environment():
@@ -196,10 +213,10 @@ def test_a_training_run_is_decided_in_open_run_only():
     ``report``)."""
     deciders = sorted(_module(p) for p in PKG.rglob("*.py")
                       if re.search(r"RunHandle\.(create|reopen)\(|caller_run_id\(",
-                                   p.read_text()) and _module(p) != "mxlarge.tracking")
+                                   p.read_text()) and not _in_tracking(_module(p)))
     assert deciders == ["mxlarge.sweep"]
     callers = sorted(_module(p) for p in PKG.rglob("*.py") if "open_run(" in p.read_text())
-    assert callers == ["mxlarge.launch_cli", "mxlarge.run", "mxlarge.tracking"]
+    assert callers == ["mxlarge.launch_cli", "mxlarge.run", "mxlarge.tracking.run"]
 
 
 # The modules that may test a backend's name: the backends themselves. Everything else asks

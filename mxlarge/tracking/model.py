@@ -1,0 +1,98 @@
+"""A run's model: logged as an MLflow logged model, loaded back as a ``gluon.SymbolBlock``.
+
+The ``python_function`` flavour over ``net.export``'s files (:mod:`mxlarge.gluon_pyfunc`),
+named after the run, with a signature and an input example.
+"""
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow
+
+from mxlarge.config import Config
+from mxlarge.errors import InputError
+from mxlarge.tracking.store import client, tracking_uri
+
+
+def model_name(run_name: str) -> str:
+    """The logged model's name: the run's (``s0 · digits · 2×128`` → ``s0-digits-2x128``), in
+    the characters MLflow allows in one (no ``/ : . % " '``)."""
+    words = re.sub(r"[^A-Za-z0-9_-]+", "-", run_name.replace("×", "x")).strip("-")
+    return words or "model"
+
+
+def log_model(uri: str, run_id: str, export_dir: str | Path, example: Any, step: int) -> str:
+    """``net.export``'s files in ``export_dir`` as run ``run_id``'s logged model: the
+    ``python_function`` flavour of :mod:`mxlarge.gluon_pyfunc`, with the signature inferred
+    from ``example`` (a float32 batch) and the net's output on it. Returns its model id.
+
+    Saved locally, then logged through this store's client: MLflow's ``log_model`` would
+    read (and its URI switch rewrite) the process-wide tracking URI and experiment."""
+    import mlflow.models
+    import mlflow.pyfunc
+    import mxnet as mx
+    import numpy as np
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+    from mxlarge import gluon_pyfunc
+
+    output = gluon_pyfunc.GluonModel(export_dir).predict(example)
+    c = client(uri)
+    run = c.get_run(run_id)
+    model = c.create_logged_model(run.info.experiment_id, name=model_name(
+        run.data.tags.get("mlflow.runName", "")), source_run_id=run_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "model"
+        mlflow.pyfunc.save_model(
+            str(local), loader_module="gluon_pyfunc", data_path=str(export_dir),
+            code_paths=[gluon_pyfunc.__file__],
+            pip_requirements=[f"mxnet=={mx.__version__}", f"numpy=={np.__version__}"],
+            signature=mlflow.models.infer_signature(example, output), input_example=example)
+        c.log_model_artifacts(model.model_id, str(local))
+    c.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    c.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+    return model.model_id
+
+
+def model_id(uri: str, run_id: str) -> str | None:
+    """The id of the run's newest logged model (its URI is ``models:/ID``), None if it
+    has none."""
+    outputs = client(uri).get_run(run_id).outputs
+    models = outputs.model_outputs if outputs is not None else []
+    return models[-1].model_id if models else None
+
+
+def load(run_id: str, uri: str | None = None, ctx: Any = None) -> Any:
+    """The model a run logged, as a ``gluon.SymbolBlock`` ready for inference: its logged
+    model (``models:/ID``), or in runs made before logged models its artifact ``model/``.
+
+    ``uri`` defaults to :func:`~mxlarge.tracking.store.tracking_uri` of a default config.
+    Raises ``InputError`` if the run has no model (a run of a non-hybridized net, or one that
+    failed).
+    """
+    from mlflow.artifacts import download_artifacts
+
+    from mxlarge.gluon_pyfunc import import_net
+
+    uri = uri or tracking_uri(Config())
+    dst = tempfile.mkdtemp(prefix="mxlarge-model-")
+    try:
+        model = model_id(uri, run_id)
+        if model is not None:
+            where = client(uri).get_logged_model(model).artifact_location
+            local = Path(download_artifacts(artifact_uri=where, dst_path=dst))
+            # the pyfunc's data/ holds the export directory
+            local = next((p.parent for p in local.glob("data/*/*-symbol.json")), local)
+        else:
+            local = Path(client(uri).download_artifacts(run_id, "model", dst))
+    except mlflow.exceptions.MlflowException as exc:
+        raise InputError(f"run {run_id!r} in {uri!r} has no model: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
+    try:
+        return import_net(local, ctx)
+    except FileNotFoundError:
+        raise InputError(f"run {run_id!r}: its model holds no exported symbol and "
+                         "parameters") from None

@@ -1,0 +1,83 @@
+"""What a training run is called, how it is described and which params it has.
+
+Name ``sS · label · K×n``, description the plan as a table, params the config keys that take
+effect (the rules: 'What a run holds' in docs/design/tracking.md).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mxlarge.config import Config, applies, flatten
+from mxlarge.plan import precision
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` relative to the repository when it lies inside it, else as given."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(path)
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def run_name(cfg: Config, world: Any, label: str | None = None) -> str:
+    """``sS · label · K×n``: the seed first (what differs between runs of one config, and the
+    runs list shows only a name's first ~20 characters), then the label and the world
+    (gradient contributors × images each)."""
+    return f"s{cfg.train.seed} · {label or cfg.name} · {world.units}×{world.batch}"
+
+
+def describe_run(cfg: Config, plan: Any, source: str | None = None,
+                 label: str | None = None) -> str:
+    """The run's description (``mlflow.note.content``, markdown): what it trains, the plan."""
+    shown = shown_path(Path(source).resolve()) if source and Path(source).is_file() else None
+    what = f"**{label or cfg.name}**" + (f" (`{shown}`)" if shown else "")
+    lines = [f"{what}: {cfg.model.name} on {cfg.data.dataset}, {plan.world.describe()}, "
+             f"{cfg.train.epochs} epochs.", "", "| plan | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in plan.summary().items()]
+    lines += [f"| precision ({k}) | {v} |" for k, v in precision(cfg).items()]
+    return "\n".join(lines)
+
+
+# Config keys that take effect only when another key says so: no `optim.lars_eta` param on a
+# run without LARS. (config.applies handles the dataset- and model-specific keys.)
+TAKES_EFFECT: dict[str, Any] = {
+    "optim.lars_eta": lambda c: c.optim.lars, "optim.lars_lr": lambda c: c.optim.lars,
+    "optim.poly_power": lambda c: c.optim.decay == "poly",
+    "optim.decay_epochs": lambda c: c.optim.decay == "step",
+    "optim.decay_factor": lambda c: c.optim.decay == "step",
+    "optim.warmup_epochs": lambda c: c.optim.warmup != "none",
+    "optim.warmup_lr": lambda c: c.optim.warmup != "none",
+    "train.gns_decay": lambda c: c.train.gns_every > 0,
+    "train.keep_last": lambda c: c.train.checkpoint_every > 0,
+    "train.checkpoint_dir": lambda c: c.train.checkpoint_every > 0,
+    "dist.compression_threshold": lambda c: c.dist.compression != "none",
+}
+
+
+def takes_effect(key: str, value: Any, cfg: Config) -> bool:
+    """Whether config ``key`` = ``value`` is a param of ``cfg``'s run: it applies to the dataset
+    and model (:func:`mxlarge.config.applies`), the keys it depends on enable it
+    (:data:`TAKES_EFFECT`) and it has a value (no None, no empty string or list)."""
+    if key == "name" or value is None or value in ("", (), []):
+        return False
+    return applies(key, cfg) and TAKES_EFFECT.get(key, lambda c: True)(cfg)
+
+
+def run_params(cfg: Config, uri: str, plan: Any) -> dict[str, str]:
+    """The params of a training run: the keys that take effect, ``tracking.uri`` as resolved,
+    paths inside the repository relative to it, the plan's numbers as ``plan.*``; each value
+    cut to 500 characters."""
+    params: dict[str, Any] = {k: v for k, v in flatten(cfg).items()
+                              if takes_effect(k, v, cfg)}
+    params["tracking.uri"] = uri
+    for k, v in params.items():
+        if isinstance(v, str) and v.startswith("/"):
+            params[k] = shown_path(v)
+    params.update({f"plan.{k}": v for k, v in plan.summary().items()})
+    return {k: str(v)[:500] for k, v in params.items()}

@@ -1,9 +1,8 @@
 """The MLflow reads of a report, through :mod:`mxlarge.tracking`: a sweep's runs as
 :class:`~mxlarge.reporting.runs.RunData`, and one run's final error for ``mxlarge sweep``.
 
-Apart from :mod:`~mxlarge.reporting.runs` so that the pure modules never reach the store:
-:mod:`mxlarge.tracking` draws a run's training curves with :mod:`mxlarge.reporting.plots`, which
-needs ``RunData``; were the reads beside ``RunData``, the import graph would have a cycle
+Apart from :mod:`~mxlarge.reporting.runs` so that the pure modules (the plots among them,
+which training passes to :class:`mxlarge.tracking.MLflowHook`) never reach the store
 (``tests/test_structure.py``).
 """
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""The worker side of the job protocol: a Beat's records as the launcher reads them, and the
-one reader of the launcher's heartbeat directory."""
+"""The worker side of the job protocol: a Beat's records as the launcher reads them, the one
+reader of the launcher's heartbeat directory, and the worker session that settles and finishes
+them."""
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
 from mxlarge.protocol import heartbeat
+from mxlarge.protocol.session import WorkerSession
 
 
 def test_beat_writes_records_the_watchdog_reads(tmp_path):
@@ -43,13 +48,14 @@ def test_a_record_reads_back_and_a_torn_one_is_none():
 def test_finish_marks_every_issued_update_done_and_the_phase_finished(tmp_path):
     """At exit (after waitall and the last barrier) every Beat of the process says finished,
     with the updates it issued counted as done; the writer thread keeps saying it."""
-    beat = heartbeat.Beat(tmp_path, rank=1, interval=0.05)
+    session = WorkerSession()
+    beat = session.beat(tmp_path, rank=1, interval=0.05)
     beat.step(0, 0)
     for t in range(1, 5):
         beat.step(t - 1, t)
         beat.step(t, t)  # update t issued: 0..t-1 done
     assert beat.done == 4
-    heartbeat.finish_all()
+    session.finish()
     rec = heartbeat.read_all(tmp_path)[1]
     assert (rec.phase, rec.done, rec.issued, rec.here) == (heartbeat.FINISHED, 5, 4, 5)
     time.sleep(0.2)
@@ -86,7 +92,7 @@ def test_an_update_counts_as_done_once_its_result_exists_and_the_record_says_so(
     r0.ready.set()
     assert _until(lambda: beat.done == 1)
     assert heartbeat.read_all(tmp_path)[0].done == 1  # written by the watcher, not the timer
-    heartbeat.finish_all()
+    beat.finish()
 
 
 def test_the_training_thread_waits_only_when_ahead_updates_are_unconfirmed(tmp_path):
@@ -111,7 +117,7 @@ def test_the_training_thread_waits_only_when_ahead_updates_are_unconfirmed(tmp_p
     th.join(5)
     assert not th.is_alive() and returned[-1] == heartbeat.AHEAD
     assert _until(lambda: beat.done == heartbeat.AHEAD + 1)
-    heartbeat.finish_all()
+    beat.finish()
 
 
 def test_a_failed_update_is_raised_on_the_training_thread(tmp_path):
@@ -138,22 +144,59 @@ def test_finish_stops_the_watcher_thread(tmp_path):
     beat.completes(0, done)
     watcher = beat._watcher
     assert watcher is not None and watcher.is_alive()
-    heartbeat.finish_all()
+    beat.finish()
     assert not watcher.is_alive() and beat.done == 1
 
 
 def test_settle_waits_for_the_updates_handed_over_within_its_timeout(tmp_path):
     """A failing worker's last record names the step it failed at (the restart policy compares
     them), unless its job is stuck: then settle gives up after its timeout."""
-    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    session = WorkerSession()
+    beat = session.beat(tmp_path, rank=0, interval=60)
     late = _Pending()
     beat.issue(0)
     beat.completes(0, late)
     threading.Timer(0.2, late.ready.set).start()
-    heartbeat.settle(5.0)
+    session.settle(5.0)
     assert beat.done == 1 and heartbeat.read_all(tmp_path)[0].done == 1
     beat.issue(1)
     beat.completes(1, _Pending())  # stuck
     t0 = time.monotonic()
-    heartbeat.settle(0.3)
+    session.settle(0.3)
     assert 0.25 < time.monotonic() - t0 < 2 and beat.done == 1
+
+
+def test_a_failing_worker_settles_its_heartbeat_before_it_leaves_at_once(tmp_path):
+    """The session's fail-fast path: an error inside ``fail_fast()`` exits with status 1 at
+    once (no atexit), after the watcher confirmed the update handed to it, so the last record
+    names the step the worker failed at."""
+    code = textwrap.dedent(f"""
+        import atexit, threading
+        from mxlarge.protocol.session import SESSION
+
+        class Late:
+            ready = threading.Event()
+            def wait_to_read(self):
+                self.ready.wait()
+
+        atexit.register(lambda: print("atexit ran", flush=True))
+        beat = SESSION.beat({str(tmp_path)!r}, rank=2, interval=60)
+        late = Late()
+        beat.issue(0)
+        beat.completes(0, late)
+        threading.Timer(0.3, late.ready.set).start()
+        with SESSION.fail_fast():
+            raise RuntimeError("the step failed")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "RuntimeError: the step failed" in r.stderr, r.stderr
+    assert "atexit ran" not in r.stdout
+    assert heartbeat.read_all(tmp_path)[2].done == 1
+
+
+def test_fail_fast_keeps_a_clean_exit_and_exits_with_the_status_given(tmp_path):
+    code = ("import sys\nfrom mxlarge.protocol.failfast import fail_fast\n"
+            "with fail_fast():\n    sys.exit(int(sys.argv[1]))\n")
+    for status in (0, 3):
+        r = subprocess.run([sys.executable, "-c", code, str(status)], timeout=60)
+        assert r.returncode == status

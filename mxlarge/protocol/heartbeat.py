@@ -1,34 +1,13 @@
 """Progress reports from workers to their launcher: one small file per rank, no KVStore traffic.
 
 The launcher gives every process of a job the directory :data:`ENV` (``MXLARGE_HEARTBEAT_DIR``);
-:func:`launched_dir` is the only place that reads it, at a process's root: ``mxlarge train``
-(``mxlarge.cli._train``) reads it once and passes the directory down to the
-:class:`mxlarge.Trainer` it builds; a script of the user's that builds its own Trainer gets it
-through the Trainer's default ``heartbeat=LAUNCHED``. A worker with a directory writes
-``worker-<rank>.json`` there, a :class:`Record` padded to :data:`SIZE` bytes and rewritten
-in place (one ``pwrite``, so a reader sees an old or a new record, never a mix of both lengths).
-
-What is cheap, and why it is correct:
-
-* The training step writes the record when an update completes (one ``pwrite`` of
-  :data:`SIZE` bytes to an open file, a few microseconds: ``make bench`` row
-  ``heartbeat_cost``), so the last record of a crashed worker names its last step exactly
-  (the restart policy compares steps). A daemon thread also writes it every :data:`INTERVAL`.
-* MXNet runs the step asynchronously: Python returns from ``trainer.step`` long before the
-  engine has pushed, pulled and updated, and could run ahead of a stuck job indefinitely. So
-  ``done`` only counts an update after its result exists: the Trainer hands each update's
-  result to :meth:`Beat.completes`, whose watcher thread waits for it and then records it.
-  The training thread itself waits only when :data:`AHEAD` updates are unconfirmed (until
-  half of them are), so Python never gets more than :data:`AHEAD` steps ahead of the real
-  progress. The wait is off the training thread because a wait there every step cost the
-  demo net's step 3–6% (``make bench`` row ``heartbeat_cost``, docs/performance.md).
-* The writer thread's counter ``tick`` tells the launcher whether a process runs at all: a
-  worker stopped by SIGSTOP, a frozen VM or a dead node stops ticking, while a worker that
-  merely waits in push/pull for a slow peer keeps ticking (MXNet waits without the GIL).
-
-On a shared filesystem (cluster launchers) the records reach the launcher as fast as the
-filesystem propagates writes (NFS: the client's write-back and attribute caching, seconds to
-tens of seconds): choose a stall timeout well above that.
+:func:`launched_dir` is its one reader, at a process's root. A worker writes
+``worker-<rank>.json`` there: a :class:`Record` padded to :data:`SIZE` bytes and rewritten in
+place with one ``pwrite`` (a reader sees an old or a new record, never a mix). ``done`` counts an
+update only once its result exists (:meth:`Beat.completes`: a watcher thread waits for it), and
+the training thread waits only when :data:`AHEAD` updates are unconfirmed; ``tick``, advanced by
+a writer thread every :data:`INTERVAL`, tells a running process from a stopped one. Why, and
+the costs measured: docs/design/session.md.
 """
 from __future__ import annotations
 
@@ -40,7 +19,6 @@ import os
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,12 +31,12 @@ AHEAD = 8
 #: Seconds the watcher thread is given to end when the process exits.
 STOP_TIMEOUT = 5.0
 #: Seconds a failing worker gives its watcher to confirm the updates it handed over
-#: (:func:`settle`), so that its last record names the step it failed at.
+#: (:meth:`Beat.settle`), so that its last record names the step it failed at.
 SETTLE = 2.0
 SIZE = 512
 INTERVAL = 1.0  # seconds between writes of one worker's record
 # The phase of a worker whose work is done: every worker passed the store's last barrier, what
-# is left is MXNet's shutdown (written at exit by mxlarge.kvstore.shutdown).
+# is left is MXNet's shutdown (written at exit by mxlarge.protocol.session).
 FINISHED = "finished"
 
 
@@ -182,7 +160,6 @@ class Beat:
         self._error: BaseException | None = None  # what the watcher's wait raised
         self._handed = -1  # the newest update handed to the watcher
         self._write()
-        _live.add(self)
         self._thread = threading.Thread(target=self._run, name=f"mxlarge heartbeat {rank}",
                                         daemon=True)
         self._thread.start()
@@ -299,22 +276,3 @@ class Beat:
         while True:
             time.sleep(self._interval)
             self._write()
-
-
-_live: weakref.WeakSet[Beat] = weakref.WeakSet()  # this process's Beats (their threads hold them)
-
-
-def settle(timeout: float = SETTLE) -> None:
-    """:meth:`Beat.settle` for every Beat of this process, within ``timeout`` s in all: on a
-    failure path, before the process leaves with ``os._exit`` (``failfast.BEFORE_EXIT``).
-    The restart policy compares the step two failures happened at; the updates a worker had
-    issued before it raised complete within milliseconds unless its job is stuck."""
-    deadline = time.monotonic() + timeout
-    for beat in list(_live):
-        beat.settle(max(0.0, deadline - time.monotonic()))
-
-
-def finish_all() -> None:
-    """:meth:`Beat.finish` for every Beat of this process (at exit, after the last barrier)."""
-    for beat in list(_live):
-        beat.finish()

@@ -37,7 +37,7 @@ class BNStats:
     Args:
         params: every parameter of the net, in the trainer's order.
         indices: positions of the BN running statistics among them.
-        store: the :class:`~mxlarge.kvstore.sync.SyncStore` (rank, collectives).
+        store: the store's :class:`~mxlarge.kvstore.collectives.Collectives` (rank, sums).
         mode: ``local``, ``broadcast`` or ``reduce`` (module docstring).
         simulated: simulated workers in this process (one device), each with its own copy.
     """

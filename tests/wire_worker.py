@@ -40,7 +40,7 @@ def main() -> int:
             params[p.name] = p
         store = SyncStore("dist_sync", list(params.values()), param_roles(params),
                           wire_dtype=wire, fusion_bytes=64 << 10)
-        k, rank = store.num_workers, store.rank
+        k, rank = store.collectives.num_workers, store.rank
         got, exact, absum = [], [], []
         for step in range(2):
             mine = values(rank, step)

@@ -1,4 +1,4 @@
-"""The store's collectives (:class:`mxlarge.kvstore.sync.SyncStore` inherits them): exact
+"""The store's collectives (a component of :class:`mxlarge.kvstore.sync.SyncStore`): exact
 gathers of small float32 vectors, where slot r of the pushed buffer holds rank r's vector and
 every other slot zeros, so the pulled sum holds each rank's vector unchanged, the same on every
 rank and under 2-bit compression (each float then travels as its 32 bits, as 0 or t)."""
@@ -18,24 +18,40 @@ SCALARS = 8  # length of the scalar-sum vector
 
 
 class Collectives:
-    """Needs ``kv``, ``rank``, ``num_workers``, ``distributed``, ``params``, ``pushed`` and
-    ``roles`` from the store, ``_bit`` (the 2-bit threshold, or None uncompressed) and its
-    ``_gather`` (the push and pull stay in :mod:`mxlarge.kvstore.sync`)."""
+    """Exact collectives of small float32 vectors over ``kv`` (module docstring).
 
-    kv: Any
-    rank: int
-    num_workers: int
-    distributed: bool
-    params: list
-    pushed: list[int]
-    roles: list
-    _bit: float | None
-    _gather: Callable[[int, np.ndarray], np.ndarray]
+    Args:
+        kv: the store, or None (one process: every collective is the identity).
+        distributed: whether ``kv`` is a dist store (others sum devices only).
+        gather: ``gather(key, mine)``, every rank's vector as rows of a (k, n) array, exactly
+            (:meth:`mxlarge.kvstore.sync.SyncStore.gather`: the push and pull stay there).
+        compressed: whether gathered floats travel as 32 values each (2-bit compression).
+    """
 
-    def _gather_width(self, shape: Sequence[int]) -> int:
+    def __init__(self, kv: Any, distributed: bool,
+                 gather: Callable[[int, np.ndarray], np.ndarray], compressed: bool) -> None:
+        self.kv = kv
+        self.distributed = distributed
+        self.gather = gather
+        self._compressed = compressed
+
+    @property
+    def rank(self) -> int:
+        return self.kv.rank if self.kv is not None else 0
+
+    @property
+    def num_workers(self) -> int:
+        return self.kv.num_workers if self.kv is not None else 1
+
+    @property
+    def aggregates(self) -> bool:
+        """Whether a store sums anything (several devices, or a dist job)."""
+        return self.kv is not None
+
+    def gather_width(self, shape: Sequence[int]) -> int:
         """Pushed floats of one gather of an array of ``shape``: k · size (· 32 compressed)."""
         size = int(np.prod(shape))
-        return self.num_workers * size * (32 if self._bit is not None else 1)
+        return self.num_workers * size * (32 if self._compressed else 1)
 
     def same_on_every_rank(self, values: Sequence[float]) -> bool:
         """Whether every rank's few floats (≤ 8, as float32) are bitwise rank 0's
@@ -46,7 +62,7 @@ class Collectives:
             return True
         buf = np.zeros(SCALARS, np.float32)
         buf[:len(values)] = values
-        rows = self._gather(AUX_KEY + 1, buf)
+        rows = self.gather(AUX_KEY + 1, buf)
         return bool((rows.view(np.uint32) == rows[0].view(np.uint32)).all())
 
     def sum_scalars(self, values: Sequence[float]) -> list[float]:
@@ -58,7 +74,7 @@ class Collectives:
             return [float(v) for v in values]
         buf = np.zeros(SCALARS, np.float32)
         buf[:len(values)] = values
-        rows = self._gather(AUX_KEY + 1, buf).astype(np.float64)
+        rows = self.gather(AUX_KEY + 1, buf).astype(np.float64)
         return [float(x) for x in rows.sum(axis=0)[:len(values)]]
 
     def median_scalar(self, value: float) -> float:
@@ -67,25 +83,24 @@ class Collectives:
             return float(np.float32(value))
         buf = np.zeros(SCALARS, np.float32)
         buf[0] = value
-        return float(np.median(self._gather(AUX_KEY + 1, buf)[:, 0].astype(np.float64)))
+        return float(np.median(self.gather(AUX_KEY + 1, buf)[:, 0].astype(np.float64)))
 
-    def check_replicas(self, step: int) -> None:
-        """Compares per-tensor weight sums with rank 0's, bitwise (rank 0's vector is row 0 of
-        an exact gather).
+    def check_replicas(self, step: int, weights: Sequence[mx.nd.NDArray],
+                       names: Sequence[str]) -> None:
+        """Compares each of ``weights``' sums with rank 0's, bitwise (rank 0's vector is row 0
+        of an exact gather).
 
         Raises:
             ReplicaMismatch: naming the step and the first differing parameter.
         """
-        if not self.distributed or not self.pushed:
+        if not self.distributed or not weights:
             return
-        mine = mx.nd.concat(*[self.params[i].list_data()[0].sum().reshape((1,))
-                              for i in self.pushed], dim=0).asnumpy()
-        ref = self._gather(AUX_KEY, mine)[0]
+        mine = mx.nd.concat(*[w.sum().reshape((1,)) for w in weights], dim=0).asnumpy()
+        ref = self.gather(AUX_KEY, mine)[0]
         if not np.array_equal(mine, ref):
             j = int(np.flatnonzero(mine != ref)[0])
-            name = self.roles[self.pushed[j]].name
             raise ReplicaMismatch(
-                f"replica check failed at step {step}: rank {self.rank}'s '{name}' sums to "
+                f"replica check failed at step {step}: rank {self.rank}'s '{names[j]}' sums to "
                 f"{mine[j]!r}, rank 0's to {ref[j]!r}; the workers' weights have diverged")
 
     def sum_stat(self, i: int, arrays: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
@@ -94,7 +109,7 @@ class Collectives:
         local = mx.nd.add_n(*[a.as_in_context(arrays[0].context) for a in arrays])
         if not self.distributed:
             return local
-        rows = self._gather(STAT_KEY + i, local.asnumpy())
+        rows = self.gather(STAT_KEY + i, local.asnumpy())
         total = rows[0].copy()
         for row in rows[1:]:
             total += row
@@ -104,7 +119,7 @@ class Collectives:
         """Rank 0's ``array`` of statistic ``i`` on every rank (collective), exactly."""
         if not self.distributed:
             return array.copy()
-        return mx.nd.array(self._gather(STAT_KEY + i, array.asnumpy())[0].reshape(array.shape),
+        return mx.nd.array(self.gather(STAT_KEY + i, array.asnumpy())[0].reshape(array.shape),
                            ctx=array.context)
 
     def barrier(self) -> None:

@@ -8,7 +8,8 @@ summed locally in rank order, so it is the same on every rank and under 2-bit co
 MXNet 1.9.1's traps met here (docs/design/sync.md says why and how): unknown store names
 (validated first), lazy init racing the first push (every key initialised and pulled first), a
 CPU push keeping the pushed array (non-gradients pushed as copies), compression on every push, a
-second dist store hanging, and queued pushes skipped at exit (:mod:`mxlarge.kvstore.shutdown`).
+second dist store hanging, and queued pushes skipped at exit (the worker session leaves together:
+:mod:`mxlarge.protocol.session`).
 Gradients travel fused in buckets whose members are views of the bucket's buffer
 (:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per key, optionally as float16 summed in float32
 by the servers (per element within 2⁻¹¹·(Σ|x| + |Σx|) + (k+1)·2⁻²⁵ of the exact sum).
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import groupby
 
 import mxnet as mx
@@ -35,7 +37,7 @@ from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, piece_floats, spread
 from mxlarge.kvstore.order import Order, gate, lead_groups
 from mxlarge.kvstore.pieces import PieceLinks
 from mxlarge.kvstore.roles import ParamRole
-from mxlarge.kvstore.shutdown import leave_together
+from mxlarge.protocol.session import SESSION
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync", "dist")
 #: MXNet runs ``'dist'`` as ``'dist_sync'`` (no ``_async`` suffix: synchronous).
@@ -58,35 +60,55 @@ def validate_kvstore(kind: str) -> str:
 
 
 def live_dist_store() -> mx.kv.KVStore | None:
-    """The dist store this process already has, if any.
-
-    MXNet keeps no registry of its stores, so the garbage collector's objects are searched (once
-    per :func:`create` of a dist store: a few ms).
-    """
+    """The dist store this process already has, if any: the worker session's, else one a
+    script made with ``mx.kv.create`` (MXNet keeps no registry of its stores, so the garbage
+    collector's objects are searched: a few ms)."""
+    live = SESSION.dist_store()
+    if live is not None:
+        return live
     for obj in gc.get_objects():
         if type(obj) is mx.kv.KVStore and obj.type.startswith("dist"):
             return obj
     return None
 
 
+#: How ``mxlarge train`` runs a dist store: the fix :func:`require_launched` names by default.
+LAUNCH_FIX = ("run it with `mxlarge launch CONFIG -n K` or `python -m mxlarge.launcher -n K -s S "
+              "-- CMD`, or use a local store (dist.kvstore=local)")
+
+
+def require_launched(kind: str, fix: str = LAUNCH_FIX) -> None:
+    """Refuses a dist store outside a launched job (MXNet would abort with a long C++ traceback
+    when it finds no scheduler to talk to), naming ``fix``.
+
+    Raises:
+        InputError: ``kind`` is a dist store and this process is no launched worker.
+    """
+    if kind.startswith("dist") and os.environ.get("DMLC_ROLE") != "worker":
+        raise InputError(f"kvstore {kind!r} needs a launched job (scheduler, servers and "
+                         f"workers): {fix}")
+
+
+def check_wire_dtype(wire_dtype: str) -> None:
+    if wire_dtype not in WIRE_DTYPES:
+        raise ValueError(f"wire_dtype {wire_dtype!r}: expected one of {', '.join(WIRE_DTYPES)}")
+
+
 def create(kind: str) -> mx.kv.KVStore:
     """``mx.kv.create`` after validating the type; a dist store the process already has (a
     script's own ``mx.kv.create('dist_sync')``) is returned instead: MXNet 1.9.1 hangs in a
-    second store's start-up barrier.
+    second store's start-up barrier. A dist store leaves with the worker session
+    (:meth:`~mxlarge.protocol.session.WorkerSession.leave_together`).
 
     Raises:
-        InputError: a dist store outside a launched job (MXNet would abort with a long C++
-            traceback when it finds no scheduler to talk to), a dist store of another type
-            than the process's, or MXNet's P3 store with several servers (it hangs).
+        InputError: a dist store outside a launched job (:func:`require_launched`), a dist
+            store of another type than the process's, or MXNet's P3 store with several
+            servers (it hangs).
     """
     kind = validate_kvstore(kind)
     if not kind.startswith("dist"):
         return mx.kv.create(kind)
-    if os.environ.get("DMLC_ROLE") != "worker":
-        raise InputError(f"kvstore {kind!r} needs a launched job (scheduler, servers and "
-                         "workers): run it with `mxlarge launch CONFIG -n K` or "
-                         "`python -m mxlarge.launcher -n K -s S -- CMD`, or use a local store "
-                         "(dist.kvstore=local)")
+    require_launched(kind)
     if os.environ.get("DMLC_PS_VAN_TYPE") == "p3" and os.environ.get("DMLC_NUM_SERVER") != "1":
         raise InputError("DMLC_PS_VAN_TYPE=p3 with several servers: MXNet 1.9.1's P3 store hangs "
                          "in kv.init on a net's keys (docs/mxnet-facts.md); unset it")
@@ -97,18 +119,29 @@ def create(kind: str) -> mx.kv.KVStore:
         raise InputError(f"kvstore {kind!r}: this process already has a {live.type!r} store "
                          "and MXNet hangs creating a second one; pass that store "
                          f"(kvstore=kv) or create it as {kind!r}")
-    leave_together(live)  # its pending pushes run before MXNet's exit (kvstore/shutdown.py)
+    SESSION.leave_together(live, mx.nd.waitall)  # queued pushes run before MXNet's exit
     return live
 
 
-class SyncStore(Collectives):
-    """Push/pull of gradients and collectives over one KVStore.
+@dataclass(frozen=True)
+class Plan:
+    """What :meth:`SyncStore.plan` decided: the positions of the parameters whose gradients
+    are summed (``pushed``) and of the local statistics (``stats``, BN running mean/var)."""
+
+    pushed: tuple[int, ...]
+    stats: tuple[int, ...]
+
+
+class SyncStore:
+    """Push/pull of gradients over one KVStore; its :attr:`collectives` (a
+    :class:`~mxlarge.kvstore.collectives.Collectives`) for everything else.
 
     Built in two stages, so that parameters initialised at the first forward (Gluon's deferred
     initialisation) work: the constructor opens the store (rank and world size are known from
     then on); :meth:`init_params` gives parameters rank 0's values as they get their shapes;
-    :meth:`ready` (given the roles, once every shape is known) initialises the remaining keys.
-    With ``roles`` the constructor does all three at once.
+    :meth:`plan` (given the roles, once every shape is known) plans the exchange and
+    initialises the remaining keys. With ``roles`` the constructor does all three at once. Then
+    one :meth:`allreduce_grads` per step.
 
     Args:
         kvstore: ``local``, ``device``, ``dist_sync`` or ``dist_device_sync``, or a store made
@@ -118,13 +151,19 @@ class SyncStore(Collectives):
         compression: MXNet gradient-compression dict, e.g. ``{'type': '2bit', 'threshold': 0.5}``.
         fusion_bytes: bucket size of gradient fusion (module docstring); 0: one key per tensor.
         wire_dtype: ``float32``, or ``float16`` for the 16-bit wire (module docstring).
+        on_grads: called whenever the store makes other arrays the members' gradient arrays
+            (a fused bucket's views, :meth:`_adopt`; or the old arrays back, :meth:`_confirm`):
+            whoever holds gradient arrays gathers them again.
     """
 
     def __init__(self, kvstore: str | mx.kv.KVStore, params: Sequence[mx.gluon.Parameter],
                  roles: Sequence[ParamRole] | None = None, compression: dict | None = None,
-                 fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32"):
+                 fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32",
+                 on_grads: Callable[[], None] | None = None):
         kind = kvstore if isinstance(kvstore, str) else kvstore.type
         self.kind = validate_kvstore(kind)
+        check_wire_dtype(wire_dtype)
+        self._on_grads = on_grads
         self.params = list(params)
         if fusion_bytes < 0:
             raise ValueError(f"fusion_bytes {fusion_bytes}: expected ≥ 0 (0: one key per tensor)")
@@ -137,8 +176,6 @@ class SyncStore(Collectives):
         self._views: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> [device][member]
         self._probe: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> old grads [member][device]
         self._copied: set[int] = set()  # buckets whose members' backward ignores the views
-        #: Counts the changes of the members' gradient arrays (:meth:`_adopt`, :meth:`_confirm`).
-        self.grads_version = 0
         self._broadcast: set[int] = set()  # parameters whose keys hold rank 0's values
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
         self.kv = None if isinstance(kvstore, str) else kvstore  # one device in one process: none
@@ -155,8 +192,6 @@ class SyncStore(Collectives):
                                  "'2bit' is supported")
             self._bit = float(np.float32(compression.get("threshold", 0.5)))
             self.kv.set_gradient_compression(compression)
-        if wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire_dtype {wire_dtype!r}: expected one of {', '.join(WIRE_DTYPES)}")
         self.wire16 = wire_dtype == "float16"
         if self.wire16 and not (kind.startswith("dist") and self.kv is not None):
             raise ValueError("wire_dtype='float16' needs a dist kvstore (it halves the bytes "
@@ -173,27 +208,20 @@ class SyncStore(Collectives):
                 self.wire16 or any(np.dtype(p.dtype) != np.float32 for p in self.params)):
             # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
             self.kv._send_command_to_servers(1, "")
+        self.collectives = Collectives(self.kv, self.distributed, self.gather,
+                                       self._bit is not None)
         if roles is not None:
-            self.ready(roles)
+            self.plan(roles)
 
     @property
     def rank(self) -> int:
         return self.kv.rank if self.kv is not None else 0
 
     @property
-    def num_workers(self) -> int:
-        return self.kv.num_workers if self.kv is not None else 1
-
-    @property
     def lead(self) -> float | None:
         """The share of the pushed bytes sent in backward order (:mod:`mxlarge.kvstore.order`):
         None until measured, or on one host (all of them)."""
         return self._order.share
-
-    @property
-    def aggregates(self) -> bool:
-        """Whether a store sums anything (several devices, or a dist job)."""
-        return self.kv is not None
 
     @property
     def distributed(self) -> bool:
@@ -209,9 +237,10 @@ class SyncStore(Collectives):
         todo = [i for i in indices if i not in self._broadcast]
         self._init(todo, [], [])
 
-    def ready(self, roles: Sequence[ParamRole], in_forward: bool = False) -> None:
-        """Every shape is known: plans the buckets and initialises every key not yet
-        initialised (parameters not broadcast yet, buckets, gather keys) in one collective.
+    def plan(self, roles: Sequence[ParamRole], in_forward: bool = False) -> Plan:
+        """Every shape is known: plans the exchange (buckets, pieces, the members' gradient
+        arrays) and initialises every key not yet initialised (parameters not broadcast yet,
+        buckets, gather keys) in one collective.
 
         ``in_forward``: called from inside a forward pass (the deferred initialisation of its
         last parameter; Gluon pauses recording there, so it cannot be seen): the buckets'
@@ -229,7 +258,7 @@ class SyncStore(Collectives):
                             kinds=kinds, piece=piece_floats(servers, self.fusion_bytes // 4,
                                                             spans_hosts()))
         if self.kv is None:
-            return
+            return Plan(tuple(self.pushed), tuple(self.stats))
         if self.distributed:  # every server the same share of the buckets (fusion.spread)
             wired = self.wire16
             self.buckets = spread(
@@ -259,16 +288,18 @@ class SyncStore(Collectives):
                 keys.append(self._wire_key(b))
                 values.append(mx.nd.zeros(shape, dtype="float16" if wired else dtype))
         if self.distributed:  # gather keys (module docstring); one process needs none
+            width = self.collectives.gather_width
             for i in self.stats:
                 keys.append(STAT_KEY + i)
-                values.append(mx.nd.zeros((self._gather_width(self.params[i].shape),)))
+                values.append(mx.nd.zeros((width(self.params[i].shape),)))
             keys += [AUX_KEY, AUX_KEY + 1]
-            values += [mx.nd.zeros((self._gather_width((max(len(self.pushed), 1),)),)),
-                       mx.nd.zeros((self._gather_width((SCALARS,)),))]
+            values += [mx.nd.zeros((width((max(len(self.pushed), 1),)),)),
+                       mx.nd.zeros((width((SCALARS,)),))]
         self._init([i for i in range(len(self.params)) if i not in self._broadcast], keys,
                    values)
         if self.distributed:
             self.kv._barrier()
+        return Plan(tuple(self.pushed), tuple(self.stats))
 
     def _adopt(self, b: Bucket, copy_in: bool = False) -> None:
         """Makes bucket ``b``'s views its members' gradient arrays (module docstring): Gluon's
@@ -300,7 +331,8 @@ class SyncStore(Collectives):
             p._grad = list(row)
             mx.autograd.mark_variables(p.list_data(), p._grad, p.grad_req)
         self._probe[b.key] = old
-        self.grads_version += 1
+        if self._on_grads is not None:
+            self._on_grads()
 
     def _confirm(self, b: Bucket) -> bool:
         """After the first backward since :meth:`_adopt`: True if it wrote into the views (the
@@ -314,7 +346,8 @@ class SyncStore(Collectives):
             p._grad = grads
             mx.autograd.mark_variables(p.list_data(), p._grad, p.grad_req)
         self._copied.add(b.key)
-        self.grads_version += 1
+        if self._on_grads is not None:
+            self._on_grads()
         return False
 
     def _adopted(self, b: Bucket) -> bool:
@@ -373,7 +406,7 @@ class SyncStore(Collectives):
         after = order.measure(self._grads(groups[0][0])[0], last[0],
                               lambda: [self._grads(g[0])[0] for g in groups]
                               ) if order.probing() else None
-        order.agree(self.median_scalar)
+        order.agree(self.collectives.median_scalar)
         lead = len(groups) if order.share is None or order.share >= 1 else lead_groups(
             [sum(b.size * self._itemsize(b) for b in g) for g in groups], order.share)
         # the gate: a copy of the last-written gradient's head, taken before any exchange
@@ -448,14 +481,14 @@ class SyncStore(Collectives):
             self.kv.push(key, arrays, priority=priority)
             self.kv.pull(key, out=arrays, priority=priority)
 
-    def _gather(self, key: int, mine: np.ndarray) -> np.ndarray:
+    def gather(self, key: int, mine: np.ndarray) -> np.ndarray:
         """Every rank's float32 vector ``mine`` as rows of a (k, n) array, exactly (collective).
 
         Slot r of the pushed buffer holds rank r's vector (raw, or under compression its bits as
         0/t), every other slot zeros, so the pulled sum holds each rank's vector unchanged.
         """
         mine = np.ascontiguousarray(mine, np.float32).ravel()
-        k, n = self.num_workers, mine.size
+        k, n = self.kv.num_workers, mine.size
         if self._bit is None:
             slot = mine
         else:

@@ -70,7 +70,7 @@ def _work(opts: argparse.Namespace) -> None:
     for t in range(2):
         step(t)
     mx.nd.waitall()
-    trainer.store.barrier()
+    trainer.collectives.barrier()
     pid = os.getpid()
     sent0, recv0 = socket_bytes(pid)
     for t in range(2, 2 + opts.steps):
@@ -81,7 +81,7 @@ def _work(opts: argparse.Namespace) -> None:
     emit_result({"rank": trainer.rank, "params": params, "steps": opts.steps,
                  "sent_per_step": (sent1 - sent0) / opts.steps,
                  "received_per_step": (recv1 - recv0) / opts.steps})
-    trainer.store.barrier()
+    trainer.collectives.barrier()
 
 
 def main(argv: list[str] | None = None) -> int:

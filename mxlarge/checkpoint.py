@@ -136,7 +136,7 @@ def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, traine
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    trainer.store.barrier()
+    trainer.collectives.barrier()
     with trainer.bn.evaluation():
         if rank == 0:
             net.save_parameters(str(tmp / "model.params"))
@@ -144,7 +144,7 @@ def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, traine
         save_device_params(net, str(tmp / f"bn-{unit}.nd"), device, stats_only=True)
     if rank == 0:
         mx.nd.save(str(tmp / "momentum.nd"), trainer.state_arrays())
-    trainer.store.barrier()
+    trainer.collectives.barrier()
     if rank == 0:
         files = {p.name: sha256(p) for p in sorted(tmp.iterdir())}
         meta = {"format": FORMAT, "epoch": epoch, "step": step, "seed": config.train.seed,
@@ -157,7 +157,7 @@ def save(root: str | Path, *, epoch: int, step: int, rank: int, net: Any, traine
             shutil.rmtree(final)
         os.replace(tmp, final)
         _retain(Path(root), keep_last)
-    trainer.store.barrier()
+    trainer.collectives.barrier()
     return final
 
 

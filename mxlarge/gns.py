@@ -14,7 +14,9 @@ workers buy little per step.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def unbiased(sq_small: float, b_small: int, sq_big: float, b_big: int) -> tuple[float, float]:
@@ -57,3 +59,17 @@ class NoiseScale:
         if g2 > 0 and trace > 0:
             out["gns/b_simple"] = trace / g2
         return out
+
+
+def sum_sq(grads: Sequence[Any], minus: Sequence[Any] | None = None) -> float:
+    """Σ‖g‖² over ``grads`` (of g − minus, if given), with MXNet's ``multi_sum_sq`` in groups of
+    32 arrays. Synchronises."""
+    import mxnet as mx  # here: the noise-scale arithmetic above is plain Python
+
+    if minus is not None:
+        grads = [g - m for g, m in zip(grads, minus)]
+    total = 0.0
+    for lo in range(0, len(grads), 32):
+        chunk = grads[lo:lo + 32]
+        total += float(mx.nd.multi_sum_sq(*chunk, num_arrays=len(chunk)).sum().asscalar())
+    return total

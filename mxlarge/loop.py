@@ -21,6 +21,7 @@ from mxnet import autograd
 from mxlarge import hooks as H
 from mxlarge.bnstats import save_device_params
 from mxlarge.errors import DivergenceError
+from mxlarge.gns import sum_sq as gns_sum_sq
 from mxlarge.hooks import Hook, StepOutput
 
 
@@ -75,30 +76,31 @@ class TrainLoop:
                 scaled = self._scaled(losses)
             autograd.backward(scaled)
             if measure:
-                small = [t.grad_sq(d) for d in range(t.num_devices)]
+                small = [gns_sum_sq(t.grads(d)) for d in range(t.num_devices)]
             loss = losses[0]
         else:
-            t.zero_grads()
+            for g in t.grads(0):  # accumulated (grad_req='add') over the micro-batches
+                g[:] = 0
             n = data.shape[0] // k
             parts = []
             for j in range(k):
                 x, y = data[j * n:(j + 1) * n], label[j * n:(j + 1) * n]
-                before = t.grad_copies() if measure else None
+                before = [g.copy() for g in t.grads(0)] if measure else None
                 with t.bn.worker(j):
                     with autograd.record():
                         part = self.loss_fn(self.net(x), y)
                         scaled = self._scaled([part])
                     autograd.backward(scaled)
                 if measure:
-                    small.append(t.grad_sq(0, minus=before))
+                    small.append(gns_sum_sq(t.grads(0), minus=before))
                 parts.append(part)
             loss = mx.nd.concat(*parts, dim=0)
         t.allreduce_grads()
         metrics: dict[str, float] = {}
         if measure:
-            total, count = t.store.sum_scalars([sum(small), len(small)])
+            total, count = t.collectives.sum_scalars([sum(small), len(small)])
             sq_small = total / count / self.gns.b_small ** 2
-            sq_big = t.grad_sq(0) / self.gns.b_big ** 2
+            sq_big = gns_sum_sq(t.grads(0)) / self.gns.b_big ** 2
             metrics.update(self.gns.update(sq_small, sq_big))
         if self.amp:
             # Gluon's rule under AMP: a skipped step does not count, so the trainer's own
@@ -172,7 +174,7 @@ class LossHook(Hook):
         if (out.step + 1) % self.every and out.step + 1 != loop.max_steps:
             return
         loss = float(out.loss.mean().asscalar())
-        grad_sq = loop.trainer.grad_sq(0)
+        grad_sq = gns_sum_sq(loop.trainer.grads(0))
         where = (f"at step {out.step} (epoch {out.epoch + 1}, lr {out.lr:.6g})")
         # an AMP step skipped for overflow has non-finite gradients by definition
         if not math.isfinite(loss) or not (out.skipped or math.isfinite(grad_sq)):
@@ -219,7 +221,7 @@ class TimerHook(Hook):
         self.train_seconds += elapsed
         own = self.images / elapsed if elapsed > 0 else 0.0
         metrics["perf/train_seconds"] = self.train_seconds
-        metrics["perf/images_per_sec"] = loop.trainer.store.sum_scalars([own])[0]
+        metrics["perf/images_per_sec"] = loop.trainer.collectives.sum_scalars([own])[0]
         if loop.trainer.num_workers > 1:  # with one worker it is the total above
             metrics[f"perf/images_per_sec_rank{loop.trainer.rank}"] = own
         self.images = 0
@@ -256,7 +258,7 @@ class EvalHook(Hook):
                 top1 += float(hit[:, 0].sum().asscalar())
                 top5 += float(hit.sum().asscalar())
                 count += data.shape[0]
-        top1, top5, count, loss_sum = trainer.store.sum_scalars([top1, top5, count, loss_sum])
+        top1, top5, count, loss_sum = trainer.collectives.sum_scalars([top1, top5, count, loss_sum])
         return {"val/error_top1": 1 - top1 / count, "val/error_top5": 1 - top5 / count,
                 "val/accuracy": top1 / count, "val/loss": loss_sum / count}
 

@@ -43,11 +43,11 @@ def save(directory: str | Path, step: int, net: Any, trainer: Any) -> Path:
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    trainer.store.barrier()
+    trainer.collectives.barrier()
     net.save_parameters(str(tmp / f"params-{rank}.nd"))
     if rank == 0:
         trainer.save_states(str(tmp / "momentum.nd"))
-    trainer.store.barrier()
+    trainer.collectives.barrier()
     if rank == 0:
         (tmp / "step.json").write_text(json.dumps({"step": step,
                                                    "workers": trainer.num_workers}))
@@ -55,7 +55,7 @@ def save(directory: str | Path, step: int, net: Any, trainer: Any) -> Path:
         os.replace(tmp, final)
         for old in _complete(directory)[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
-    trainer.store.barrier()
+    trainer.collectives.barrier()
     return final
 
 

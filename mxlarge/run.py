@@ -181,7 +181,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
                            L.TimerHook(),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
                                       every=cfg.train.eval_every)]
-    if trainer.store.distributed and cfg.dist.check_every:
+    if trainer.collectives.distributed and cfg.dist.check_every:
         hooks.append(L.ReplicaCheckHook(cfg.dist.check_every))
     if rank == 0:
         total = (p.total_steps if cfg.train.max_steps is None

@@ -18,7 +18,7 @@ import mxnet as mx
 from mxlarge import schedulers
 from mxlarge.errors import InputError
 from mxlarge.kvstore.any_optimizer import REFUSED
-from mxlarge.kvstore.sync import live_dist_store
+from mxlarge.kvstore.sync import live_dist_store, require_launched
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.schedulers import Schedule
 
@@ -69,10 +69,9 @@ def check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
         raise InputError(f"kvstore {given} in a launched job of {workers} workers: each "
                          "worker would train a model of its own; pass kvstore='dist_sync' "
                          "(or pass the script's own dist store)")
-    if dist and isinstance(kvstore, str) and os.environ.get("DMLC_ROLE") != "worker":
-        raise InputError(f"kvstore {name!r} needs a launched job (scheduler, servers and "
-                         "workers): run the script with `python -m mxlarge.launcher -n K -s S "
-                         "-- python SCRIPT`, or pass kvstore='local' for one process")
+    if isinstance(kvstore, str):
+        require_launched(name, "run the script with `python -m mxlarge.launcher -n K -s S -- "
+                         "python SCRIPT`, or pass kvstore='local' for one process")
 
 
 def check_horovod_keywords(compression: Any, predivide: float) -> None:

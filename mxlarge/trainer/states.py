@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import mxnet as mx
+import numpy as np
 
 from mxlarge.kvstore.updater import LargeBatchSGD
 
@@ -111,3 +112,101 @@ def check(loaded: dict[str, mx.nd.NDArray], expected: dict[str, mx.nd.NDArray],
             name = names[int(key.split(":")[1])]
             raise ValueError(f"{fname}: '{key}' ({name}) has shape {loaded[key].shape}, "
                              f"expected {value.shape}")
+
+
+def amp_scale(scaler: Any) -> list[float]:
+    """AMP's dynamic loss scaler as (loss scale, next loss scale, steps since the last
+    overflow). The one reader of its private fields: MXNet 1.9.1's ``LossScaler`` has no
+    public way to save and restore it."""
+    return [scaler._loss_scale, scaler._next_loss_scale, scaler._unskipped]
+
+
+def set_amp_scale(scaler: Any, values: list[float]) -> None:
+    """The inverse of :func:`amp_scale`."""
+    scaler._loss_scale, scaler._next_loss_scale = values[0], values[1]
+    scaler._unskipped = int(values[2])
+
+
+class OptimizerStates:
+    """The optimizer's state per (parameter, device): made once every shape is known
+    (:meth:`create`), float32 masters taken from the weights at the first update, written and
+    read as states files (module docstring).
+
+    Args:
+        updater: the optimizer that makes and reads the states (its ``parts``).
+        params: every parameter, in the Trainer's order; ``names`` their names.
+    """
+
+    def __init__(self, updater: Any, params: list[mx.gluon.Parameter], names: list[str]):
+        self.updater, self.params, self.names = updater, params, names
+        self.states: list[list[Any]] = []
+        self.pushed: tuple[int, ...] = ()
+        self.created = False
+        self._masters_current = False  # master copies taken from the weights (or a file)
+        self._loaded: dict[str, mx.nd.NDArray] | None = None  # a file read before shapes
+
+    def create(self, pushed: tuple[int, ...]) -> None:
+        """One state per (parameter, device), devices applying identical updates; a file
+        loaded before the shapes were known is set now."""
+        self.pushed, self.created = pushed, True
+        self.states = [[self.updater.create_state_multi_precision(i, w) for w in p.list_data()]
+                       for i, p in enumerate(self.params)]
+        if self._loaded is not None:
+            loaded, self._loaded = self._loaded, None
+            self._set(loaded, "load_states")
+
+    def on_device(self, d: int) -> list[Any]:
+        """The pushed parameters' states on device ``d``, in order."""
+        return [self.states[i][d] for i in self.pushed]
+
+    def refresh_masters(self) -> None:
+        """Float32 master copies from the current float16 weights, once, at the first update
+        (weights loaded after construction count; a states file's masters are kept)."""
+        if self._masters_current:
+            return
+        self._masters_current = True
+        for i in self.pushed:
+            for w, state in zip(self.params[i].list_data(), self.states[i]):
+                master = self.updater.parts(state, w.dtype).get("master")
+                if master is not None:
+                    w.astype(np.float32).copyto(master)
+
+    def parts(self, i: int, state: Any) -> dict[str, mx.nd.NDArray]:
+        """Parameter i's optimizer state by part (a :data:`Parts`)."""
+        dtype = self.params[i].dtype if 0 <= i < len(self.params) else None
+        return self.updater.parts(state, dtype)
+
+    def arrays(self, scaler: Any = None) -> dict[str, mx.nd.NDArray]:
+        """Device 0's states keyed ``<part>:<i>``, and AMP's loss scale under ``scaler``."""
+        self.refresh_masters()
+        out = state_arrays(self.states, list(self.pushed), self.parts)
+        if scaler is not None:  # so a resume continues the dynamic loss scale exactly
+            out[AMP_KEY] = mx.nd.array(amp_scale(scaler), dtype="float64")
+        return out
+
+    def save(self, fname: str, num_update: int, scaler: Any = None) -> None:
+        """:meth:`arrays` and the update count as an MXNet NDArray file (no pickle)."""
+        mx.nd.save(fname, {**self.arrays(scaler),
+                           NUM_UPDATE_KEY: mx.nd.array([num_update], dtype="int64")})
+
+    def load(self, fname: str, scaler: Any = None) -> int | None:
+        """Reads mxlarge's file or Gluon's (:func:`read`), sets the states (or keeps them
+        until :meth:`create`) and AMP's scale; returns the file's update count, if any."""
+        loaded, count = read(fname, self.names, self.parts)
+        amp_state = loaded.pop(AMP_KEY, None)
+        if amp_state is not None and scaler is not None:
+            set_amp_scale(scaler, amp_state.asnumpy().tolist())
+        if self.created:
+            self._set(loaded, fname)
+        else:
+            self._loaded = loaded
+        return count
+
+    def _set(self, loaded: dict[str, mx.nd.NDArray], fname: str) -> None:
+        expected = state_arrays(self.states, list(self.pushed), self.parts)
+        check(loaded, expected, self.names, fname)
+        for d in range(len(self.params[0].list_ctx()) if self.params else 0):
+            for key, target in state_arrays(self.states, list(self.pushed), self.parts,
+                                            device=d).items():
+                loaded[key].astype(target.dtype).copyto(target)
+        self._masters_current = True

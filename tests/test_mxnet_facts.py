@@ -38,7 +38,7 @@ def _nag(inplace: bool):
 
 
 def test_mxnets_exit_skips_queued_operations_and_an_atexit_after_import_runs_first():
-    """Why a script ending right after ``trainer.step()`` hung (mxlarge/kvstore/shutdown.py):
+    """Why a script ending right after ``trainer.step()`` hung (mxlarge/protocol/session.py):
     ``import mxnet`` registers an ``atexit`` handler (``MXNotifyShutdown``) after which every
     queued engine operation is skipped: of 50 increments queued behind a chain of products
     (seconds of work) hardly any run; a handler registered after ``import mxnet`` runs before

@@ -26,16 +26,10 @@ LARS (You et al. 2017) rescales the LR of each decayed tensor by
 directly: it picks the excluded tensors by name suffix, and its momentum correction keeps the
 previous LR in the object and so resets to 1 after the first aggregated group of a step.
 
-Which kernel runs a tensor: MXNet's multi-tensor ``multi_sgd_mom_update`` costs one kernel
-launch per 16 tensors, but on CPU it runs each element ~2.5× slower than the single-tensor
-``sgd_mom_update`` (one thread, ResNet-50's 161 tensors, 25.6 M floats: 92 against 34 ms of CPU
-time, an ad hoc run; ``make bench`` row ``update_kernels`` measures it; Gluon's SGD uses the
-multi-tensor kernel in groups of 4), while for small tensors the launch dominates. So on CPU
-(with momentum) a tensor of :data:`ALONE` elements or more gets ``sgd_mom_update`` of its own,
-and the smaller ones share multi-tensor calls; on a GPU every tensor goes through the
-multi-tensor kernel (launches are what cost there). The two momentum kernels give bitwise the
-same result (``tests/test_updater.py`` pins it); without momentum ``sgd_update`` does not, so
-that case stays on the multi-tensor kernel.
+Which kernel runs a tensor: on CPU (with momentum) a tensor of :data:`ALONE` elements or more
+gets ``sgd_mom_update`` of its own and the smaller ones share the multi-tensor kernel; on a GPU
+every tensor goes through the multi-tensor kernel. Both give bitwise the same result
+(``tests/test_updater.py``); why: docs/design/sync.md, "The update's kernels".
 
 **Mixed precision** (``multi_precision=True``, as MXNet's SGD): a float16 weight keeps a float32
 master copy and float32 momentum in its state ``(momentum, master)``; the kernels are MXNet's

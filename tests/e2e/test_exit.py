@@ -1,7 +1,7 @@
 """A finished script exits (issue 42): real scheduler, server and workers on 127.0.0.1.
 
 A script that ends right after its last ``trainer.step()`` (no ``mx.nd.waitall()``) used to hang
-in MXNet's shutdown in about half of the runs (mxlarge/kvstore/shutdown.py); a worker that hangs
+in MXNet's shutdown in about half of the runs (mxlarge/protocol/session.py); a worker that hangs
 in its exit after its work is done is ended by the launcher and the job reported finished
 (mxlarge/launcher/watchdog.py, "Finished")."""
 import re

@@ -75,43 +75,24 @@ def _parser() -> argparse.ArgumentParser:
                     help="worker processes, as the override dist.workers=N sets them "
                          "(default: the config's dist.workers); the workers get the job's "
                          "world as train --world")
-    la.add_argument("-s", "--servers", type=int, default=None,
-                    help="server processes: the override dist.servers=S (default: the "
-                         "config's dist.servers)")
-    from mxlarge.launcher.job import launcher_choice
-    la.add_argument("--launcher", default="local", type=launcher_choice,
-                    metavar="{local,ssh,mpi,slurm}",
-                    help="how processes are started (sge and yarn are refused: dmlc_tracker's "
-                         "backends cannot run a parameter-server job on MXNet 1.9.1)")
-    la.add_argument("-H", "--hostfile", default=None)
+    from mxlarge.launcher.flags import add_job_flags
+    add_job_flags(la, servers="server processes: the override dist.servers=S (default: the "
+                              "config's dist.servers)",
+                  restarts="after a failure (crash, kill, stall) relaunch the whole job from "
+                           "its newest checkpoint, up to N times, in the same MLflow run (turns "
+                           "on train.checkpoint_every=1 if checkpoints are off); see "
+                           "mxlarge/launcher/restart.py")
     la.add_argument("--server-hosts", default=None, metavar="HOST[,HOST...]",
                     help="hosts that run servers only, as the override dist.server_hosts "
                          "sets them (ssh: addresses, mpi: names, slurm: nodes of the "
                          "allocation; default: the config's, else the hostfile's role=server "
                          "lines, else servers share the worker hosts)")
-    la.add_argument("--port", type=int, default=None, help="scheduler port (default: a free one)")
     la.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
                     help="continue from a checkpoint (default: the latest of "
                          "train.checkpoint_dir)")
     la.add_argument("--run-id", default=None, metavar="ID",
                     help="run the job in this existing MLflow run, which the caller ends "
                          "(mxlarge sweep does this); default: a new run that launch ends")
-    from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
-    la.add_argument("--stall-timeout", type=stall_seconds, default=None, metavar="SECONDS",
-                    help=STALL_HELP)
-    la.add_argument("--no-tuning", action="store_true",
-                    help="add no process settings (malloc, big-array bound, OpenMP threads; see "
-                         "mxlarge.launcher.tuning): MXNet's and glibc's defaults")
-    la.add_argument("--firewall", choices=["auto", "on", "off"], default="auto",
-                    help="cluster jobs: let only the job's hosts reach its ports while it runs "
-                         "(nftables on every host; needs root there): auto = where the "
-                         "launcher can, on = or refuse, off = never; see "
-                         "mxlarge/launcher/firewall.py")
-    la.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                    help="after a failure (crash, kill, stall) relaunch the whole job from its "
-                         "newest checkpoint, up to N times, in the same MLflow run (turns on "
-                         "train.checkpoint_every=1 if checkpoints are off); see "
-                         "mxlarge/launcher/restart.py")
     la.add_argument("--elastic", action="store_true",
                     help="with --max-restarts: before each restart find the live worker hosts "
                          "and relaunch in a world of the same global batch (2 workers -> 1 "

@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mxlarge.launcher.firewall import MODES, FirewallError
-from mxlarge.launcher.job import BACKENDS, JobSpec, firewall_refusal, launcher_choice, run_job
-from mxlarge.launcher.local import PortInUseError
+from mxlarge.launcher.backends.local import PortInUseError
+from mxlarge.launcher.firewall import FirewallError
+from mxlarge.launcher.flags import add_job_flags
+from mxlarge.launcher.job import JobSpec, firewall_refusal, run_job
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import backend_for
 from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
-from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 from mxlarge.plan import World
 
 
@@ -28,31 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxlarge.launcher",
                                 description="Run a command as an MXNet dist_sync job.")
     p.add_argument("-n", "--workers", type=int, required=True)
-    p.add_argument("-s", "--servers", type=int, default=None,
-                   help="number of servers (default: as many as workers)")
-    p.add_argument("--launcher", default="local", type=launcher_choice,
-                   metavar="{" + ",".join(BACKENDS) + "}")
-    p.add_argument("-H", "--hostfile", default=None, help="hosts for ssh/mpi")
-    p.add_argument("--port", type=int, default=None, help="scheduler port (local only)")
+    add_job_flags(p, servers="number of servers (default: as many as workers)",
+                  restarts="after a failure (crash, kill, stall) run the whole job again, up to "
+                           "N times; the command resumes from its own checkpoints "
+                           "(mxlarge.resume)")
     p.add_argument("--host-ip", default=None,
                    help="address of the scheduler for cluster launchers (dmlc --host-ip)")
     p.add_argument("--env", type=_env_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every process (repeatable)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL on teardown")
-    p.add_argument("--stall-timeout", type=stall_seconds, default=None, metavar="SECONDS",
-                   help=STALL_HELP)
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                   help="after a failure (crash, kill, stall) run the whole job again, up to N "
-                        "times; the command resumes from its own checkpoints (mxlarge.resume)")
-    p.add_argument("--firewall", choices=MODES, default="auto",
-                   help="cluster launchers: let only the job's hosts reach its ports while it "
-                        "runs (nftables on every host; needs root there): auto = where the "
-                        "launcher can, on = or refuse, off = never; see "
-                        "mxlarge/launcher/firewall.py")
-    p.add_argument("--no-tuning", action="store_true",
-                   help="add no process settings (malloc, big-array bound, OpenMP threads; see "
-                        "mxlarge.launcher.tuning): MXNet's and glibc's defaults")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command

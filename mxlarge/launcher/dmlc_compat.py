@@ -9,8 +9,8 @@ guess leaks a socket: :func:`scheduler_address` makes ``tracker.submit`` use the
 
 Its backends start every process with ``subprocess.check_call`` in daemon threads and never look
 at the result; :func:`patched_subprocess` swaps the ``subprocess`` name in its modules for the
-launcher's shim (:mod:`mxlarge.launcher.cluster`) for the time of a submission. The history is in
-``docs/design/launcher.md``.
+launcher's shim (:mod:`mxlarge.launcher.backends.dmlc`) for the time of a submission. The
+history is in ``docs/design/launcher.md``.
 """
 from __future__ import annotations
 

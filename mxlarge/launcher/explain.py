@@ -1,13 +1,14 @@
 """Naming the process behind a failed cluster job: the reports mpirun and srun print, the
 kvstore rank of the process a failed ssh client, mpirun or srun carried, and the one
-:class:`~mxlarge.launcher._supervise.Outcome` that blames it.
+:class:`~mxlarge.launcher.outcome.Outcome` that blames it.
 
 A cluster launcher sees only its local children. For ssh there is one client per process, and
 the process's own lines (its guard's, its ps-lite Bind line) come back through it; mpirun and
 srun carry every rank of a role and print which rank failed on which host. The kvstore rank
 comes from the scheduler's assignments, else from the one rank of the role on the named host,
 else from the heartbeats; the line names ``worker (launch 1)`` while it is not known. Each
-backend decides which of these it uses (:meth:`~mxlarge.launcher.cluster.DmlcBackend.explain`).
+backend decides which of these it uses
+(:meth:`~mxlarge.launcher.backends.dmlc.DmlcBackend.explain`).
 """
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from mxlarge.launcher._supervise import (
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.supervisor import (
     Child,
     LineSink,
     Supervisor,
     exit_code_for,
     failure_message,
 )
-from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.watchdog import Watchdog
 
 _STRSIGNAL = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}

@@ -10,16 +10,18 @@ does not import MXNet.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import IO, Any
 
 from mxlarge.launcher.firewall import local_refusal
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import BACKENDS, backend_for, launcher_choice
 from mxlarge.plan import World
 
-__all__ = ["BACKENDS", "JobSpec", "firewall_refusal", "launcher_choice", "run_job"]
+__all__ = ["BACKENDS", "JobSpec", "firewall_refusal", "launcher_choice", "run_job", "run_local"]
 
 
 def firewall_refusal(launcher: str, mode: str) -> str | None:
@@ -50,6 +52,8 @@ class JobSpec:
         hostfile: the ssh and mpi backends' hosts.
         host_ip: the address the scheduler of a cluster job binds (dmlc's ``--host-ip``).
         grace: seconds between SIGTERM and SIGKILL during teardown.
+        shutdown_timeout: seconds the other processes may take to exit once the job ends (the
+            workers, or the scheduler on a cluster); ``None`` the backend's default.
         pass_world: ``command`` is an ``mxlarge train`` command, run with ``--world`` (a
             user's own command is run as given).
         server_hosts: hosts that run servers only (``dist.server_hosts``; the cluster
@@ -72,6 +76,7 @@ class JobSpec:
     hostfile: str | None = None
     host_ip: str | None = None
     grace: float = 10.0
+    shutdown_timeout: float | None = None
     pass_world: bool = False
     server_hosts: tuple[str, ...] = ()
 
@@ -91,7 +96,19 @@ class JobSpec:
         return (*self.command, "--world", self.world.to_arg())
 
 
-def run_job(spec: JobSpec) -> Outcome:
-    """Runs ``spec`` once on its backend, supervised until it ends (the backend prints the
-    outcome's line itself)."""
-    return backend_for(spec.launcher).run(spec)
+def run_job(spec: JobSpec, output: IO[str] | Any = None) -> Outcome:
+    """Runs ``spec`` once on its backend, supervised until it ends; the children's lines and
+    the outcome's go to ``output`` (stdout if None)."""
+    return backend_for(spec.launcher).run(spec, output)
+
+
+def run_local(command: Sequence[str], *, workers: int, servers: int, port: int | None = None,
+              env: Mapping[str, str] | None = None, grace: float = 10.0,
+              output: IO[str] | Any = None, shutdown_timeout: float | None = None,
+              stall_timeout: float | None = None, tuning: bool = True) -> Outcome:
+    """:func:`run_job` of a local job of ``workers`` worker processes (the :class:`JobSpec`
+    fields by keyword; ``output`` stdout if None)."""
+    spec = JobSpec("local", command, World(processes=workers), servers, env=env or {},
+                   stall_timeout=stall_timeout, tuning=tuning, port=port, grace=grace,
+                   shutdown_timeout=shutdown_timeout)
+    return run_job(spec, sys.stdout if output is None else output)

@@ -15,7 +15,7 @@ given 127.0.0.1 instead, and servers/workers get ``DMLC_NODE_HOST=127.0.0.1`` an
 address choice: the scheduler on the address of this host's name.
 
 Under ``--launcher local`` every process dmlc starts (the scheduler, the servers, the workers)
-runs under the launcher's :class:`~mxlarge.launcher._supervise.Supervisor`: dmlc's
+runs under the launcher's :class:`~mxlarge.launcher.supervisor.Supervisor`: dmlc's
 ``subprocess`` is a shim for the time of the submission (:class:`_LocalShim`), so each line is
 labelled ``[worker i]``/``[server i]``/``[scheduler]`` (i: dmlc's launch index, not the kvstore
 rank), the first process to fail ends the job with its exit status (dmlc's local backend
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import runpy
 import subprocess
@@ -35,18 +36,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mxlarge.launcher._supervise import (
-    Backend,
+from mxlarge.launcher.backends.local import LOOPBACK
+from mxlarge.launcher.dmlc_compat import patched_subprocess, scheduler_address, tracker_compat
+from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.scheduler_port import claimed_scheduler_port
+from mxlarge.launcher.supervisor import (
     Child,
     Supervisor,
     exit_code_for,
     failure_message,
     supervise,
 )
-from mxlarge.launcher.dmlc_compat import patched_subprocess, scheduler_address, tracker_compat
-from mxlarge.launcher.local import LOOPBACK
-from mxlarge.launcher.outcome import Outcome
-from mxlarge.launcher.scheduler_port import claimed_scheduler_port
 
 #: Seconds the processes get between SIGTERM and SIGKILL at teardown.
 GRACE = 5.0
@@ -110,10 +110,34 @@ class _LocalShim:
     check_call = call
 
 
-def _explain(child: Child) -> Outcome:
-    assert child.status is not None
-    child.join_pump(timeout=1.0)
-    return Outcome(exit_code_for(child.status), failure_message(child))
+@dataclasses.dataclass(frozen=True)
+class _LaunchPyRun:
+    """launch.py's local job as the supervision loop asks it
+    (:class:`~mxlarge.launcher.supervisor.Supervised`): ``returned`` is set once launch.py
+    returned."""
+
+    sup: Supervisor
+    returned: threading.Event
+
+    def explain(self, child: Child) -> Outcome:
+        assert child.status is not None
+        child.join_pump(timeout=1.0)
+        return Outcome(exit_code_for(child.status), failure_message(child))
+
+    def terminated(self, sig: int) -> Outcome:
+        return Outcome(128 + sig, "job torn down")
+
+    def ending(self) -> bool:
+        return self.returned.is_set()
+
+    def ended(self, seconds: float) -> Outcome | None:
+        if self.sup.all_exited():
+            return Outcome(0, "")
+        if seconds > SHUTDOWN_TIMEOUT:
+            hung = ", ".join(c.label for c in self.sup.children if c.status is None)
+            return Outcome(1, f"{hung} still running {SHUTDOWN_TIMEOUT:g} s after the "
+                              "scheduler exited")
+        return None
 
 
 def _run_local(path: Path, tracker: Any) -> int:
@@ -132,20 +156,8 @@ def _run_local(path: Path, tracker: Any) -> int:
     received: list[int] = []
     outcomes: list[Outcome] = []
 
-    def ended(seconds: float) -> Outcome | None:
-        if sup.all_exited():
-            return Outcome(0, "")
-        if seconds > SHUTDOWN_TIMEOUT:
-            hung = ", ".join(c.label for c in sup.children if c.status is None)
-            return Outcome(1, f"{hung} still running {SHUTDOWN_TIMEOUT:g} s after the "
-                              "scheduler exited")
-        return None
-
-    backend = Backend(_explain, lambda sig: Outcome(128 + sig, "job torn down"),
-                      returned.is_set, ended)
-
     def watch() -> None:
-        outcome = supervise(sup, backend, None, stop, received)
+        outcome = supervise(sup, _LaunchPyRun(sup, returned), None, stop, received)
         if outcome.message:
             sup.sink.emit("launcher", outcome.message + ("; stopping the job"
                                                          if outcome.exit_code else ""))

@@ -2,7 +2,7 @@
 
 ps-lite has no timeout on a silent peer: one stopped worker (a hung GPU, a stuck NFS read, a
 partitioned node, ``SIGSTOP``) leaves every other process waiting in push/pull forever. The
-supervision loop of every backend (:func:`mxlarge.launcher._supervise.supervise`) calls
+supervision loop of every backend (:func:`mxlarge.launcher.supervisor.supervise`) calls
 :meth:`Watchdog.check` on every poll; it reads the workers' heartbeat files
 (:mod:`mxlarge.protocol.heartbeat`) at most every :data:`READ_EVERY` seconds.
 
@@ -37,7 +37,7 @@ The rules:
   finished worker is not busy, and once every worker is, the job cannot stall. A worker still
   running :data:`EXIT_GRACE` seconds after that is stuck in its exit (MXNet's shutdown), and
   the launcher ends it and reports the job finished
-  (:func:`mxlarge.launcher._supervise.exit_outcome`).
+  (:func:`mxlarge.launcher.verdict.exit_outcome`).
 * **Default timeout** (``timeout=None``): max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` × the
   median step time measured so far).
 * **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`

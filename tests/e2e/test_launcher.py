@@ -29,13 +29,15 @@ from pathlib import Path
 import pytest
 
 from mxlarge.launcher import (
+    JobSpec,
     Outcome,
     PortInUseError,
-    cluster_submit,
     free_port,
+    run_job,
     run_local,
     tracker_compat,
 )
+from mxlarge.plan import World
 
 PY = sys.executable
 WORKER = str(Path(__file__).resolve().parents[1] / "kv_worker.py")
@@ -290,7 +292,7 @@ def test_kill_9_mid_run_tears_down_and_sockets_are_loopback_only(role: str, inde
 @pytest.mark.timeout(120)
 def test_exception_inside_the_launcher_leaves_no_process(marker: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import mxlarge.launcher.local as local
+    import mxlarge.launcher.backends.local as local
 
     out = Collector()
 
@@ -556,9 +558,9 @@ def test_ssh_backend_runs_a_real_job_over_loopback(fakes: Path, tmp_path: Path,
     hosts = tmp_path / "hosts"
     hosts.write_text("# two entries for one machine\n127.0.0.1:2222\n\n127.0.0.1  # default port\n")
     out = Collector()
-    rc = cluster_submit("ssh", [PY, WORKER, *REPORT], workers=2, servers=1, hostfile=str(hosts),
-                        env={"MLFLOW_RUN_ID": "run-ssh", MARKER_VAR: marker},
-                        extra={"host_ip": "127.0.0.1"}, output=out)
+    rc = run_job(JobSpec("ssh", [PY, WORKER, *REPORT], World(2), 1, hostfile=str(hosts),
+                         env={"MLFLOW_RUN_ID": "run-ssh", MARKER_VAR: marker},
+                         host_ip="127.0.0.1"), out).exit_code
     text = out.text()
     assert rc == 0, text
     for rank in (0, 1):
@@ -599,10 +601,10 @@ def test_ssh_backend_worker_failure_tears_down(fakes: Path, tmp_path: Path,
     hosts.write_text("127.0.0.1\n127.0.0.1\n")
     out = Collector()
     started = time.monotonic()
-    rc = cluster_submit("ssh", [PY, WORKER, "--exit-code", "3", "--exit-rank", "0",
-                                "--sleep", "90"],
-                        workers=2, servers=1, hostfile=str(hosts), env={MARKER_VAR: marker},
-                        extra={"host_ip": "127.0.0.1"}, output=out, grace=5.0)
+    rc = run_job(JobSpec("ssh", [PY, WORKER, "--exit-code", "3", "--exit-rank", "0",
+                                 "--sleep", "90"],
+                         World(2), 1, hostfile=str(hosts), env={MARKER_VAR: marker},
+                         host_ip="127.0.0.1", grace=5.0), out).exit_code
     returned = time.monotonic()
     assert rc == 3, out.text()
     # the kvstore rank from the scheduler's assignment, the host from the ssh target
@@ -619,10 +621,10 @@ def test_mpi_backend_runs_a_real_job_over_loopback(fakes: Path, tmp_path: Path,
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 slots=2\n")
     out = Collector()
-    rc = cluster_submit("mpi", [PY, WORKER, *REPORT], workers=2, servers=1, hostfile=str(hosts),
-                        env={"MLFLOW_RUN_ID": "run-mpi", "DMLC_INTERFACE": "lo",
-                             MARKER_VAR: marker},
-                        extra={"host_ip": "127.0.0.1"}, output=out)
+    rc = run_job(JobSpec("mpi", [PY, WORKER, *REPORT], World(2), 1, hostfile=str(hosts),
+                         env={"MLFLOW_RUN_ID": "run-mpi", "DMLC_INTERFACE": "lo",
+                              MARKER_VAR: marker},
+                         host_ip="127.0.0.1"), out).exit_code
     text = out.text()
     assert rc == 0, text
     for rank in (0, 1):
@@ -685,49 +687,44 @@ def test_slurm_sbatch_template_runs_a_real_job(fakes: Path, marker: str) -> None
 def test_cluster_argument_validation(fakes: Path, tmp_path: Path) -> None:
     cmd = [PY, WORKER]
     with pytest.raises(ValueError, match="needs a hostfile"):
-        cluster_submit("ssh", cmd, workers=2, servers=1, hostfile=None, env={})
+        run_job(JobSpec("ssh", cmd, World(2), 1, hostfile=None))
     missing = tmp_path / "nope"
     with pytest.raises(ValueError, match=f"hostfile {missing} does not exist"):
-        cluster_submit("mpi", cmd, workers=2, servers=1, hostfile=str(missing), env={})
+        run_job(JobSpec("mpi", cmd, World(2), 1, hostfile=str(missing)))
     empty = tmp_path / "empty"
     empty.write_text("# only a comment\n\n")
     with pytest.raises(ValueError, match=f"hostfile {empty} lists no hosts"):
-        cluster_submit("ssh", cmd, workers=2, servers=1, hostfile=str(empty), env={})
+        run_job(JobSpec("ssh", cmd, World(2), 1, hostfile=str(empty)))
     named = tmp_path / "named"
     named.write_text("node1\nnode2\n")
     with pytest.raises(ValueError, match=r"needs IP addresses, not names \(node1, node2\)"):
-        cluster_submit("ssh", cmd, workers=2, servers=1, hostfile=str(named), env={})
+        run_job(JobSpec("ssh", cmd, World(2), 1, hostfile=str(named)))
     one = tmp_path / "one"
     one.write_text("10.0.0.1\n")
     with pytest.raises(ValueError, match=rf"hostfile {one} lists 1 host\(s\) but 2 workers"):
-        cluster_submit("ssh", cmd, workers=2, servers=1, hostfile=str(one), env={})
+        run_job(JobSpec("ssh", cmd, World(2), 1, hostfile=str(one)))
     with pytest.raises(ValueError, match=rf"hostfile {one} provides 1 slot\(s\).*need 3"):
-        cluster_submit("mpi", cmd, workers=3, servers=1, hostfile=str(one), env={})
+        run_job(JobSpec("mpi", cmd, World(3), 1, hostfile=str(one)))
     with pytest.raises(ValueError, match="workers must be >= 1"):
-        cluster_submit("ssh", cmd, workers=0, servers=1, hostfile=str(one), env={})
+        run_job(JobSpec("ssh", cmd, World(0), 1, hostfile=str(one)))
     with pytest.raises(ValueError, match="allocation"):
-        cluster_submit("slurm", cmd, workers=1, servers=1, hostfile=str(one), env={})
+        run_job(JobSpec("slurm", cmd, World(1), 1, hostfile=str(one)))
     with pytest.raises(ValueError, match="DMLC_ROLE"):
-        cluster_submit("ssh", cmd, workers=1, servers=1, hostfile=str(one),
-                       env={"DMLC_ROLE": "worker"})
+        run_job(JobSpec("ssh", cmd, World(1), 1, hostfile=str(one), env={"DMLC_ROLE": "worker"}))
     with pytest.raises(ValueError, match="single quote"):
-        cluster_submit("ssh", [*cmd, "it's"], workers=1, servers=1, hostfile=str(one), env={})
-    with pytest.raises(ValueError, match="'bogus'"):
-        cluster_submit("ssh", cmd, workers=1, servers=1, hostfile=str(one), env={},
-                       extra={"bogus": 1})
+        run_job(JobSpec("ssh", [*cmd, "it's"], World(1), 1, hostfile=str(one)))
     with pytest.raises(ValueError, match="host_ip must be an IP address"):
-        cluster_submit("ssh", cmd, workers=1, servers=1, hostfile=str(one), env={},
-                       extra={"host_ip": "login-node"})
-    with pytest.raises(ValueError, match="run_local"):
-        cluster_submit("local", cmd, workers=1, servers=1, hostfile=None, env={})
+        run_job(JobSpec("ssh", cmd, World(1), 1, hostfile=str(one), host_ip="login-node"))
+    with pytest.raises(ValueError, match="for cluster launchers"):
+        run_job(JobSpec("local", cmd, World(1), 1, hostfile=str(one)))
     assert calls(fakes, "ssh") == [] and calls(fakes, "mpirun") == []
 
 
 def test_sge_and_yarn_are_refused_with_reasons() -> None:
-    with pytest.raises(NotImplementedError, match="logdir"):
-        cluster_submit("sge", [PY, WORKER], workers=1, servers=1, hostfile=None, env={})
-    with pytest.raises(NotImplementedError, match="dmlc-yarn.jar"):
-        cluster_submit("yarn", [PY, WORKER], workers=1, servers=1, hostfile=None, env={})
+    with pytest.raises(ValueError, match="logdir"):
+        run_job(JobSpec("sge", [PY, WORKER], World(1), 1))
+    with pytest.raises(ValueError, match="dmlc-yarn.jar"):
+        run_job(JobSpec("yarn", [PY, WORKER], World(1), 1))
 
 
 def test_pinned_dmlc_tracker_facts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -830,7 +827,7 @@ def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     from mxlarge.launcher.explain import Report as _Report
     from mxlarge.launcher.explain import ReportSink
 
-    mpi = ReportSink(Collector(), MpiBackend.report_patterns)
+    mpi = ReportSink(Collector(), MpiBackend.tool.reports)
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 1 with PID 0 on node h2 "
                                    "exited on signal 9 (Killed).")
     mpi.emit("servers via mpirun", "mpirun noticed that process rank 0 with PID 0 on node h1 "
@@ -838,7 +835,7 @@ def test_failed_rank_and_host_from_mpirun_and_srun_reports() -> None:
     mpi.emit("workers via mpirun", "  Process name: [[37071,1],1]")
     assert mpi.reports == {"servers via mpirun": _Report(1, "h2", -9),
                            "workers via mpirun": _Report(1, None, None)}
-    slurm = ReportSink(Collector(), SlurmBackend.report_patterns)
+    slurm = ReportSink(Collector(), SlurmBackend.tool.reports)
     slurm.emit("workers via srun", "srun: error: h2: task 1: Killed")
     slurm.emit("servers via srun", "srun: error: h1: tasks 0-1: Exited with exit code 3")
     slurm.emit("other via srun", "srun: error: Unable to create step for job 4: busy")

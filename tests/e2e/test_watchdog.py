@@ -140,22 +140,25 @@ def test_own_script_sigstop_is_caught_by_the_launcher(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.usefixtures("fakes")
-def test_cluster_ssh_job_stall_is_caught_through_shared_heartbeat_files(tmp_path):
+def test_cluster_ssh_job_stall_is_caught_through_shared_heartbeat_files(tmp_path, monkeypatch):
     """dmlc_tracker's ssh backend (fake ssh running the remote command locally in a clean
-    environment): heartbeats travel through files in a directory shared with the launcher."""
-    from mxlarge.launcher import cluster_submit
+    environment): heartbeats travel through files in a directory shared with the launcher
+    (``.mxlarge-heartbeat/<job id>`` in the launch directory, which ssh jobs cd to)."""
+    from mxlarge.launcher import JobSpec, run_job
+    from mxlarge.plan import World
 
     marker = f"own-{os.getpid()}-{time.time_ns()}"
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1\n127.0.0.1\n")
-    beats = tmp_path / "shared/hb"
+    monkeypatch.chdir(tmp_path)
     out = Collector()
     stopped: list[int] = []
 
     def stop_one() -> None:
         deadline = time.time() + 90
         while time.time() < deadline:
-            rec = heartbeat.read_all(beats).get(0)
+            beats = next((tmp_path / ".mxlarge-heartbeat").glob("*"), None)
+            rec = None if beats is None else heartbeat.read_all(beats).get(0)
             if rec is not None and rec.done >= 20:
                 os.kill(rec.pid, signal.SIGSTOP)
                 stopped.append(rec.pid)
@@ -165,13 +168,12 @@ def test_cluster_ssh_job_stall_is_caught_through_shared_heartbeat_files(tmp_path
     thread = threading.Thread(target=stop_one, daemon=True)
     thread.start()
     try:
-        rc = cluster_submit(
+        rc = run_job(JobSpec(
             "ssh", [sys.executable, str(OWN_LOOP), "--steps",
                     "100000", "--sleep-from", "0", "--sleep", "0.02"],
-            workers=2, servers=1, hostfile=str(hosts),
+            World(2), 1, hostfile=str(hosts),
             env={"MXLARGE_TEST_MARKER": marker, "PYTHONPATH": os.pathsep.join(sys.path)},
-            extra={"host_ip": "127.0.0.1"}, output=out, grace=5.0, stall_timeout=10,
-            heartbeat_dir=str(beats))
+            host_ip="127.0.0.1", grace=5.0, stall_timeout=10), out).exit_code
     finally:
         thread.join(5)
         for pid in stopped:
@@ -185,7 +187,7 @@ def test_cluster_ssh_job_stall_is_caught_through_shared_heartbeat_files(tmp_path
     assert rc == 124, text[-3000:]
     assert re.search(rf"stalled: .*behind: worker rank 0 at step \d+ on \S+ \(pid {stopped[0]}\)",
                      text), text[-3000:]
-    assert not beats.exists()
+    assert not any((tmp_path / ".mxlarge-heartbeat").glob("*"))  # the job's beats removed
     time.sleep(0.5)
     assert dmlc_processes(marker) == []
 

@@ -134,7 +134,7 @@ def test_open_mpi_gets_every_slot_count_the_layout_assumes(tmp_path: Path) -> No
     mpi = backend_for("mpi")
     lines = mpi.check_hosts(str(f), 3, 1)
     with contextlib.ExitStack() as stack:
-        given = Path(mpi.dmlc_hostfile(str(f), lines, stack))
+        given = Path(mpi.prepare(str(f), lines, stack)[0])
         if mpi_module._open_mpi():
             assert given != f and given.read_text() == "w1 slots=1\nw2 slots=2\n"
         else:  # MPICH: a bare line is one slot already, and its hostfile syntax is host:n
@@ -142,7 +142,7 @@ def test_open_mpi_gets_every_slot_count_the_layout_assumes(tmp_path: Path) -> No
     assert given == f or not given.exists()  # a copy lives as long as the job
     f.write_text("w1 slots=1\nw2 slots=2\n")
     with contextlib.ExitStack() as stack:
-        assert mpi.dmlc_hostfile(str(f), mpi.check_hosts(str(f), 3, 1), stack) == str(f)
+        assert mpi.prepare(str(f), mpi.check_hosts(str(f), 3, 1), stack)[0] == str(f)
     # what mpirun's by-slot mapping does over the copy: w1 one rank, w2 two
     assert mpi.layout(lines, 1, 3, "h0").describe().startswith(
         "layout: scheduler on h0; 1 server(s) co-located with the workers: w1; 3 worker(s) on "
@@ -157,7 +157,7 @@ def test_mpi_servers_get_a_hostfile_of_their_own(tmp_path: Path) -> None:
     mpi = backend_for("mpi")
     lines = mpi.check_hosts(str(f), 3, 2)
     with contextlib.ExitStack() as stack:
-        dmlc_file = mpi.dmlc_hostfile(str(f), lines, stack)
+        dmlc_file = mpi.prepare(str(f), lines, stack)[0]
         assert Path(dmlc_file).read_text() == "w1 slots=2\nw2 slots=1\n"
         commands = _dmlc_commands("mpi", 3, 2, dmlc_file, mpi)
         files = {re.search(r"DMLC_ROLE=(\w+)", c).group(1):

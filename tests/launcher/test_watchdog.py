@@ -198,8 +198,8 @@ def test_behind_a_cut_host_are_its_workers_never_a_healthy_one(tmp_path):
 def test_a_stopped_server_its_guard_reported_is_named_when_every_worker_waits(tmp_path):
     """mpi, Slurm: every worker ticks and waits at the same step; the guard of the server on
     h2 said it is stopped: the stall names it and its host, and its outcome blames it."""
-    from mxlarge.launcher._supervise import stall_outcome
     from mxlarge.launcher.guard import Stopped
+    from mxlarge.launcher.verdict import stall_outcome
 
     clock, lines = Clock(), []
     dog = Watchdog(tmp_path, 2, 10, lines.append, clock,

@@ -5,7 +5,7 @@ A backend owns everything that differs between the ways a job's processes are st
 options it refuses, its hosts and their probe for an elastic restart, whether the packet filter
 applies, and how it runs one attempt. The front ends and :func:`~mxlarge.launcher.job.run_job`
 only call these methods; none of them looks at a backend's name. The dmlc_tracker backends
-share more (:class:`mxlarge.launcher.cluster.DmlcBackend`).
+share more (:class:`mxlarge.launcher.backends.dmlc.DmlcBackend`).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class Spec(Protocol):
     hostfile: str | None
     host_ip: str | None
     grace: float
+    shutdown_timeout: float | None
     server_hosts: tuple[str, ...]
 
     @property
@@ -45,6 +46,8 @@ class LaunchBackend:
     name: ClassVar[str]
     #: every process of the job runs on the launcher's machine (its system metrics are the job's)
     on_this_machine: ClassVar[bool] = False
+    #: seconds the other processes may take to exit once the job ends (a spec's default)
+    shutdown_timeout: ClassVar[float]
 
     def check_spec(self, spec: Spec) -> None:
         """Refuse an option this backend cannot apply (``ValueError`` with the reason)."""
@@ -92,5 +95,7 @@ class LaunchBackend:
         return None
 
     def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
-        """Run one attempt of ``spec``, supervised until it ends; prints the outcome's line."""
+        """Run one attempt of ``spec``, supervised until it ends (what the supervision loop
+        asks of it: a :class:`~mxlarge.launcher.supervisor.Supervised` of the backend's own);
+        prints the children's lines and the outcome's to ``output`` (stdout if None)."""
         raise NotImplementedError

@@ -2,7 +2,7 @@
 workers) over the same hostfile; mpirun places the ranks and resolves host names itself.
 
 With server hosts (``role=server`` lines, ``dist.server_hosts``) the servers' mpirun gets a
-hostfile of its own (:meth:`MpiBackend.dmlc_hostfile`), the workers' the other lines.
+hostfile of its own (:meth:`MpiBackend.prepare`), the workers' the other lines.
 
 mpirun runs with ``--stdin all`` (otherwise only rank 0 gets the guards' lease; the others'
 stdin is /dev/null, an end of file that ends their guards at once), and, unless the user chose
@@ -30,10 +30,9 @@ import tempfile
 from collections import Counter
 from collections.abc import Collection, Sequence
 
-from mxlarge.launcher._supervise import Child
+from mxlarge.launcher.backends.dmlc import DmlcBackend
+from mxlarge.launcher.backends.dmlc_job import Tool
 from mxlarge.launcher.backends.ssh import ssh_probe
-from mxlarge.launcher.cluster import DmlcBackend
-from mxlarge.launcher.explain import FailureContext
 from mxlarge.launcher.hostfile import (
     HostEntry,
     Layout,
@@ -43,7 +42,6 @@ from mxlarge.launcher.hostfile import (
     place,
     with_server_hosts,
 )
-from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.restart import Elastic
 from mxlarge.plan import World
 
@@ -53,6 +51,10 @@ _MPIRUN_FLAGS = "mpirun --stdin all "
 _MPIRUN_SSH_KEEPALIVE = '--mca plm_rsh_args "-o ServerAliveInterval=3 -o ServerAliveCountMax=3" '
 # dmlc's servers' mpirun (get_mpi_env: Open MPI's -x, MPICH's -env)
 _SERVER_ROLE = ("-x DMLC_ROLE=server ", "-env DMLC_ROLE server ")
+# mpirun's report of a failed rank
+_REPORTS = (re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) "
+                       r"exited on signal (?P<signal>\d+)"),
+            re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]"))
 _MPIRUN_AGENT_VARS = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_rsh_agent")
 
 
@@ -70,12 +72,8 @@ class MpiBackend(DmlcBackend):
     """``--launcher mpi``."""
 
     name = "mpi"
-    tool = "mpirun"
-    report_patterns = (
-        re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) "
-                   r"exited on signal (?P<signal>\d+)"),
-        re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]"),
-    )
+    # a failed rank is named from mpirun's own report, so the guards --reraise (docstring)
+    tool = Tool("mpirun", _REPORTS, "mpi rank", reraise=True, from_first_byte=True)
 
     def __init__(self) -> None:
         self._servers = 0
@@ -100,21 +98,23 @@ class MpiBackend(DmlcBackend):
                 f"a line to run several processes on one host)")
         return entries
 
-    def dmlc_hostfile(self, hostfile: str | None, entries: list[HostEntry] | None,
-                      stack: contextlib.ExitStack) -> str | None:
-        """With server hosts, two hostfiles: the workers' lines (what dmlc reads) and one line
-        per server host with as many slots as servers go there (:meth:`fix_command` gives it
-        to the servers' mpirun). Else the user's own, unless Open MPI runs it and a line has no
-        slot count: Open MPI gives such a line as many slots as its host has cores, where the
-        job's layout (and MPICH) counts one, so mpirun gets a copy with ``slots=1`` there."""
+    def prepare(self, hostfile: str | None, entries: list[HostEntry] | None,
+                stack: contextlib.ExitStack) -> tuple[str | None, list[str]]:
+        """The hosts as listed, and the hostfile mpirun reads: with server hosts two, the
+        workers' lines (what dmlc reads) and one line per server host with as many slots as
+        servers go there (:meth:`fix_command` gives it to the servers' mpirun). Else the
+        user's own, unless Open MPI runs it and a line has no slot count: Open MPI gives such a
+        line as many slots as its host has cores, where the job's layout (and MPICH) counts
+        one, so mpirun gets a copy with ``slots=1`` there."""
+        hosts = [e.host for e in entries or ()]
         if not any(e.server for e in entries or ()):
             if all(e.slots is not None for e in entries or ()) or not _open_mpi():
-                return hostfile
+                return hostfile, hosts
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mxlarge-hosts-"))
             path = os.path.join(tmp, "hosts")
             with open(path, "w", encoding="utf-8") as f:
                 f.write("".join(f"{e.host} slots={e.slots or 1}\n" for e in entries or ()))
-            return path
+            return path, hosts
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mxlarge-hosts-"))
         homes = Counter(e.host for e in place(entries or [], self._servers, 0)[0])
         files = (os.path.join(tmp, "workers"), os.path.join(tmp, "servers"))
@@ -125,7 +125,7 @@ class MpiBackend(DmlcBackend):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
         self._files = files
-        return files[0]
+        return files[0], hosts
 
     def layout(self, entries: list[HostEntry] | None, servers: int, workers: int,
                scheduler: str) -> Layout:
@@ -160,9 +160,6 @@ class MpiBackend(DmlcBackend):
         # mpirun reaches its hosts with ssh unless told otherwise
         return not any(v in os.environ for v in _MPIRUN_AGENT_VARS)
 
-    def guard_flags(self) -> dict[str, bool]:
-        return {"reraise": True, "from_first_byte": True}
-
     def fix_command(self, command: str) -> str:
         """``--stdin all`` and the keepalive (module docstring)."""
         if not command.startswith("mpirun "):
@@ -175,16 +172,13 @@ class MpiBackend(DmlcBackend):
         return (_MPIRUN_FLAGS + ("" if chosen else _MPIRUN_SSH_KEEPALIVE) +
                 command[len("mpirun "):])
 
-    def explain(self, context: FailureContext, child: Child) -> Outcome:
-        return context.explain_reported(child, "mpi rank")
-
 
 def mpi_slots(lines: Sequence[HostEntry], servers: int, workers: int
               ) -> tuple[list[HostEntry], list[HostEntry]]:
     """Where mpirun puts a job: (each server's line, each worker's line). Each of the two
     mpiruns fills its hosts' slots in order (:func:`_fill`); with server hosts
     (``role=server`` lines) the servers go round-robin over those
-    (:func:`~mxlarge.launcher.hostfile.place`, :meth:`MpiBackend.dmlc_hostfile`), the workers
+    (:func:`~mxlarge.launcher.hostfile.place`, :meth:`MpiBackend.prepare`), the workers
     over the other lines."""
     homes = [e for e in lines if e.server]
     others = [e for e in lines if not e.server] if homes else list(lines)

@@ -27,13 +27,14 @@ once it counts the node down (``SlurmdTimeout``), the restart with it.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from collections.abc import Sequence
 
-from mxlarge.launcher._supervise import Child
 from mxlarge.launcher.backends.base import Spec
-from mxlarge.launcher.cluster import DmlcBackend
+from mxlarge.launcher.backends.dmlc import DmlcBackend
+from mxlarge.launcher.backends.dmlc_job import Tool
 from mxlarge.launcher.explain import FailureContext, terminated
 from mxlarge.launcher.hostfile import HostEntry, Layout, check_server_hosts, listed_hosts
 from mxlarge.launcher.outcome import Outcome
@@ -48,6 +49,9 @@ from mxlarge.launcher.slurm_query import (
 )
 from mxlarge.plan import World
 
+# srun says what happened in strsignal(3)'s words ("Killed") or "Exited with exit code N"
+_REPORTS = (re.compile(r"srun: error: (?P<host>[^:\s]+): tasks? (?P<rank>\d+)[-,\d]*: "
+                       r"(?P<what>.+?)\s*$"),)
 _SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
 # dmlc's step: "srun --share --exclusive=user -N <nodes> -n <tasks> <command>"
 _STEP = re.compile(r"srun --share --exclusive=user -N (?P<nodes>\d+) -n (?P<tasks>\d+) ")
@@ -65,12 +69,8 @@ class SlurmBackend(DmlcBackend):
     """``--launcher slurm``."""
 
     name = "slurm"
-    tool = "srun"
-    # srun says what happened in strsignal(3)'s words ("Killed") or "Exited with exit code N"
-    report_patterns = (
-        re.compile(r"srun: error: (?P<host>[^:\s]+): tasks? (?P<rank>\d+)[-,\d]*: "
-                   r"(?P<what>.+?)\s*$"),
-    )
+    # a failed task is named from srun's own report, so the guards --reraise (docstring)
+    tool = Tool("srun", _REPORTS, "task", reraise=True)
 
     def __init__(self) -> None:
         self._overlap = False
@@ -154,14 +154,11 @@ class SlurmBackend(DmlcBackend):
             return None
         return "".join(f"{n}\n" for n in self._nodes if n in elastic.answering)
 
-    def guard_flags(self) -> dict[str, bool]:
-        return {"reraise": True}
-
-    def hosts(self, entries: list[HostEntry] | None) -> list[str]:
-        return self._nodes
-
-    def prepare(self) -> None:
+    def prepare(self, hostfile: str | None, entries: list[HostEntry] | None,
+                stack: contextlib.ExitStack) -> tuple[str | None, list[str]]:
+        """The nodes to run on; whether srun knows ``--overlap`` (:meth:`fix_command`)."""
         self._overlap = srun_has_overlap()
+        return hostfile, self._nodes
 
     def fix_command(self, command: str) -> str:
         """``--overlap``, ``--kill-on-bad-exit`` and ``--input=all`` (module docstring); with
@@ -200,9 +197,6 @@ class SlurmBackend(DmlcBackend):
             return context.failed(128 + signal.SIGTERM, f"{ending}; job torn down", "launcher",
                                   None, None, context.host_ip, -signal.SIGTERM)
         return None
-
-    def explain(self, context: FailureContext, child: Child) -> Outcome:
-        return context.explain_reported(child, "task")
 
 
 def _probe(nodes: Sequence[str]) -> list[str]:

@@ -20,10 +20,9 @@ import os
 import re
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
-from mxlarge.launcher._supervise import Child, exit_code_for
-from mxlarge.launcher.cluster import DmlcBackend
+from mxlarge.launcher.backends.dmlc import DmlcBackend
+from mxlarge.launcher.backends.dmlc_job import Launched, Tool
 from mxlarge.launcher.environment import SHELL_SAFE
 from mxlarge.launcher.explain import FailureContext, status_words, who
 from mxlarge.launcher.hostfile import (
@@ -38,6 +37,7 @@ from mxlarge.launcher.hostfile import (
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.reach import ssh_silent, unreachable
 from mxlarge.launcher.restart import Elastic, Probe
+from mxlarge.launcher.supervisor import Child, exit_code_for
 from mxlarge.plan import World
 
 _SSH_TARGET = re.compile(r"^ssh .*?StrictHostKeyChecking=no (\S+) -p (\S+)")
@@ -88,7 +88,7 @@ class SshBackend(DmlcBackend):
     """``--launcher ssh``."""
 
     name = "ssh"
-    tool = "ssh"
+    tool = Tool("ssh")
 
     def check_hosts(self, hostfile: str | None, workers: int, servers: int,
                     server_hosts: Sequence[str] = ()) -> list[HostEntry]:
@@ -139,40 +139,37 @@ class SshBackend(DmlcBackend):
                                              elastic.declared.processes),
                                   elastic.answering, servers, workers)
 
-    def check_words(self, words: Sequence[str], extra: Mapping[str, Any]) -> None:
+    def check_words(self, words: Sequence[str]) -> None:
         bad = next((w for w in words if "'" in w), None)
         if bad is not None:
             raise ValueError(f"the ssh backend wraps the remote command in single quotes; "
                              f"{bad!r} contains one")
         cwd = os.getcwd()
-        if not SHELL_SAFE.match(cwd) and not extra.get("sync_dst_dir"):
+        if not SHELL_SAFE.match(cwd):
             raise ValueError(f"the ssh backend runs 'cd {cwd}' unquoted on each host; run from "
                              f"a directory whose path has no spaces or shell metacharacters")
 
-    def dmlc_hostfile(self, hostfile: str | None, entries: list[HostEntry] | None,
-                      stack: contextlib.ExitStack) -> str | None:
+    def prepare(self, hostfile: str | None, entries: list[HostEntry] | None,
+                stack: contextlib.ExitStack) -> tuple[str | None, list[str]]:
         # dmlc's ssh backend does not know comments; give it a clean copy.
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mxlarge-hosts-"))
         path = os.path.join(tmp, "hosts")
         with open(path, "w", encoding="utf-8") as f:
             f.write(hostfile_text(entries or ()))
-        return path
+        return path, [e.host for e in entries or ()]
 
-    def describe(self, role: str, number: int, command: str) -> tuple[str, int | None, str]:
+    def describe(self, role: str, number: int, command: str) -> Launched:
         target = _SSH_TARGET.match(command)
         where = f" via ssh {target.group(1)}:{target.group(2)}" if target else " via ssh"
         # the launch index: the kvstore rank is not known before ps-lite assigns it
-        return role, number, f"{role} (launch {number}){where}"
+        return Launched(role, number, f"{role} (launch {number}){where}",
+                        target.group(1) if target else None)
 
     def fix_command(self, command: str) -> str:
         """``-tt`` and the keepalive (module docstring)."""
         if command.startswith("ssh "):
             return _SSH_FLAGS + command[len("ssh "):]
         return command
-
-    def target_host(self, command: str) -> str | None:
-        target = _SSH_TARGET.match(command)
-        return target.group(1) if target else None
 
     def explain(self, context: FailureContext, child: Child) -> Outcome:
         assert child.status is not None

@@ -1,37 +1,31 @@
-"""Process supervision shared by the local and the cluster launchers.
+"""The supervision every backend runs: children in process groups of their own, their output
+as ``[label] line``, the one loop (:func:`supervise`) that ends a job with one
+:class:`~mxlarge.launcher.outcome.Outcome`, and teardown.
 
-Every child is started in its own session (``start_new_session=True``), so its pid is also the id
-of a process group that holds everything it forks. Teardown signals whole groups.
-
-Exit detection uses ``waitid(..., WNOWAIT)``: the supervisor learns that a child has exited
-without reaping it. A group leader that is a zombie keeps its pid, and hence its process-group
-id, reserved, so ``killpg`` can never hit an unrelated process that happens to reuse the pid.
-Leaders are reaped only at the very end, in :meth:`Supervisor.close`.
-
-Every backend runs the one supervision loop (:func:`supervise`) over what it tells the loop (a
-:class:`Backend`), reports how its job ended as one :class:`~mxlarge.launcher.outcome.Outcome`,
-and judges a stall with one rule (:func:`stall_outcome`).
+What the loop asks of a running job is :class:`Supervised`, which each backend provides
+(:class:`~mxlarge.launcher.backends.local.LocalRun`,
+:class:`~mxlarge.launcher.backends.dmlc.DmlcRun`); a stall and a worker stuck in its exit are
+judged by one rule for all (:mod:`mxlarge.launcher.verdict`). Why ``waitid(WNOWAIT)`` and
+process groups: ``docs/design/launcher.md`` (Supervision).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import IO, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, Protocol
 
 from mxlarge.launcher.guard import GuardReport, Lease
-from mxlarge.launcher.outcome import Beat, Outcome, ProcessFailure, Tail
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.pgroups import live_process_groups, parent_death_signal, signal_group
 from mxlarge.launcher.pslog import PsLog
-from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
-from mxlarge.protocol.heartbeat import Record
+from mxlarge.launcher.verdict import evidence, exit_outcome, stall_outcome
+from mxlarge.launcher.watchdog import Watchdog
 
 # How often the supervision loops look at their children. Small enough that a failure is
 # noticed well within a second, large enough to cost nothing next to MXNet's own threads.
@@ -47,66 +41,6 @@ TAIL_LINES = 200
 _DRAIN_WAIT = 1.0
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
-    """The watchdog's verdict while training runs, for every backend.
-
-    ``None`` while the job advances, with no watchdog, and once a worker (or its ssh, mpirun or
-    srun) has ended: a worker that ended has ended, its exit is the failure to name. A stall
-    names the first worker behind whose heartbeat pid is a local child (local jobs); remote
-    workers are named by the watchdog's message alone.
-    """
-    children = list(children)
-    if watchdog is None or any(c.status is not None for c in children if c.role == "worker"):
-        return None
-    stall = watchdog.check()
-    if stall is None:
-        return None
-    pids = {watchdog.seen[r].record.pid for r in stall.behind}
-    child = next((c for c in children if c.role == "worker" and c.pid in pids), None)
-    if child is None and stall.stopped is not None:  # a stopped server (its guard said so)
-        stopped = stall.stopped
-        return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
-            stopped.role, None, None, stopped.host, stopped.pid, -signal.SIGSTOP))
-    if child is None:
-        return Outcome(STALL_EXIT, stall.message, "stalled", stall.step)
-    record = watchdog.record_of_pid(child.pid)
-    return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
-        "worker", record.rank if record else None, child.index,
-        record.host if record else None, child.pid, None, record.done if record else None,
-        tuple(child.tail)))
-
-
-def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
-                 emit: Callable[[str], None]) -> Outcome | None:
-    """A job whose work is done, with a worker stuck in its exit: finished, not stalled.
-
-    Every worker reported finished (after the store's last barrier:
-    :mod:`mxlarge.kvstore.shutdown`) :attr:`Watchdog.exit_grace` seconds ago or more, and a
-    worker is still running: ``emit`` gets one warning line naming those still running (rank,
-    host, pid; a worker on a remote host is named while the job has not ended, as the launcher
-    cannot see its process exit) and the outcome is the job finished (exit 0); the caller's
-    teardown ends what is left. ``None`` otherwise, and without a watchdog.
-    """
-    if watchdog is None:
-        return None
-    waited = watchdog.finished_for()
-    if waited is None or waited < watchdog.exit_grace:
-        return None
-    running = {c.pid for c in children if c.role == "worker" and c.status is None}
-    local = {c.pid for c in children if c.role == "worker"}
-    records = sorted((s.record for s in watchdog.seen.values()), key=lambda r: r.rank)
-    stuck: list[Record] = [r for r in records if r.pid in running or r.pid not in local]
-    if not stuck:
-        return None
-    names = ", ".join(f"worker rank {r.rank} on {r.host} (pid {r.pid})" for r in stuck)
-    whose = "its" if len(stuck) == 1 else "their"
-    emit(f"warning: {names} finished {whose} work but did not exit within "
-         f"{watchdog.exit_grace:g} s of every worker finishing (stuck in MXNet's shutdown): "
-         "ended")
-    return Outcome(0, f"job finished: every worker reported its work done; {len(stuck)} "
-                      "worker(s) stuck in exit ended")
 
 
 def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:
@@ -370,65 +304,37 @@ class Supervisor:
         self._closed = True
 
 
-@dataclass(frozen=True)
-class Backend:
-    """What one backend tells the supervision loop (:func:`supervise`): the loop decides when
-    to ask, the backend what the answer is.
+class Supervised(Protocol):
+    """A running job as the supervision loop (:func:`supervise`) asks it: the loop decides when
+    to ask, the backend's run object what the answer is."""
 
-    Attributes:
-        explain: the first child seen to fail → the outcome naming the process behind it (the
-            child itself on loopback; for ssh, mpirun and srun the remote process they report).
-        terminated: the launcher received signal n → the outcome of the torn-down job.
-        ending: whether the job is winding down, so that training can no longer fail it (local:
-            every worker exited; cluster: dmlc's ``submit`` returned).
-        ended: asked at each poll while ending, with the seconds since it began: the outcome
-            once the job is over (every process exited, or the rest overran their time), else
-            ``None``.
-    """
+    def explain(self, child: Child) -> Outcome:
+        """The first child seen to fail → the outcome naming the process behind it (the child
+        itself on loopback; for ssh, mpirun and srun the remote process they report)."""
 
-    explain: Callable[[Child], Outcome]
-    terminated: Callable[[int], Outcome]
-    ending: Callable[[], bool]
-    ended: Callable[[float], Outcome | None]
+    def terminated(self, sig: int) -> Outcome:
+        """The launcher received signal ``sig`` → the outcome of the torn-down job."""
+
+    def ending(self) -> bool:
+        """Whether the job is winding down, so that training can no longer fail it (local:
+        every worker exited; cluster: dmlc's ``submit`` returned)."""
+
+    def ended(self, seconds: float) -> Outcome | None:
+        """Asked at each poll while ending, with the seconds since it began: the outcome once
+        the job is over (every process exited, or the rest overran their time), else None."""
 
 
-# Lines of every process in a failure's evidence (Outcome.tails); the failed one keeps
-# TAIL_LINES in ProcessFailure.output.
-EVIDENCE_LINES = 20
-
-
-def evidence(outcome: Outcome, sup: Supervisor, watchdog: Watchdog | None) -> Outcome:
-    """A failed ``outcome`` (a crash or a stall) with what the launcher saw when it failed:
-    every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.Beat`) and every
-    process's last :data:`EVIDENCE_LINES` lines (:class:`~mxlarge.launcher.outcome.Tail`), for
-    the run's failure artifacts; any other outcome (a success, an interrupted launcher) is
-    returned as it is."""
-    if outcome.reason is None:
-        return outcome
-    beats: tuple[Beat, ...] = ()
-    if watchdog is not None:
-        watchdog.read(force=True)
-        now = watchdog.clock()
-        beats = tuple(Beat(r.rank, r.host, r.pid, r.done, r.phase, now - s.changed,
-                           now - s.ticked)
-                      for s in sorted(watchdog.seen.values(), key=lambda s: s.record.rank)
-                      for r in (s.record,))
-    tails = tuple(Tail(c.label, c.status, tuple(c.tail)[-EVIDENCE_LINES:])
-                  for c in sup.children)
-    return dataclasses.replace(outcome, beats=beats, tails=tails)
-
-
-def supervise(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
+def supervise(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
               stop: threading.Event, received: Sequence[int], *,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Outcome:
     """The one supervision loop of every backend (:func:`_supervise_loop`), its failed outcome
     with the launcher's :func:`evidence`."""
     return evidence(_supervise_loop(sup, backend, watchdog, stop, received, clock=clock,
-                                    sleep=sleep), sup, watchdog)
+                                    sleep=sleep), sup.children, watchdog)
 
 
-def _supervise_loop(sup: Supervisor, backend: Backend, watchdog: Watchdog | None,
+def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
                     stop: threading.Event, received: Sequence[int], *,
                     clock: Callable[[], float], sleep: Callable[[float], None]) -> Outcome:
     """Polls the children every :data:`POLL_INTERVAL` until the job has an outcome.

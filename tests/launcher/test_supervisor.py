@@ -10,17 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from mxlarge.launcher._supervise import (
+from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.supervisor import (
     POLL_INTERVAL,
-    Backend,
     LineSink,
     Supervisor,
     describe_status,
-    exit_outcome,
-    stall_outcome,
     supervise,
 )
-from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.verdict import exit_outcome, stall_outcome
 from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import FINISHED
 from tests.launcher.test_watchdog import Clock, put
@@ -208,17 +206,24 @@ def _sup(*kids):
     return sup
 
 
-def _backend(log, ending=lambda: False, ended=lambda s: None):
-    def explain(child):
-        log.append(("explain", child.label))
+class _Job:
+    """A :class:`~mxlarge.launcher.supervisor.Supervised` that logs what the loop asked."""
+
+    def __init__(self, log, ending, ended):
+        self.log, self.ending, self.ended = log, ending, ended
+
+    def explain(self, child):
+        self.log.append(("explain", child.label))
         return Outcome(1, "explained", "crashed", failure=ProcessFailure(
             child.role, None, child.index, status=child.status))
 
-    def terminated(sig):
-        log.append(("terminated", sig))
+    def terminated(self, sig):
+        self.log.append(("terminated", sig))
         return Outcome(128 + sig, "terminated")
 
-    return Backend(explain, terminated, ending, ended)
+
+def _backend(log, ending=lambda: False, ended=lambda s: None):
+    return _Job(log, ending, ended)
 
 
 def test_the_loop_asks_signal_then_failure_then_stall_then_the_end(tmp_path):
@@ -286,13 +291,12 @@ def test_a_local_job_ends_when_every_process_did_or_names_what_overran():
     """run_local's end of job: success once all exited; a scheduler still waiting JOIN_GRACE
     after the workers means no worker joined (exit 1); servers that overrun the shutdown
     timeout are stopped, the job still succeeds."""
-    from mxlarge.launcher.local import JOIN_GRACE
-    from mxlarge.launcher.local import _backend as local_backend
+    from mxlarge.launcher.backends.local import JOIN_GRACE, LocalRun
 
     sched, server, worker = (_Kid("scheduler", None, 1), _Kid("server", 0, 2),
                              _Kid("worker", 0, 3))
     sup = _sup(sched, server, worker)
-    ended = local_backend(sup, None, shutdown_timeout=10.0).ended
+    ended = LocalRun(sup, None, shutdown_timeout=10.0).ended
     worker.status = 0
     assert ended(0.0) is None and ended(JOIN_GRACE) is None
     no_join = ended(JOIN_GRACE + 0.01)

@@ -1,0 +1,103 @@
+"""How the supervision loop judges a job from its workers' heartbeats and its children: a
+stall (:func:`stall_outcome`), a finished job stuck in its exit (:func:`exit_outcome`), and the
+evidence a failed outcome carries (:func:`evidence`); the same rules for every backend."""
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from mxlarge.launcher.outcome import Beat, Outcome, ProcessFailure, Tail
+from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
+from mxlarge.protocol.heartbeat import Record
+
+if TYPE_CHECKING:
+    from mxlarge.launcher.supervisor import Child
+
+
+def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
+    """The watchdog's verdict while training runs, for every backend.
+
+    ``None`` while the job advances, with no watchdog, and once a worker (or its ssh, mpirun or
+    srun) has ended: a worker that ended has ended, its exit is the failure to name. A stall
+    names the first worker behind whose heartbeat pid is a local child (local jobs); remote
+    workers are named by the watchdog's message alone.
+    """
+    children = list(children)
+    if watchdog is None or any(c.status is not None for c in children if c.role == "worker"):
+        return None
+    stall = watchdog.check()
+    if stall is None:
+        return None
+    pids = {watchdog.seen[r].record.pid for r in stall.behind}
+    child = next((c for c in children if c.role == "worker" and c.pid in pids), None)
+    if child is None and stall.stopped is not None:  # a stopped server (its guard said so)
+        stopped = stall.stopped
+        return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
+            stopped.role, None, None, stopped.host, stopped.pid, -signal.SIGSTOP))
+    if child is None:
+        return Outcome(STALL_EXIT, stall.message, "stalled", stall.step)
+    record = watchdog.record_of_pid(child.pid)
+    return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
+        "worker", record.rank if record else None, child.index,
+        record.host if record else None, child.pid, None, record.done if record else None,
+        tuple(child.tail)))
+
+
+def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
+                 emit: Callable[[str], None]) -> Outcome | None:
+    """A job whose work is done, with a worker stuck in its exit: finished, not stalled.
+
+    Every worker reported finished (after the store's last barrier:
+    :mod:`mxlarge.kvstore.shutdown`) :attr:`Watchdog.exit_grace` seconds ago or more, and a
+    worker is still running: ``emit`` gets one warning line naming those still running (rank,
+    host, pid; a worker on a remote host is named while the job has not ended, as the launcher
+    cannot see its process exit) and the outcome is the job finished (exit 0); the caller's
+    teardown ends what is left. ``None`` otherwise, and without a watchdog.
+    """
+    if watchdog is None:
+        return None
+    waited = watchdog.finished_for()
+    if waited is None or waited < watchdog.exit_grace:
+        return None
+    running = {c.pid for c in children if c.role == "worker" and c.status is None}
+    local = {c.pid for c in children if c.role == "worker"}
+    records = sorted((s.record for s in watchdog.seen.values()), key=lambda r: r.rank)
+    stuck: list[Record] = [r for r in records if r.pid in running or r.pid not in local]
+    if not stuck:
+        return None
+    names = ", ".join(f"worker rank {r.rank} on {r.host} (pid {r.pid})" for r in stuck)
+    whose = "its" if len(stuck) == 1 else "their"
+    emit(f"warning: {names} finished {whose} work but did not exit within "
+         f"{watchdog.exit_grace:g} s of every worker finishing (stuck in MXNet's shutdown): "
+         "ended")
+    return Outcome(0, f"job finished: every worker reported its work done; {len(stuck)} "
+                      "worker(s) stuck in exit ended")
+
+
+# Lines of every process in a failure's evidence (Outcome.tails); the failed one keeps
+# TAIL_LINES in ProcessFailure.output.
+EVIDENCE_LINES = 20
+
+
+def evidence(outcome: Outcome, children: Iterable[Child], watchdog: Watchdog | None
+             ) -> Outcome:
+    """A failed ``outcome`` (a crash or a stall) with what the launcher saw when it failed:
+    every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.Beat`) and every
+    process's last :data:`EVIDENCE_LINES` lines (:class:`~mxlarge.launcher.outcome.Tail`), for
+    the run's failure artifacts; any other outcome (a success, an interrupted launcher) is
+    returned as it is."""
+    if outcome.reason is None:
+        return outcome
+    beats: tuple[Beat, ...] = ()
+    if watchdog is not None:
+        watchdog.read(force=True)
+        now = watchdog.clock()
+        beats = tuple(Beat(r.rank, r.host, r.pid, r.done, r.phase, now - s.changed,
+                           now - s.ticked)
+                      for s in sorted(watchdog.seen.values(), key=lambda s: s.record.rank)
+                      for r in (s.record,))
+    tails = tuple(Tail(c.label, c.status, tuple(c.tail)[-EVIDENCE_LINES:])
+                  for c in children)
+    return dataclasses.replace(outcome, beats=beats, tails=tails)

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
+from mxlarge.launcher import supervisor
 from mxlarge.launcher.backends.base import LaunchBackend, Spec
 from mxlarge.launcher.backends.dmlc_job import (
     Launched,
@@ -47,16 +48,6 @@ from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.preflight import check_hosts
 from mxlarge.launcher.reach import unreachable_hosts
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
-from mxlarge.launcher.supervisor import (
-    Child,
-    LineSink,
-    Supervisor,
-    check_job,
-    exit_code_for,
-    failure_message,
-    supervise,
-    termination_signals,
-)
 from mxlarge.launcher.watchdog import Watchdog
 
 #: Seconds the remaining processes may take to exit after the scheduler (a spec's default).
@@ -111,7 +102,7 @@ class DmlcBackend(LaunchBackend):
             FirewallError: ``firewall="on"`` and a host cannot take the filter; nothing started.
         """
         workers, servers = spec.world.processes, spec.servers
-        command = check_job(spec.argv, workers, servers)
+        command = supervisor.check_job(spec.argv, workers, servers)
         entries = self.check_hosts(spec.hostfile, workers, servers, spec.server_hosts)
         if shutil.which(self.tool.command) is None:
             raise FileNotFoundError(f"the {self.name} launcher needs {self.tool.command!r} on "
@@ -179,7 +170,7 @@ class DmlcBackend(LaunchBackend):
         allocation), else ``None``."""
         return None
 
-    def explain(self, context: FailureContext, child: Child) -> Outcome:
+    def explain(self, context: FailureContext, child: supervisor.Child) -> Outcome:
         """The outcome naming the server or worker behind the failed ``child``; the default:
         the rank the tool reported (:meth:`FailureContext.explain_reported`)."""
         return context.explain_reported(child, self.tool.rank_word)
@@ -199,7 +190,7 @@ class DmlcBackend(LaunchBackend):
         }.values())
         # every process on loopback (the tests' fake clusters): as local, nothing to filter
         loopback = all(is_loopback(h) for h in [host_ip, *hosts])
-        sink = LineSink(sys.stdout if output is None else output)
+        sink = supervisor.LineSink(sys.stdout if output is None else output)
         return job_filter(spec.firewall, self.firewall_refusal(), env["MXLARGE_JOB_ID"],
                           guarded, SCHEDULER_PORTS, lambda line: sink.emit("launcher", line),
                           loopback=loopback, cut=cut)
@@ -212,7 +203,7 @@ class _SubprocessShim:
     each command starts in a process group of its own under the supervisor, with the
     backend's fixes (:meth:`DmlcBackend.fix_command`), and under the guard."""
 
-    def __init__(self, sup: Supervisor, backend: DmlcBackend) -> None:
+    def __init__(self, sup: supervisor.Supervisor, backend: DmlcBackend) -> None:
         self._sup = sup
         self._backend = backend
         self._pid = os.getpid()
@@ -270,7 +261,7 @@ class DmlcRun:
     errors: list[BaseException]
     shutdown_timeout: float
 
-    def explain(self, child: Child) -> Outcome:
+    def explain(self, child: supervisor.Child) -> Outcome:
         """What the backend says first (:meth:`DmlcBackend.before_explain`), the scheduler's
         (or another child's) own exit, or the server or worker behind it
         (:meth:`DmlcBackend.explain`)."""
@@ -280,9 +271,10 @@ class DmlcRun:
             return early
         if child.role not in ("server", "worker"):
             scheduler = child.role == "scheduler"
-            return blame(exit_code_for(child.status), failure_message(child), child.role, None,
-                         child.index, self.context.host_ip if scheduler else None,
-                         child.status, child, pid=child.guard.pid if scheduler else None)
+            return blame(supervisor.exit_code_for(child.status),
+                         supervisor.failure_message(child), child.role, None, child.index,
+                         self.context.host_ip if scheduler else None, child.status, child,
+                         pid=child.guard.pid if scheduler else None)
         child.join_pump(timeout=1.0)  # the guard's/tool's last lines name what happened
         return self.backend.explain(self.context, child)
 
@@ -316,7 +308,7 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
     module = importlib.import_module(f"dmlc_tracker.{backend.name}")
     args, grace = job.args, job.spec.grace
     sink = ReportSink(output, backend.tool.reports)
-    sup = Supervisor(output, sink=sink, hide_ps_verbose=job.hide_ps_verbose)
+    sup = supervisor.Supervisor(output, sink=sink, hide_ps_verbose=job.hide_ps_verbose)
     # the hosts a stalled job probes (not this one: the launcher runs here)
     remote = {h: job.ports.get(h, 22) for h in job.hosts if h != args.host_ip}
 
@@ -351,10 +343,11 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
     try:
         with tracker_compat(), patched_subprocess([module, tracker], shim), \
                 scheduler_address(tracker, args.host_ip), claimed_scheduler_port(tracker), \
-                termination_signals(stop, received):
+                supervisor.termination_signals(stop, received):
             thread.start()
-            outcome = supervise(sup, DmlcRun(backend, context, thread, errors,
-                                             job.shutdown_timeout), watchdog, stop, received)
+            outcome = supervisor.supervise(
+                sup, DmlcRun(backend, context, thread, errors, job.shutdown_timeout), watchdog,
+                stop, received)
             if outcome.message:
                 bad = outcome.exit_code != 0 and not stop.is_set()
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job" if bad

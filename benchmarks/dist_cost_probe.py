@@ -138,7 +138,7 @@ def work(opts: argparse.Namespace) -> None:
                 | {"bare_pushpull": _med(bare_rows), "floats": floats}
                 | {"buckets": {m: len(lp.trainer.store.buckets) for m, lp in loops.items()
                                if lp.trainer.store.kv is not None}}
-                | {"copied": {m: len(lp.trainer.store._copied) for m, lp in loops.items()
+                | {"copied": {m: len(lp.trainer.store.views.copied) for m, lp in loops.items()
                               if lp.trainer.store.kv is not None}})
 
 

@@ -182,7 +182,7 @@ def _grads_over_steps(fusion_bytes: int, mode: str, reinit_at: int | None = None
             for p in params.values():
                 p._init_grad()
         x = [mx.nd.random.uniform(shape=(4, 3, 8, 8), ctx=c) for c in ctx]
-        adopted.append(all(store._adopted(b) for b in store.buckets if b.fused))
+        adopted.append(all(store.views.adopted(b) for b in store.buckets if b.fused))
         with mx.autograd.record():
             losses = [net(xi).sum() for xi in x]
         mx.autograd.backward(losses)
@@ -210,7 +210,7 @@ def test_fused_members_write_into_the_bucket_and_sum_bitwise_as_per_key(mode, re
     fused, got, adopted = _grads_over_steps(64, mode, reinit_at)
     assert sum(b.fused for b in fused.buckets) >= 1
     assert adopted == [step != reinit_at for step in range(3)]
-    assert all(fused._adopted(b) for b in fused.buckets if b.fused) and not fused._copied
+    assert all(fused.views.adopted(b) for b in fused.buckets if b.fused) and not fused.views.copied
     _assert_bitwise(want, got)
 
 
@@ -219,8 +219,8 @@ def test_a_static_net_that_ran_backward_before_the_store_keeps_copying_bitwise()
     marks say: the NaN probe sees it at the first step and the bucket is copied from then on."""
     _, want, _ = _grads_over_steps(0, "static", backward_first=True)
     fused, got, _ = _grads_over_steps(64, "static", backward_first=True)
-    assert fused._copied == {b.key for b in fused.buckets if b.fused}
-    assert not any(fused._adopted(b) for b in fused.buckets if b.fused)
+    assert fused.views.copied == {b.key for b in fused.buckets if b.fused}
+    assert not any(fused.views.adopted(b) for b in fused.buckets if b.fused)
     _assert_bitwise(want, got)
 
 

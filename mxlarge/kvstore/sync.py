@@ -37,6 +37,7 @@ from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, piece_floats, spread
 from mxlarge.kvstore.order import Order, gate, lead_groups
 from mxlarge.kvstore.pieces import PieceLinks
 from mxlarge.kvstore.roles import ParamRole
+from mxlarge.kvstore.views import BucketViews
 from mxlarge.protocol.session import SESSION
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync", "dist")
@@ -152,8 +153,8 @@ class SyncStore:
         fusion_bytes: bucket size of gradient fusion (module docstring); 0: one key per tensor.
         wire_dtype: ``float32``, or ``float16`` for the 16-bit wire (module docstring).
         on_grads: called whenever the store makes other arrays the members' gradient arrays
-            (a fused bucket's views, :meth:`_adopt`; or the old arrays back, :meth:`_confirm`):
-            whoever holds gradient arrays gathers them again.
+            (:class:`~mxlarge.kvstore.views.BucketViews`): whoever holds gradient arrays gathers
+            them again.
     """
 
     def __init__(self, kvstore: str | mx.kv.KVStore, params: Sequence[mx.gluon.Parameter],
@@ -163,7 +164,6 @@ class SyncStore:
         kind = kvstore if isinstance(kvstore, str) else kvstore.type
         self.kind = validate_kvstore(kind)
         check_wire_dtype(wire_dtype)
-        self._on_grads = on_grads
         self.params = list(params)
         if fusion_bytes < 0:
             raise ValueError(f"fusion_bytes {fusion_bytes}: expected ≥ 0 (0: one key per tensor)")
@@ -172,10 +172,7 @@ class SyncStore:
         self.pushed: list[int] = []
         self.stats: list[int] = []
         self.buckets: list[Bucket] = []
-        self._flat: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> buffer per device
-        self._views: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> [device][member]
-        self._probe: dict[int, list[list[mx.nd.NDArray]]] = {}  # -> old grads [member][device]
-        self._copied: set[int] = set()  # buckets whose members' backward ignores the views
+        self.views = BucketViews(self.params, on_grads)
         self._broadcast: set[int] = set()  # parameters whose keys hold rank 0's values
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
         self.kv = None if isinstance(kvstore, str) else kvstore  # one device in one process: none
@@ -244,7 +241,7 @@ class SyncStore:
 
         ``in_forward``: called from inside a forward pass (the deferred initialisation of its
         last parameter; Gluon pauses recording there, so it cannot be seen): the buckets'
-        views become gradients in the first step instead (:meth:`_adopt`)."""
+        views become gradients in the first step instead (:mod:`mxlarge.kvstore.views`)."""
         self.roles = list(roles)
         self.pushed = [i for i, r in enumerate(roles) if r.pushed]
         self.stats = [i for i, r in enumerate(roles) if r.local_stat]
@@ -276,14 +273,8 @@ class SyncStore:
             if wired:
                 self._wire[b.key] = [mx.nd.zeros(shape, ctx=c, dtype="float16")
                                      for c in contexts]
-            if b.fused:
-                self._flat[b.key] = [mx.nd.zeros((b.size,), ctx=c, dtype=dtype)
-                                     for c in contexts]
-                self._views[b.key] = [
-                    [flat[s:s + int(np.prod(self.params[i].shape))].reshape(self.params[i].shape)
-                     for i, s in zip(b.members, b.offsets)] for flat in self._flat[b.key]]
-                if not in_forward:  # else the first step adopts them
-                    self._adopt(b, copy_in=True)
+            if b.fused:  # adopted now, or in the first step when planned inside a forward
+                self.views.add(b, contexts, dtype, adopt=not in_forward)
             if not b.alone or wired:
                 keys.append(self._wire_key(b))
                 values.append(mx.nd.zeros(shape, dtype="float16" if wired else dtype))
@@ -300,60 +291,6 @@ class SyncStore:
         if self.distributed:
             self.kv._barrier()
         return Plan(tuple(self.pushed), tuple(self.stats))
-
-    def _adopt(self, b: Bucket, copy_in: bool = False) -> None:
-        """Makes bucket ``b``'s views its members' gradient arrays (module docstring): Gluon's
-        ``_grad`` and autograd's marks point at the views from the next backward on; with
-        ``copy_in`` the current gradients are copied into the views first (else the views
-        already hold them: the step copied them out).
-
-        Done when the buckets are planned outside a recorded forward (before the first
-        backward, what a static-alloc net needs), else in the first step; never inside a
-        recorded forward (a deferred initialisation: ops recorded before a re-mark write into
-        the old arrays). A static-alloc CachedOp keeps
-        writing the arrays it saw at its first backward whatever the marks say (measured), so
-        the old arrays are filled with NaN and kept as a probe: if the next backward wrote into
-        them, :meth:`_confirm` returns them to the members and the bucket is copied for good.
-        """
-        if any(self.params[i].grad_req != "write" for i in b.members):
-            # an accumulating backward (grad_req='add': simulated workers) would add into the
-            # NaN probe and keep it NaN, so it could not tell: such buckets are copied
-            self._copied.add(b.key)
-            return
-        old = []
-        for i, *row in zip(b.members, *self._views[b.key], strict=True):
-            p = self.params[i]
-            old.append(p._grad)
-            for g, view in zip(p._grad, row, strict=True):
-                if copy_in:
-                    g.copyto(view)
-                g[:] = np.nan
-            p._grad = list(row)
-            mx.autograd.mark_variables(p.list_data(), p._grad, p.grad_req)
-        self._probe[b.key] = old
-        if self._on_grads is not None:
-            self._on_grads()
-
-    def _confirm(self, b: Bucket) -> bool:
-        """After the first backward since :meth:`_adopt`: True if it wrote into the views (the
-        probes are still NaN); else the members get their old arrays back (now holding this
-        step's gradients) and the bucket is copied in and out from then on."""
-        old = self._probe.pop(b.key)
-        if all(bool(np.isnan(g.asnumpy()).all()) for grads in old for g in grads):
-            return True
-        for i, grads in zip(b.members, old, strict=True):
-            p = self.params[i]
-            p._grad = grads
-            mx.autograd.mark_variables(p.list_data(), p._grad, p.grad_req)
-        self._copied.add(b.key)
-        if self._on_grads is not None:
-            self._on_grads()
-        return False
-
-    def _adopted(self, b: Bucket) -> bool:
-        """Whether every member's gradient array is still its view of ``b``'s buffer."""
-        return all(g is v for i, *row in zip(b.members, *self._views[b.key], strict=True)
-                   for g, v in zip(self.params[i].list_grad(), row, strict=True))
 
     def _init(self, indices: list[int], keys: list[int], values: list[mx.nd.NDArray]) -> None:
         """One ``kv.init`` of parameters ``indices`` (this rank's values; the store keeps rank
@@ -444,21 +381,7 @@ class SyncStore:
         if not b.fused:  # a whole tensor
             exchange(b, self.params[b.key].list_grad(), priority)
             return
-        flats = self._flat[b.key]
-        if self._adopted(b) and (b.key not in self._probe or self._confirm(b)):
-            exchange(b, flats, priority)  # backward wrote into the buffer
-            return
-        # Copies into and out of views of the flat buffer (a slice of a 1-D NDArray shares
-        # its memory and engine variable): measured ~3x faster than one concat op.
-        pairs = [(p.list_grad()[d], view) for d, row in enumerate(self._views[b.key])
-                 for p, view in zip((self.params[i] for i in b.members), row)]
-        for g, view in pairs:
-            g.copyto(view)
-        exchange(b, flats, priority)
-        for g, view in pairs:
-            view.copyto(g)
-        if b.key not in self._copied:
-            self._adopt(b)
+        self.views.exchange(b, lambda flats: exchange(b, flats, priority))
 
     def _exchange(self, b: Bucket, arrays: list[mx.nd.NDArray], priority: int,
                   prescale: float = 1.0) -> None:

@@ -262,3 +262,28 @@ def test_no_module_is_long_without_a_reason():
         if not re.search(r"\blines\b.*\bbecause\b", doc, re.S):
             long.append(f"{p.relative_to(PKG.parent)}: {len(text.splitlines())} lines")
     assert long == []
+
+
+def test_the_supervisor_is_public():
+    """The launcher's heart has a public name: no module named `_supervise` (it is
+    mxlarge/launcher/supervisor.py)."""
+    assert [p for p in PKG.rglob("_supervise.py")] == []
+    assert (PKG / "launcher" / "supervisor.py").is_file()
+
+
+#: The hooks DmlcBackend.run calls, in their order (docs/design/launcher.md).
+DMLC_HOOKS = ("check_hosts", "check_words", "prepare", "layout", "used_hosts")
+
+
+def test_dmlc_run_is_a_template_method():
+    """`DmlcBackend.run` calls its hooks in order, in code; no dmlc backend overrides it."""
+    import inspect
+
+    from mxlarge.launcher.backends.dmlc import DmlcBackend
+    from mxlarge.launcher.registry import REGISTRY
+
+    source = inspect.getsource(DmlcBackend.run)
+    at = [source.find(f"self.{hook}(") for hook in DMLC_HOOKS]
+    assert -1 not in at and at == sorted(at), dict(zip(DMLC_HOOKS, at))
+    dmlc = [c for c in REGISTRY.values() if issubclass(c, DmlcBackend)]
+    assert len(dmlc) == 3 and all("run" not in vars(c) for c in dmlc)

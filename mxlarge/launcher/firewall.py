@@ -1,52 +1,11 @@
 """The packet filter of a cluster job: only the job's own hosts reach the job's ports (nftables).
 
-ps-lite has no authentication, and one malformed message ends the process that receives it
-(:mod:`mxlarge.launcher.pslog`). A local job listens on 127.0.0.1 only, so nothing outside the
-machine reaches it; a cluster job's scheduler, servers and workers listen on their hosts'
-cluster addresses. While such a job runs, every host of the job (the launching host, where the
-scheduler runs, and every host of the hostfile) gets one nftables table::
-
-    table ip mxlarge_<job id>_<guard pid> {
-        set job_hosts { type ipv4_addr; elements = { <every IPv4 address of every job host> } }
-        chain input {
-            type filter hook input priority filter - 10; policy accept;
-            iif "lo" accept
-            ct state established,related accept
-            ip saddr @job_hosts accept
-            tcp dport { 9091-9998, 10000-60999 } counter reject with tcp reset
-        }
-    }
-
-New TCP connections from anywhere else to those ports are refused; nothing else changes (the
-chain's policy is accept and other tables' rules still apply). The ports are every port a
-job's process can listen on, since the servers' and workers' own ports are only known once
-they listen: dmlc_tracker's scheduler ports (:data:`SCHEDULER_PORTS`), ps-lite's fallback ports
-(:data:`PS_LITE_PORTS`) and the host's ephemeral range (``ip_local_port_range``, where ps-lite's
-first choice, a port the kernel hands out, lies). A service of someone else on such a port of a
-job host is unreachable from outside the job's hosts for as long as the job runs.
-
-Lifetime. One guard process per host (:data:`GUARD`: a POSIX shell; on the other hosts the same
-shell behind ``ssh``) reports the host's addresses, installs the table the launcher sends it,
-then reads its standard input until end of file and deletes the table. End of file comes when
-the launcher closes the pipe at the end of the job, and also when the launcher dies, SIGKILL
-included (the pipe's only writer is gone; for a remote guard, its ssh client's input ends and
-ssh passes the end on). The launcher also writes a byte a second (the lease, as for the job's
-processes, :mod:`mxlarge.launcher.guard`): a guard that hears nothing for 10 s (its host cut
-off) deletes the table and ends its own sshd session, which would otherwise wait for a client
-that is gone until the link is back. At the end the launcher waits up to 10 s for each host to
-confirm the removal, but probes a host that has not confirmed after 1 s, and does not wait for
-one that does not answer. A table whose guard is gone anyway (the guard killed) is stale: every
-guard first deletes the stale ``mxlarge_*`` tables of its host, so the next job there removes
-them (and ``python -m mxlarge.launcher.firewall clean`` does it by hand).
-
-Rights. nft needs root (CAP_NET_ADMIN) on every host. ``mode="auto"`` (the default) installs
-the filter where the launcher runs as root and ``nft`` is there, and on every host that accepts
-it, and says in one line where it could not; ``"on"`` makes any host that cannot take it an
-error (:class:`FirewallError`, nothing started); ``"off"`` installs nothing. Not offered for
-``slurm`` (see :mod:`mxlarge.launcher.backends.slurm`) nor for local jobs (nothing to protect:
-loopback).
-
-Importing this module does not import MXNet.
+While a job runs, every host of the job gets one table ``mxlarge_<job id>_<guard pid>`` that
+rejects new TCP connections to :data:`SCHEDULER_PORTS`, :data:`PS_LITE_PORTS` and the ephemeral
+range from any address but the job hosts'; a guard process per host (:data:`GUARD`) installs it
+and deletes it when its input ends or its lease stops. ``mode``: ``auto`` where it can, ``on``
+or :class:`FirewallError`, ``off``. The table, its lifetime and the rights it needs: "The
+packet filter" in docs/design/launcher.md. Importing this module does not import MXNet.
 """
 from __future__ import annotations
 

@@ -5,15 +5,26 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from mxlarge.launcher.outcome import Beat, Outcome, ProcessFailure, Tail
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 from mxlarge.protocol.heartbeat import Record
 
-if TYPE_CHECKING:
-    from mxlarge.launcher.supervisor import Child
+
+class Child(Protocol):
+    """What a verdict reads of a supervised child
+    (:class:`~mxlarge.launcher.supervisor.Child`)."""
+
+    role: str
+    index: int | None
+    label: str
+    status: int | None
+    tail: Sequence[str]
+
+    @property
+    def pid(self) -> int: ...
 
 
 def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:

@@ -1,53 +1,13 @@
 """The launcher's stall watchdog: "no worker advanced for T seconds" ends the job, named.
 
-ps-lite has no timeout on a silent peer: one stopped worker (a hung GPU, a stuck NFS read, a
-partitioned node, ``SIGSTOP``) leaves every other process waiting in push/pull forever. The
-supervision loop of every backend (:func:`mxlarge.launcher.supervisor.supervise`) calls
-:meth:`Watchdog.check` on every poll; it reads the workers' heartbeat files
-(:mod:`mxlarge.protocol.heartbeat`) at most every :data:`READ_EVERY` seconds.
-
-The rules:
-
-* **Armed after the first step.** Until every worker has completed one step in this launch,
-  the stall rule does not apply: imports, data loading, KVStore start-up and the first step
-  (graph building, allocation) may take long.
-* **Start.** Instead, the start has its own limit: :data:`START_FACTOR` times the timeout from
-  the launch (the watchdog's creation) for every worker to complete its first step (busy phases:
-  :data:`BUSY_FACTOR` times that), warned about at half. It applies once a worker has reported
-  (built its ``mxlarge.Trainer``); a command that never reports (no ``mxlarge.Trainer``) gives
-  the launcher nothing to judge. Named as behind: the workers past no step, and how many never
-  reported.
-* **Stall.** Once armed, the job is stalled when no worker's record (steps, phase) has changed
-  for ``timeout`` seconds, measured on the launcher's clock (no clock skew between hosts).
-  A warning naming the ranks behind comes at half of it.
-* **Busy phases.** While a live worker (its heartbeat thread ticks) reports a phase other than
-  ``train`` (the training loop marks its end-of-epoch hooks, evaluation and checkpoints, as
-  ``evaluating/checkpointing``, and its final hooks as ``finishing``; a script marks its own
-  with ``trainer.busy("...")``), the allowance is :data:`BUSY_FACTOR` times the timeout: that
-  is what the allowance is for, a long evaluation of a worker that is alive. A worker that
-  stopped ticking (the watchdog calls it "not responding") gets none, whatever its last
-  record said, and neither does a job with a host that does not answer the probe.
-* **Probe.** Once no worker advanced for half the timeout, the launcher probes the job's hosts
-  (:func:`mxlarge.launcher.reach.unreachable_hosts`, at most every :data:`PROBE_EVERY` s): a
-  host that does not answer is named as unreachable (a partition, a dead machine) in the
-  warning and in the stall, and it ends the busy allowance.
-* **Done once a worker has exited**: the end of a job is the shutdown timeout's business.
-* **Finished.** A worker's last record says :data:`~mxlarge.protocol.heartbeat.FINISHED` once
-  every worker passed the store's last barrier at exit (:mod:`mxlarge.kvstore.shutdown`): a
-  finished worker is not busy, and once every worker is, the job cannot stall. A worker still
-  running :data:`EXIT_GRACE` seconds after that is stuck in its exit (MXNet's shutdown), and
-  the launcher ends it and reports the job finished
-  (:func:`mxlarge.launcher.verdict.exit_outcome`).
-* **Default timeout** (``timeout=None``): max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` × the
-  median step time measured so far).
-* **Who is behind.** Workers whose heartbeat thread stopped ticking for :data:`FROZEN_AFTER`
-  seconds (stopped, frozen or dead machine); else those with the lowest issued step (they have
-  not pushed what the others wait for); else none: every worker waits at the same step, so an
-  unreachable host (when the probe found one) or a process its guard found stopped (a server,
-  the scheduler: :class:`~mxlarge.launcher.guard.Stopped`, named with its host, and named
-  instead of the lowest issued step, which a stopped server leaves to chance), else a server,
-  the scheduler or the network is the suspect. Ranks are kvstore ranks, as in the
-  launcher's other lines.
+ps-lite has no timeout on a silent peer: one stopped worker leaves every other process waiting
+in push/pull forever. The supervision loop of every backend
+(:func:`mxlarge.launcher.supervisor.supervise`) calls :meth:`Watchdog.check` on every poll; it
+reads the workers' heartbeat files (:mod:`mxlarge.protocol.heartbeat`) at most every
+:data:`READ_EVERY` seconds. The default timeout: max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` ×
+the median step time); busy phases get :data:`BUSY_FACTOR` × it, the first step
+:data:`START_FACTOR` × it. The rules (arming, start, busy phases, probe, finished, who is
+behind): "The stall watchdog's rules" in docs/design/launcher.md.
 """
 from __future__ import annotations
 

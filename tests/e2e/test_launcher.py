@@ -572,7 +572,7 @@ def test_ssh_backend_runs_a_real_job_over_loopback(fakes: Path, tmp_path: Path,
     ssh = calls(fakes, "ssh")
     assert len(ssh) == 3
     # ssh -tt -o ServerAliveInterval=3 -o ServerAliveCountMax=3 -o StrictHostKeyChecking=no
-    # HOST -p PORT 'REMOTE COMMAND' (-tt, keepalives: see cluster.py)
+    # HOST -p PORT 'REMOTE COMMAND' (-tt, keepalives: see backends/ssh.py)
     assert all(c["argv"][:5] == ["-tt", "-o", "ServerAliveInterval=3", "-o",
                                  "ServerAliveCountMax=3"] for c in ssh), ssh
     for c in ssh:

@@ -86,10 +86,9 @@ def _is_launcher(module: str) -> bool:
 
 # The training code: what runs inside a worker. None of it may reach the launcher.
 TRAINING = ("mxlarge.trainer", "mxlarge.run", "mxlarge.loop", "mxlarge.plan", "mxlarge.hooks",
-            "mxlarge.checkpoint", "mxlarge.bnstats", "mxlarge.gns", "mxlarge.config",
-            "mxlarge.resume")
+            "mxlarge.checkpoint", "mxlarge.bnstats", "mxlarge.gns", "mxlarge.resume")
 TRAINING_PACKAGES = ("mxlarge.kvstore", "mxlarge.schedulers", "mxlarge.nets", "mxlarge.data",
-                     "mxlarge.protocol", "mxlarge.tracking")
+                     "mxlarge.protocol", "mxlarge.tracking", "mxlarge.config")
 # What may import the launcher: the front ends that turn argv into a job (and the sweep, which
 # runs cells through `mxlarge launch`).
 FRONT_ENDS = {"mxlarge.cli", "mxlarge.launch_cli", "mxlarge.sweep"}
@@ -130,6 +129,18 @@ def test_schedulers_and_plan_leaves():
     g = import_graph()
     assert g["mxlarge.schedulers"] == set()
     assert g["mxlarge.hooks"] == set()
+
+
+def test_config_layers():
+    """The schema knows no loader; the rules and the export read only the schema; the loader
+    the schema and the rules."""
+    g = import_graph()
+    config = {m: {d for d in deps if d.startswith("mxlarge.config")}
+              for m, deps in g.items() if m.startswith("mxlarge.config.")}
+    assert config == {"mxlarge.config.schema": set(),
+                      "mxlarge.config.rules": {"mxlarge.config.schema"},
+                      "mxlarge.config.export": {"mxlarge.config.schema"},
+                      "mxlarge.config.loader": {"mxlarge.config.schema", "mxlarge.config.rules"}}
 
 
 def test_report_does_not_import_mxnet():

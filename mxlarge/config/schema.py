@@ -1,0 +1,185 @@
+"""The experiment's schema: frozen dataclasses, each field with its default, doc and range.
+
+Every experiment is one YAML file whose keys mirror these dataclasses; :mod:`.loader` reads it
+strictly and :mod:`.rules` checks what one field's range cannot. A field is declared with
+:func:`_f` (default, doc, rules: ``choices``, ``ge``, ``gt``, ``le``, ``lt``); the doc is what
+``mxlarge show --explain KEY`` prints. What the world size makes of a config (global batch, LR,
+steps) is decided in :mod:`mxlarge.plan`, not here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mxlarge.errors import InputError
+from mxlarge.kvstore import FUSION_BYTES
+
+DATASETS = ("digits", "synthetic", "imagenet", "cifar10", "mnist1d")
+KVSTORES = ("local", "device", "dist_sync", "dist_device_sync")
+# models whose builder reads ``model.width`` (mxlarge.nets); zoo models ignore it
+LOCAL_NETS = ("small_resnet", "small_plain", "resnet1d")
+
+
+class ConfigError(InputError):
+    """A configuration problem: names the file, the key, the value and what was expected."""
+
+
+def _f(default: Any, doc: str, **rules: Any) -> Any:
+    """A dataclass field with a docstring and validation rules (choices, ge, gt, le, lt)."""
+    if isinstance(default, (list, dict)):
+        raise TypeError("mutable default")
+    return field(default=default, metadata={"doc": doc, **rules})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = _f("digits", "which dataset", choices=DATASETS)
+    batch_size: int = _f(32, "images per worker (per device) and step: Goyal's n", ge=1)
+    root: str | None = _f(None, "cifar10: directory of the binary batches")
+    train_rec: str | None = _f(None, "imagenet: training .rec (its .idx beside it)")
+    val_rec: str | None = _f(None, "imagenet: validation .rec (its .idx beside it)")
+    image_size: int = _f(224, "imagenet/synthetic: side of the square network input", ge=1)
+    resize: int = _f(256, "imagenet validation: shorter side before the centre crop", ge=1)
+    scale: tuple[float, float] = _f((0.08, 1.0), "imagenet: random-resized-crop area range",
+                                    gt=0, le=1)
+    ratio: tuple[float, float] = _f((0.75, 4 / 3), "imagenet: random-resized-crop aspect range",
+                                    gt=0)
+    flip: bool = _f(True, "imagenet/cifar10: random horizontal flip when training")
+    augment: bool = _f(True, "digits/cifar10: random shift (pad and crop) and, for cifar10, flip")
+    mean: tuple[float, float, float] = _f((123.68, 116.779, 103.939),
+                                          "imagenet/cifar10: per-channel mean (0-255)")
+    std: tuple[float, float, float] = _f((58.393, 57.12, 57.375),
+                                         "imagenet/cifar10: per-channel std (0-255)", gt=0)
+    synthetic_train: int = _f(2048, "synthetic: number of training images", ge=1)
+    synthetic_val: int = _f(256, "synthetic: number of validation images", ge=1)
+    mnist1d_train: int = _f(4000, "mnist1d: training samples generated", ge=1)
+    mnist1d_val: int = _f(1000, "mnist1d: validation samples generated", ge=1)
+    cache_dir: str | None = _f(None, "mnist1d: cache of generated sets (default: "
+                                     "$XDG_CACHE_HOME/mxlarge or ~/.cache/mxlarge)")
+    num_classes: int = _f(10, "number of classes in the data", ge=2)
+    train_samples: int | None = _f(None, "training images, for `show` without the data at "
+                                            "hand (ImageNet-1k: 1281167)", ge=1)
+    threads: int = _f(2, "imagenet: decoding threads per worker", ge=1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f("small_resnet", "small_resnet, small_plain, resnet1d or a GluonCV model-zoo "
+                                   "name")
+    width: int = _f(16, "small_resnet/small_plain/resnet1d: channels of the first stage",
+                    ge=1)
+    he_init: bool = _f(True, "He/MSRA normal init of convolutions (Goyal et al.)")
+    fc_init_std: float = _f(0.01, "std of the final Dense init; 0 keeps the builder's init", ge=0)
+    zero_gamma: bool = _f(True, "gamma = 0 for the last BatchNorm of every residual block")
+    hybridize: bool = _f(True, "hybridize the network (static graph)")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    base_lr: float = _f(0.1, "reference LR, valid at reference_batch", gt=0)
+    reference_batch: int = _f(256, "global batch at which base_lr is right", ge=1)
+    scaling: str = _f("linear", "LR scaling rule from reference_batch to the global batch",
+                      choices=("linear", "sqrt", "none"))
+    momentum: float = _f(0.9, "momentum m", ge=0, lt=1)
+    nesterov: bool = _f(False, "Nesterov momentum")
+    momentum_correction: bool = _f(True, "rescale the velocity by lr_t/lr_(t-1) (Goyal eq. 9)")
+    weight_decay: float = _f(1e-4, "L2 weight decay lambda", ge=0)
+    decay_bn_bias: bool = _f(False, "also decay BatchNorm gamma/beta and biases")
+    warmup: str = _f("linear", "gradual (linear), constant, or no warmup",
+                     choices=("linear", "constant", "none"))
+    warmup_epochs: float = _f(5.0, "length of the warmup", ge=0)
+    warmup_lr: float | None = _f(None, "LR at step 0 of the warmup (default: base_lr)", gt=0)
+    decay: str = _f("step", "schedule after warmup", choices=("step", "cosine", "poly", "none"))
+    decay_epochs: tuple[float, ...] = _f((30.0, 60.0, 80.0), "step decay: epochs of each drop",
+                                         ge=0)
+    decay_factor: float = _f(0.1, "step decay: multiplier at each drop", gt=0, le=1)
+    poly_power: float = _f(2.0, "poly decay: power", gt=0)
+    lars: bool = _f(False, "layer-wise adaptive rate scaling (You et al. 2017); the scheduled LR "
+                           "is then the paper's global LR gamma, not an SGD LR "
+                           "(docs/performance.md, LARS)")
+    lars_eta: float = _f(0.001, "LARS trust coefficient eta (the paper's and MXNet's 0.001)",
+                         gt=0)
+    lars_lr: float | None = _f(None, "LARS: the global LR gamma at reference_batch, used "
+                                     "instead of base_lr (required with lars)", gt=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = _f(90, "training epochs", ge=1)
+    seed: int = _f(0, "seed of init and data order", ge=0)
+    eval_every: int = _f(1, "evaluate every this many epochs", ge=1)
+    log_every: int = _f(10, "log training metrics every this many steps", ge=1)
+    progress: bool = _f(True, "tqdm progress bar per epoch")
+    max_steps: int | None = _f(None, "stop after this many steps (smoke runs)", ge=1)
+    checkpoint_every: int = _f(0, "write an exact checkpoint every N epochs and after the last "
+                                  "(0: never)", ge=0)
+    checkpoint_dir: str = _f("checkpoints/{name}", "where checkpoints go ({name}: the "
+                                                   "experiment name); shared storage for "
+                                                   "multi-host jobs")
+    keep_last: int = _f(3, "checkpoints kept (0: all)", ge=0)
+    divergence_factor: float = _f(10.0, "stop when the training loss exceeds this multiple of "
+                                        "its first value (0: only non-finite values stop)",
+                                  ge=0)
+    gns_every: int = _f(0, "estimate the gradient noise scale every N steps (0: off; needs "
+                           "2+ workers, devices or simulated workers)", ge=0)
+    gns_decay: float = _f(0.9, "EMA factor of the gradient-noise-scale estimates", ge=0, lt=1)
+    amp: str = _f("none", "MXNet AMP (mxnet.contrib.amp) with dynamic loss scaling: bfloat16 "
+                          "(CPU) or float16 (GPU); weights stay float32",
+                  choices=("none", "bfloat16", "float16"))
+    save_params: str | None = _f(None, "also write the final parameters here ('{rank}' is "
+                                       "replaced by the rank; '.local' copy has the rank's own "
+                                       "BN statistics)")
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    kvstore: str = _f("local", "KVStore type", choices=KVSTORES)
+    workers: int = _f(1, "worker processes the experiment is written for", ge=1)
+    devices: int = _f(1, "devices per worker; each takes data.batch_size images and keeps its "
+                         "own BN statistics", ge=1)
+    device_type: str = _f("cpu", "cpu (mx.cpu(i) per device) or gpu (mx.gpu(i))",
+                          choices=("cpu", "gpu"))
+    simulate_workers: int = _f(1, "reproduce this many dist_sync workers exactly in one "
+                                  "process (micro-batches of data.batch_size, own BN "
+                                  "statistics each)", ge=1)
+    servers: int = _f(0, "parameter servers the experiment is written for (0: one per worker, "
+                         "as MXNet's launch.py: each server then carries a worker's share of "
+                         "every gradient, |g| per step, as much as a worker's own link)", ge=0)
+    server_hosts: tuple[str, ...] = _f((), "hosts that run parameter servers only (ssh: "
+                                           "addresses, mpi: names, slurm: nodes of the "
+                                           "allocation); empty: servers share the worker "
+                                           "hosts. Each worker host then moves |g| per step "
+                                           "each way instead of 2(n-1)/n·|g| (n worker hosts)")
+    bn_stats: str = _f("reduce", "BN statistics for evaluation/checkpoints",
+                       choices=("local", "broadcast", "reduce"))
+    check_every: int = _f(50, "compare a weight checksum across ranks every N steps (0: never)",
+                          ge=0)
+    compression: str = _f("none", "gradient compression on push", choices=("none", "2bit"))
+    compression_threshold: float = _f(0.5, "2bit compression threshold", gt=0)
+    fusion_bytes: int = _f(FUSION_BYTES, "gradient fusion: tensors smaller than this travel "
+                                         "packed in buckets of up to this many bytes, one "
+                                         "request each, and with S ≥ 2 servers tensors over S "
+                                         "buckets as pieces of S buckets (0: one key per "
+                                         "tensor)", ge=0)
+    wire_dtype: str = _f("float32", "the type gradients travel in between workers and servers "
+                                    "(float16: half the bytes, summed in float32 by the "
+                                    "servers)", choices=("float32", "float16"))
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    enabled: bool = _f(True, "track the run in MLflow")
+    uri: str | None = _f(None, "tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                                  "sqlite:///mlruns.db in the working directory)")
+    experiment: str = _f("mxlarge", "MLflow experiment name")
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = _f("unnamed", "experiment name")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -15,7 +15,8 @@ from mxlarge.reporting.plots import plot_study
 from mxlarge.reporting.runs import RunData
 from mxlarge.reporting.summary import summarize
 from mxlarge.reporting.tables import largest_within, render_markdown, study_markdown
-from mxlarge.sweep import cell_tags, expand, sweep_from_dict
+from mxlarge.sweep import cell_tags, expand
+from mxlarge.sweep_file import sweep_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = json.dumps({"reference": "1x recipe", "tolerance": 0.003})

@@ -17,8 +17,8 @@ chosen by ``dist.bn_stats``:
 
 Simulated workers swap their statistics in and out of the net (:meth:`BNStats.worker`). A
 hybridized net's backward writes the running statistics without the engine ordering that write
-before a following copy (measured on MXNet 1.9.1: the copy saw the old values), so every swap or
-copy waits for pending work first.
+before a following copy (on MXNet 1.9.1 the copy saw the old values), so every swap or copy
+waits for pending work first.
 """
 from __future__ import annotations
 

@@ -324,9 +324,9 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
 
         A host silent to slurmctld for a while is "not responding" to it (DOWN after
         SlurmdTimeout), and slurmctld pings such nodes again only every 100 s: until then an
-        allocation that asks for the host waits (measured: 65 s after a 40 s cut, more than
-        150 s once DOWN). So on reconnecting, every slurmd is told to register again
-        (``scontrol reconfigure``) and this returns once Slurm sees ``host`` responding.
+        allocation that asks for the host waits. So on reconnecting, every slurmd is told to
+        register again (``scontrol reconfigure``) and this returns once Slurm sees ``host``
+        responding.
 
         Raises:
             TestbedError: the node still not responding 30 s after the reconnection.

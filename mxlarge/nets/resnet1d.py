@@ -23,16 +23,14 @@ fan-out ``C_out * k``.
 **Why 2-D convolutions.** On MXNet 1.9.1's CPU build, a hybridized ``Conv1D`` followed by
 ``BatchNorm`` fails inside MKLDNN with ``Check failed: !is_view`` (ndarray.cc:649), in training
 as well as at inference (pinned by ``tests/test_resnet1d.py``). ``MXNET_MKLDNN_ENABLED=0`` avoids
-it but is process-wide, slows every other net, and makes MXNet's reference Conv1D about 15x
-slower than this layout (measured: 200 steps of a 2-conv net, batch 32, length 40: Conv1D
-without MKLDNN 18.2 s, Conv2D (1, 5) with MKLDNN 1.2 s). A ``(1, k)`` kernel over an ``H = 1``
-input is the same operation, MKLDNN runs it as any 2-D net, and nothing global changes.
+it but is process-wide, slows every other net, and leaves MXNet's reference Conv1D far slower
+than this layout. A ``(1, k)`` kernel over an ``H = 1`` input is the same operation, MKLDNN
+runs it as any 2-D net, and nothing global changes.
 
 **Why ``mean`` and not ``GlobalAvgPool2D``.** MKLDNN's backward of a global pooling over an
-``(N, 4w, 1, 10)`` map takes ~2.5 ms and hands the last BatchNorm's backward a layout that
-makes it slower still; ``F.mean(x, axis=(2, 3))`` is the same average (a sum over ``H * L``
-divided by ``H * L``) without MKLDNN. Measured: forward + backward of this net, batch 32,
-hybridized, one thread: 11.0 ms with the pooling layer, 2.5 ms with ``mean``.
+``(N, 4w, 1, 10)`` map is slow and hands the last BatchNorm's backward a layout that makes it
+slower still; ``F.mean(x, axis=(2, 3))`` is the same average (a sum over ``H * L`` divided by
+``H * L``) without MKLDNN.
 """
 from __future__ import annotations
 

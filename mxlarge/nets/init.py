@@ -23,24 +23,10 @@ Any other parameter (a Dense that is not the last one, a convolution weight when
 off, ...) gets its builder's default: ``Parameter.init`` when the layer set one, else
 :data:`DEFAULT_INIT`, which is what ``net.initialize()`` would use.
 
-**Residual blocks, generically.** GluonCV's own ``last_gamma=True`` only exists for some
-blocks (``resnet18_v1b`` silently ignores it, CIFAR models raise ``TypeError``), so mxlarge has
-its own rule: a residual block is any Gluon block with a ``downsample`` attribute (every GluonCV
-residual block has one, ``None`` when the shortcut is the identity). Its residual branch's last
-BatchNorm is the last ``BatchNorm`` among its descendants in registration order, excluding the
-``downsample`` subtree. That BN must really end the branch: the block is traced symbolically and
-the BN kept only if its output goes straight into an addition with an operand that does not
-depend on it (the shortcut), possibly through a linear op such as an SE gate's
-``broadcast_mul``.
-
-Pre-activation (v2) blocks, blocks ending in a fused ``BatchNormReLU`` and BN-free blocks fail
-this test and are skipped (listed in :attr:`InitReport.skipped`; ``mxlarge train`` and
-``mxlarge show`` print :meth:`InitReport.warning` on stderr). Pre-activation blocks on purpose:
-their branch is ``... BN - relu - conv`` so the last BN is followed by a convolution. Zeroing it
-would not give an identity block in a trainable way: the BN output would be exactly 0 where
-MXNet's relu has zero gradient, so :math:`\gamma`, :math:`\beta` and the last convolution
-would all receive zero gradient and the branch would stay dead forever. The recipe targets v1
-networks.
+Residual blocks are found generically: any Gluon block with a ``downsample`` attribute, whose
+branch is traced to end in a BatchNorm that feeds the addition with the shortcut; others are
+skipped and listed in :attr:`InitReport.skipped`. The rule and why pre-activation blocks are
+skipped: docs/design/init.md.
 """
 from __future__ import annotations
 

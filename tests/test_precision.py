@@ -319,7 +319,8 @@ def test_float16_adam_and_lamb_with_multi_precision_equal_gluon_trainers_bitwise
     for (n, p), q in zip(nets[0].collect_params().items(), nets[1].collect_params().values()):
         np.testing.assert_array_equal(p.data().asnumpy(), q.data().asnumpy(), err_msg=n)
     ref.save_states(str(tmp_path / "gluon.states"))
-    theirs, count = states_file.read(str(tmp_path / "gluon.states"), ours.names, ours.opt_states.parts)
+    theirs, count = states_file.read(str(tmp_path / "gluon.states"), ours.names,
+                                     ours.opt_states.parts)
     mine = ours.state_arrays()
     assert count == 6 and sorted(theirs) == sorted(mine)
     assert {k.split(":")[0] for k in mine} == {"master", "state0", "state1"}

@@ -17,13 +17,9 @@ backward ends, t₂ when the last sum has landed::
 
 The 2: with the servers on the workers' hosts, during backward a host's link carries its
 pushes, over the whole exchange also as many bytes of its server's replies. With server hosts
-(pushes and replies on a link's two directions) the order stays backward: not measured
-there. Each rank takes the median of its probes, every rank the median of those over the ranks
-(one collective on the call after the probes): at 1 Gbit/s one probe alone moved between 0.09
-and 0.19, and the mean over the ranks once came out 0.47. A lead ≥ 1 (a fast link, a small
-net) keeps the backward order. Launches at 1 Gbit/s, ResNet-50, 3 co-located hosts
-(docs/performance.md): with the measured leads (0.09–0.19) the median of four launches was
-1.6% shorter than in backward order; with a fixed 0.3 it was longer.
+the order stays backward. Each rank takes the median of its probes, every rank the median of
+those over the ranks; a lead ≥ 1 (a fast link, a small net) keeps the backward order. Why the
+medians, and the launches that measured it: docs/design/sync.md, "The order of the exchange".
 """
 from __future__ import annotations
 

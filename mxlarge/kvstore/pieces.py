@@ -2,9 +2,8 @@
 
 MXNet's engine orders operations by variable, and a slice of an NDArray shares its variable:
 a push-pull writes the array it sends (on CPU it receives into it), so the pieces of one tensor,
-sent as slices, would each wait for the previous piece's sum to come back (``python -m
-benchmarks.pieces_probe``: 64 pieces of 65,536 floats, 1 worker + 1 server on loopback, 39.3 ms
-as slices, 22.3 ms as here, 20.2 ms as separate arrays). Each piece is exchanged instead
+sent as slices, would each wait for the previous piece's sum to come back (measured:
+docs/design/sync.md, "A tensor's pieces"). Each piece is exchanged instead
 through an alias of its memory with a variable of its own (DLPack), and two one-element copies
 link the aliases to the gradient's variable: each piece's copy in reads the gradient (so it
 follows backward), its copy out writes it (so the update and the next backward follow the sum).

@@ -61,7 +61,7 @@ def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
     """A job whose work is done, with a worker stuck in its exit: finished, not stalled.
 
     Every worker reported finished (after the store's last barrier:
-    :mod:`mxlarge.kvstore.shutdown`) :attr:`Watchdog.exit_grace` seconds ago or more, and a
+    :mod:`mxlarge.protocol.session`) :attr:`Watchdog.exit_grace` seconds ago or more, and a
     worker is still running: ``emit`` gets one warning line naming those still running (rank,
     host, pid; a worker on a remote host is named while the job has not ended, as the launcher
     cannot see its process exit) and the outcome is the job finished (exit 0); the caller's

@@ -217,10 +217,10 @@ def test_bfloat16_amp_writes_no_accumulated_gradient_of_its_bfloat16_layers():
     """Why ``train.amp=bfloat16`` refuses ``dist.simulate_workers > 1`` (which accumulates with
     ``grad_req='add'``): under bfloat16 AMP the convolution's and dense layer's gradients stay
     zero with 'add' (BatchNorm's, in float32, accumulate). AMP patches MXNet for the whole
-    process, so the script runs in its own (tests/amp_add_fact.py)."""
+    process, so the script runs in its own (tests/scripts/amp_add_fact.py)."""
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent / "amp_add_fact.py"
+    script = Path(__file__).resolve().parent / "scripts" / "amp_add_fact.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

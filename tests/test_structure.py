@@ -305,3 +305,19 @@ def test_dmlc_run_is_a_template_method():
     assert -1 not in at and at == sorted(at), dict(zip(DMLC_HOOKS, at))
     dmlc = [c for c in REGISTRY.values() if issubclass(c, DmlcBackend)]
     assert len(dmlc) == 3 and all("run" not in vars(c) for c in dmlc)
+
+
+def test_tests_mirror_the_package():
+    """Tests of a package of mxlarge/ live in the folder of its name, and the scripts tests run
+    as processes in tests/scripts/: the root holds only tests of top-level modules."""
+    tests = PKG.parent / "tests"
+    loose = sorted(p.name for p in tests.glob("*.py")
+                   if not p.name.startswith("test_")
+                   and p.name not in ("__init__.py", "conftest.py", "helpers.py"))
+    assert loose == []
+    packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    for p in tests.glob("test_*.py"):
+        assert p.stem.removeprefix("test_") not in packages, f"{p.name} belongs in tests/" \
+            f"{p.stem.removeprefix('test_')}/"
+    for folder in ("kvstore", "trainer", "launcher", "protocol", "tracking", "config"):
+        assert any((tests / folder).glob("test_*.py")), folder

@@ -29,14 +29,14 @@ previous LR in the object and so resets to 1 after the first aggregated group of
 Which kernel runs a tensor: on CPU (with momentum) a tensor of :data:`ALONE` elements or more
 gets ``sgd_mom_update`` of its own and the smaller ones share the multi-tensor kernel; on a GPU
 every tensor goes through the multi-tensor kernel. Both give bitwise the same result
-(``tests/test_updater.py``); why: docs/design/sync.md, "The update's kernels".
+(``tests/kvstore/test_updater.py``); why: docs/design/sync.md, "The update's kernels".
 
 **Mixed precision** (``multi_precision=True``, as MXNet's SGD): a float16 weight keeps a float32
 master copy and float32 momentum in its state ``(momentum, master)``; the kernels are MXNet's
 multi-precision ones (``multi_mp_sgd_mom_update``, ``preloaded_multi_mp_sgd_mom_update``; NAG
 runs its float32 kernel on the master copy), which update the master copy in float32 and write
 the float16 weight as its rounding, with the same momentum correction and per-role decay: the
-master copies follow the float32 update exactly (``tests/test_updater.py``).
+master copies follow the float32 update exactly (``tests/kvstore/test_updater.py``).
 
 Every attribute is a plain Python value so the object survives MXNet's protocol-0 pickle.
 """

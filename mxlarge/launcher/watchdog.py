@@ -32,7 +32,7 @@ FROZEN_AFTER = 5.0
 READ_EVERY = 0.5
 PROBE_EVERY = 5.0
 # Seconds a finished worker may take to exit: MXNet's shutdown took 0.9-2.2 s from the record
-# to the exit (10 workers of tests/exit_script.py on loopback, 2 cores at a load of 6.5).
+# to the exit (10 workers of tests/scripts/exit_script.py on loopback, 2 cores at a load of 6.5).
 EXIT_GRACE = 10.0
 # Exit code of a job the watchdog stopped (as coreutils' `timeout` does).
 STALL_EXIT = 124

@@ -22,10 +22,10 @@ fan-out ``C_out * k``.
 
 **Why 2-D convolutions.** On MXNet 1.9.1's CPU build, a hybridized ``Conv1D`` followed by
 ``BatchNorm`` fails inside MKLDNN with ``Check failed: !is_view`` (ndarray.cc:649), in training
-as well as at inference (pinned by ``tests/test_resnet1d.py``). ``MXNET_MKLDNN_ENABLED=0`` avoids
-it but is process-wide, slows every other net, and leaves MXNet's reference Conv1D far slower
-than this layout. A ``(1, k)`` kernel over an ``H = 1`` input is the same operation, MKLDNN
-runs it as any 2-D net, and nothing global changes.
+as well as at inference (pinned by ``tests/nets/test_resnet1d.py``).
+``MXNET_MKLDNN_ENABLED=0`` avoids it but is process-wide, slows every other net, and leaves
+MXNet's reference Conv1D far slower than this layout. A ``(1, k)`` kernel over an ``H = 1``
+input is the same operation, MKLDNN runs it as any 2-D net, and nothing global changes.
 
 **Why ``mean`` and not ``GlobalAvgPool2D``.** MKLDNN's backward of a global pooling over an
 ``(N, 4w, 1, 10)`` map is slow and hands the last BatchNorm's backward a layout that makes it

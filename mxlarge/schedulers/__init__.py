@@ -7,7 +7,7 @@ its own start (as optax's ``join_schedules``).
 
 Step convention: ``step`` is the number of updates already applied, so the first update uses
 ``schedule(0)``. (MXNet's own optimizers call their ``lr_scheduler`` with 1 on the first update;
-see ``tests/test_schedulers.py``.)
+see ``tests/schedulers/test_schedulers.py``.)
 """
 from __future__ import annotations
 

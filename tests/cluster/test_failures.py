@@ -247,7 +247,7 @@ def _h2_worker(work: Path) -> Record | None:
 
 
 def busy_job(testbed: Testbed, stopped: list[tuple[int, float]]) -> Beside:
-    """A user's own loop (tests/own_loop.py under ``python -m mxlarge.launcher``, ssh, 2 + 2
+    """A user's own loop (tests/scripts/own_loop.py under ``python -m mxlarge.launcher``, ssh, 2 + 2
     on h1, h2) whose workers spend 10 minutes in ``trainer.busy("evaluating")`` from step 10;
     at the moment of the kills its worker on h2 gets SIGSTOP (``(pid, when)`` into
     ``stopped``)."""
@@ -257,7 +257,7 @@ def busy_job(testbed: Testbed, stopped: list[tuple[int, float]]) -> Beside:
         return start(testbed, "h0", [
             PY, "-m", "mxlarge.launcher", "-n", "2", "-s", "2", "--launcher", "ssh", "-H",
             str(work / "hosts"), "--stall-timeout", str(BUSY_STALL), "--", PY,
-            str(REPO / "tests" / "own_loop.py"), "--steps", "100000", "--busy-at", "10",
+            str(REPO / "tests" / "scripts" / "own_loop.py"), "--steps", "100000", "--busy-at", "10",
             "--busy", "600"], work), obs
 
     def stop_it(job: Job) -> None:

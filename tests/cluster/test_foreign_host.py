@@ -33,7 +33,7 @@ from tests.cluster.test_jobs import (
 )
 
 pytestmark = pytest.mark.slow
-FOREIGN = str(Path(__file__).resolve().parents[1] / "foreign.py")
+FOREIGN = str(Path(__file__).resolve().parents[1] / "scripts" / "foreign.py")
 OUTSIDER = "h3"
 JOB_HOSTS = ("h0", "h1", "h2")
 
@@ -45,7 +45,7 @@ def rulesets(tb: Testbed) -> dict[str, str]:
 
 
 class Outsider:
-    """Sends every payload of tests/foreign.py from h3 to every port the job listens on, in
+    """Sends every payload of tests/scripts/foreign.py from h3 to every port the job listens on, in
     rounds, for as long as the job runs (ports seen by ``obs``)."""
 
     def __init__(self, tb: Testbed, obs: Observer, job: Job, work: Path) -> None:

@@ -1,4 +1,4 @@
-"""MXNet's own distributed Gluon example (tests/cifar10_dist_script.py: 1.9.1's
+"""MXNet's own distributed Gluon example (tests/scripts/cifar10_dist_script.py: 1.9.1's
 ``cifar10_dist.py`` shape, ``kv.create('dist')``, its SplitSampler, Adam) with its Trainer line
 alone changed to ``mxlarge.Trainer``, launched as 2 workers + 1 server by ``python -m
 mxlarge.launcher`` and by MXNet's launch.py wrapper (``python -m mxlarge.launcher.mxnet_launch``),
@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import load_params
 
-SCRIPT = Path(__file__).resolve().parents[1] / "cifar10_dist_script.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cifar10_dist_script.py"
 GLUON_LINE = ("trainer = gluon.Trainer(net.collect_params(), opt.optimizer, optimizer_params, "
               "kvstore=store)")
 MXLARGE_LINE = ("import mxlarge; trainer = mxlarge.Trainer(net.collect_params(), opt.optimizer, "

@@ -127,7 +127,7 @@ def test_bn_statistics_are_pulled_once_at_init_and_never_exchanged_as_parameters
     cfg.write_text(BN_CONFIG.replace("max_steps: 12", "max_steps: 6")
                    .replace("check_every: 1", f"check_every: 0, bn_stats: {bn_stats}"))
     with open(tmp_path / "log.txt", "w") as log:
-        outcome = run_local([sys.executable, str(HERE / "dist_worker.py"), str(cfg),
+        outcome = run_local([sys.executable, str(HERE / "scripts" / "dist_worker.py"), str(cfg),
                              str(tmp_path)], workers=2, servers=1, output=log)
     assert outcome.exit_code == 0, (tmp_path / "log.txt").read_text()[-3000:]
     for rank in range(2):

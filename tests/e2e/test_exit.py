@@ -14,7 +14,7 @@ import pytest
 
 from mxlarge.launcher.watchdog import EXIT_GRACE
 
-SCRIPT = str(Path(__file__).resolve().parents[1] / "exit_script.py")
+SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "exit_script.py")
 # seconds: 20 jobs took 4.1-12.3 s each at a load of 5-8 on 2 cores, 14.1-24.4 s at 14
 NORMAL = 60.0
 

@@ -31,8 +31,8 @@ from tests.e2e.test_launcher import (
     marked_processes,
     wait_until,
 )
-from tests.foreign import HARMLESS, RANDOM, client_hello
 from tests.helpers import EQ_CONFIG
+from tests.scripts.foreign import HARMLESS, RANDOM, client_hello
 
 # a TLS ClientHello fails either check, by its random bytes (mxlarge.launcher.pslog)
 CAUSE = (r"exited with signal 6 \(SIGABRT\): ps-lite aborted on a malformed message that "

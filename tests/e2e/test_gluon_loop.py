@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import load_params
 
-HERE = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 @pytest.mark.timeout(300)
@@ -23,7 +23,7 @@ def test_init_then_inference_forward_then_trainer_trains(tmp_path, hybridize):
     from mxlarge.launcher import run_local
 
     with open(tmp_path / "log.txt", "w") as log:
-        outcome = run_local([sys.executable, str(HERE / "gluon_loop_worker.py"), str(tmp_path),
+        outcome = run_local([sys.executable, str(SCRIPTS / "gluon_loop_worker.py"), str(tmp_path),
                              hybridize], workers=2, servers=1, output=log)
     text = (tmp_path / "log.txt").read_text()
     assert outcome.exit_code == 0, text[-3000:]

@@ -1,7 +1,7 @@
 """Tests of mxlarge.launcher with real scheduler/server/worker processes on 127.0.0.1.
 
-Every job runs ``tests/kv_worker.py`` (a real dist_sync push/pull) and carries a unique marker
-in its environment, so that a scan of /proc can prove no process of the job is left behind.
+Every job runs ``tests/scripts/kv_worker.py`` (a real dist_sync push/pull) and carries a unique
+marker in its environment, so that a scan of /proc can prove no process of the job is left behind.
 Cluster backends run against fake ``ssh``/``mpirun``/``srun``/``sbatch`` executables that
 record their argv and then start the processes locally, so the dmlc_tracker code paths run for
 real over loopback.
@@ -40,7 +40,7 @@ from mxlarge.launcher import (
 from mxlarge.plan import World
 
 PY = sys.executable
-WORKER = str(Path(__file__).resolve().parents[1] / "kv_worker.py")
+WORKER = str(Path(__file__).resolve().parents[1] / "scripts" / "kv_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 MARKER_VAR = "MXLARGE_TEST_MARKER"
 

@@ -1,7 +1,7 @@
 """MXNet 1.9.1 dist_sync facts, pinned on real launched scheduler/server/worker processes.
 
-Each job runs ``tests/facts_worker.py`` (plain Gluon and KVStore calls, no mxlarge code between
-them and MXNet) through :func:`mxlarge.launcher.run_local`; every worker prints one
+Each job runs ``tests/scripts/facts_worker.py`` (plain Gluon and KVStore calls, no mxlarge code
+between them and MXNet) through :func:`mxlarge.launcher.run_local`; every worker prints one
 ``FACT {json}`` line. Three launches, ~25 s on an idle 2-core box. If a future MXNet changes
 one of these facts, the test fails and the code that exists because of it needs a second look.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from mxlarge.launcher import run_local
 
-WORKER = Path(__file__).resolve().parents[1] / "facts_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "scripts" / "facts_worker.py"
 N, D = 4, 3
 
 

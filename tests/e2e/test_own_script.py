@@ -1,4 +1,4 @@
-"""A user's own Gluon script (tests/own_loop.py) under ``python -m mxlarge.launcher``: what
+"""A user's own Gluon script (tests/scripts/own_loop.py) under ``python -m mxlarge.launcher``: what
 mxlarge.Trainer gives it without the script knowing about ps-lite (fail-fast, heartbeats)."""
 import os
 import re
@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.test_launcher import fakes  # noqa: F401  (fixture: fake ssh on PATH)
 from tests.helpers import dmlc_processes
 
-SCRIPT = str(Path(__file__).resolve().parents[1] / "own_loop.py")
+SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "own_loop.py")
 
 
 class Run:

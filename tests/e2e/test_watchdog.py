@@ -16,7 +16,7 @@ from mxlarge.protocol import heartbeat
 from tests.e2e.test_launcher import Collector, fakes  # noqa: F401  (fakes: fake ssh on PATH)
 from tests.helpers import dmlc_processes
 
-OWN_LOOP = Path(__file__).resolve().parents[1] / "own_loop.py"
+OWN_LOOP = Path(__file__).resolve().parents[1] / "scripts" / "own_loop.py"
 
 
 STALL_CONFIG = """

@@ -8,7 +8,7 @@ import pytest
 
 from mxlarge.config import ConfigError, DataConfig, config_from_dict
 from mxlarge.data import build_data, mnist1d, train_size
-from tests.test_data import assert_k_equivalent, epoch_np, val_np
+from tests.data.test_data import assert_k_equivalent, epoch_np, val_np
 
 
 def _cfg(tmp_path, **kw) -> DataConfig:

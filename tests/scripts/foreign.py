@@ -1,6 +1,7 @@
 """What a port scanner or a misdirected client sends to a job's ports (standard library only).
 
-    python tests/foreign.py HOST:PORT ...   # every payload to every target, one JSON line each
+    # every payload to every target, one JSON line each
+    python tests/scripts/foreign.py HOST:PORT ...
 
 Used in-process by ``tests/e2e/test_foreign_packets.py`` (local job) and, run on a fourth
 testbed host, by ``tests/cluster/test_foreign_host.py``.

@@ -16,10 +16,10 @@ from mxnet import autograd, gluon
 
 import mxlarge
 from mxlarge.trainer import states as states_file
-from tests.fp16_script import build
 from tests.helpers import load_params
+from tests.scripts.fp16_script import build
 
-HERE = Path(__file__).resolve().parent
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 GLUON_FORM = dict(momentum_correction=False, decay_bn_bias=True)
 
 
@@ -81,7 +81,7 @@ def test_amp_bfloat16_through_mxlarge_equals_gluon_trainer_with_amp(tmp_path, cl
     BatchNorm, 6 steps, one process each (AMP patches MXNet for the whole process); with
     ``clip``, Gluon's split step: allreduce_grads(), amp.unscale, clip_global_norm, update()."""
     for trainer in ("gluon", "mxlarge"):
-        out = _run([HERE / "amp_script.py", tmp_path, trainer, "--clip", clip], tmp_path)
+        out = _run([SCRIPTS / "amp_script.py", tmp_path, trainer, "--clip", clip], tmp_path)
         assert "num_update=6 scale=65536.0" in out
     ours = load_params(tmp_path / "mxlarge-0.params")
     ref = load_params(tmp_path / "gluon-0.params")
@@ -198,7 +198,7 @@ def test_launched_amp_job_skips_an_overflow_on_every_rank_and_stays_bitwise(tmp_
     from mxlarge.launcher import run_local
 
     with open(tmp_path / "log.txt", "w") as log:
-        outcome = run_local([sys.executable, str(HERE / "amp_script.py"), str(tmp_path),
+        outcome = run_local([sys.executable, str(SCRIPTS / "amp_script.py"), str(tmp_path),
                              "mxlarge", "--inf-at", "2", "--inf-rank", "1"],
                             workers=2, servers=1, output=log)
     text = (tmp_path / "log.txt").read_text()
@@ -219,7 +219,7 @@ def test_launched_float16_job_keeps_every_rank_and_master_copy_bitwise_equal(tmp
     from mxlarge.launcher import run_local
 
     with open(tmp_path / "log.txt", "w") as log:
-        outcome = run_local([sys.executable, str(HERE / "fp16_script.py"), str(tmp_path),
+        outcome = run_local([sys.executable, str(SCRIPTS / "fp16_script.py"), str(tmp_path),
                              "mxlarge"], workers=2, servers=1, output=log)
     assert outcome.exit_code == 0, (tmp_path / "log.txt").read_text()[-3000:]
     for ext in ("params", "states"):
@@ -244,7 +244,7 @@ def test_the_16_bit_wire_is_within_its_bound_of_the_exact_sum_on_every_rank(tmp_
     k = 3
     for wire in ("float16", "float32"):
         with open(tmp_path / f"{wire}.txt", "w") as log:
-            outcome = run_local([sys.executable, str(HERE / "wire_worker.py"), str(tmp_path),
+            outcome = run_local([sys.executable, str(SCRIPTS / "wire_worker.py"), str(tmp_path),
                                  wire, "0.25"], workers=k, servers=2, output=log,
                                 env={"MXLARGE_PIECES": "1"})  # as on several hosts
         assert outcome.exit_code == 0, (tmp_path / f"{wire}.txt").read_text()[-3000:]

@@ -18,7 +18,7 @@ from mxlarge.reporting.tables import largest_within, render_markdown, study_mark
 from mxlarge.sweep import cell_tags, expand
 from mxlarge.sweep_file import sweep_from_dict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = json.dumps({"reference": "1x recipe", "tolerance": 0.003})
 
 

@@ -1,0 +1,1 @@
+"""Scripts the tests run as processes (workers, a user's own loop, migrated examples)."""

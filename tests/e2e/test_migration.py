@@ -118,7 +118,7 @@ def test_migrated_loop_equals_mxlarge_train_on_the_same_data(tmp_path):
                f"train.save_params={tmp_path}/ref.params"], tmp_path)
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-3000:]
     _run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1", "--", sys.executable,
-          str(SCRIPT.parent / "scripts" / "gluon_mxlarge_data_script.py"), str(cfg), "dist_sync",
+          str(SCRIPT.parent / "gluon_mxlarge_data_script.py"), str(cfg), "dist_sync",
           str(tmp_path / "mig")], tmp_path)
     want = load_params(tmp_path / "ref.params")
     for rank in range(2):
@@ -130,7 +130,7 @@ def test_migrated_loop_equals_mxlarge_train_on_the_same_data(tmp_path):
 # -- real-world shapes: a GluonCV-style script, a Horovod-style one, an unmodified one -----------
 # Each launch is 2 workers + 1 server and checks several points of the drop-in promise at once.
 
-HOROVOD = SCRIPT.parent / "scripts" / "horovod_script.py"
+HOROVOD = SCRIPT.parent / "horovod_script.py"
 GLUONCV = ["--net", "conv-bn", "--hybridize", "--optimizer", "nag", "--lr-mode", "cosine",
            "--warmup-epochs", "1", "--epochs", "4", "--steps", "3", "--batch-size", "8"]
 NOTE = "mxlarge.Trainer (kvstore rank 0 of 2): note: the update differs from gluon.Trainer's"

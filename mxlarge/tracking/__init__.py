@@ -38,6 +38,7 @@ from mxlarge.tracking.run import (
 )
 from mxlarge.tracking.store import (
     DEFAULT_URI,
+    EXPERIMENT_KIND,
     RUNS_COLUMNS,
     RUNS_VIEW,
     caller_run_id,
@@ -54,7 +55,8 @@ from mxlarge.tracking.system import SAMPLE_EVERY, SAMPLED_BY, JobMonitor, system
 from mxlarge.tracking.urls import UI_ADDRESS, run_url, runs_url, ui_hint
 
 __all__ = [
-    "DEFAULT_URI", "REPO_ROOT", "RUNS_COLUMNS", "RUNS_VIEW", "SAMPLED_BY", "SAMPLE_EVERY",
+    "DEFAULT_URI", "EXPERIMENT_KIND", "REPO_ROOT", "RUNS_COLUMNS", "RUNS_VIEW", "SAMPLED_BY",
+    "SAMPLE_EVERY",
     "TAKES_EFFECT", "UI_ADDRESS", "JobMonitor", "MLflowHook", "OpenRun", "Plot",
     "RankThroughputHook", "RunHandle", "best_and_final", "caller_run_id", "check_reachable",
     "client", "describe_run", "experiment_id", "experiment_name", "find_runs",

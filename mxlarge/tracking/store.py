@@ -29,6 +29,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNS_VIEW = "mxlarge"
 RUNS_COLUMNS = ("val/final_error", "val/best_accuracy", "perf/images_per_sec_median",
                 "train/loss")
+# The experiment tag MLflow 3's UI reads to choose an experiment's page: without it (or with
+# `genai_development`) a link to the experiment opens the GenAI overview (traces, tokens); the
+# classic kind opens the training view (runs, metrics, models).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 def tracking_uri(cfg: Config) -> str:
@@ -116,15 +120,20 @@ def git_commit() -> str:
 
 
 def experiment_id(c: MlflowClient, name: str) -> str:
-    """The experiment ``name``'s id, created with the shared runs view if new."""
+    """The experiment ``name``'s id, created with the shared runs view and the classic kind
+    (:data:`EXPERIMENT_KIND`) if new; an existing one without them (made by MLflow, or by an
+    older mxlarge) gets them."""
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        if f"mlflow.sharedViewState.{RUNS_VIEW}" not in exp.tags:  # made by MLflow or before
-            share_runs_view(c, exp.experiment_id)
-        return exp.experiment_id
-    made = c.create_experiment(name)
-    share_runs_view(c, made)
-    return made
+    if exp is None:
+        made = c.create_experiment(name, tags=dict([EXPERIMENT_KIND]))
+        share_runs_view(c, made)
+        return made
+    if f"mlflow.sharedViewState.{RUNS_VIEW}" not in exp.tags:
+        share_runs_view(c, exp.experiment_id)
+    key, kind = EXPERIMENT_KIND
+    if key not in exp.tags:  # a kind the user chose stays
+        c.set_experiment_tag(exp.experiment_id, key, kind)
+    return exp.experiment_id
 
 
 def share_runs_view(c: MlflowClient, experiment_id: str) -> None:

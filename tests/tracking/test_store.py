@@ -1,0 +1,33 @@
+"""The experiment a run lands in opens on MLflow's training view: MLflow 3's UI shows an
+experiment without the tag `mlflow.experimentKind` (or with a GenAI kind) as its GenAI overview
+(traces, tokens), and one of kind `custom_model_development` as runs, metrics and models."""
+from mlflow.tracking import MlflowClient
+
+from mxlarge import tracking
+
+
+def test_a_new_experiment_is_of_the_classic_kind(mlflow_uri):
+    c = tracking.client(mlflow_uri)
+    exp = tracking.experiment_id(c, "fresh")
+    tags = MlflowClient(tracking_uri=mlflow_uri).get_experiment(exp).tags
+    assert tracking.EXPERIMENT_KIND == ("mlflow.experimentKind", "custom_model_development")
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert f"mlflow.sharedViewState.{tracking.RUNS_VIEW}" in tags
+
+
+def test_an_existing_experiment_without_a_kind_gets_it_and_a_chosen_kind_stays(mlflow_uri):
+    plain = MlflowClient(tracking_uri=mlflow_uri)
+    old = plain.create_experiment("made-before")  # by MLflow, or by an older mxlarge
+    chosen = plain.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    c = tracking.client(mlflow_uri)
+    assert tracking.experiment_id(c, "made-before") == old
+    assert plain.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tracking.experiment_id(c, "chosen") == chosen
+    assert plain.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
+
+
+def test_a_run_opens_in_an_experiment_of_the_classic_kind(mlflow_uri):
+    run = tracking.RunHandle.create_plain(mlflow_uri, "mxlarge", {"mlflow.runName": "t"})
+    plain = MlflowClient(tracking_uri=mlflow_uri)
+    exp = plain.get_run(run.run_id).info.experiment_id
+    assert plain.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"

@@ -11,6 +11,7 @@ from typing import Any
 from mxlarge.config import Config, dump_yaml
 from mxlarge.hooks import REPORT, Hook, StepOutput
 from mxlarge.stats import final_error
+from mxlarge.tracking.naming import takes_effect
 from mxlarge.tracking.queries import metric_history
 from mxlarge.tracking.run import RunHandle
 from mxlarge.tracking.system import SAMPLED_BY, system_metrics
@@ -62,7 +63,8 @@ class MLflowHook(Hook):
     def before_train(self, loop: Any) -> None:
         import psutil
 
-        self.run.log_params({f"net.{k}": v for k, v in self.net_facts.items()})
+        self.run.log_params({f"net.{k}": v for k, v in self.net_facts.items()
+                             if takes_effect(f"net.{k}", v, self.cfg)})
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "config.yaml"
             path.write_text(dump_yaml(self.cfg))

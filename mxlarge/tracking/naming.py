@@ -44,9 +44,31 @@ def describe_run(cfg: Config, plan: Any, source: str | None = None,
     return "\n".join(lines)
 
 
-# Config keys that take effect only when another key says so: no `optim.lars_eta` param on a
-# run without LARS. (config.applies handles the dataset- and model-specific keys.)
+def _dist(c: Config) -> bool:
+    """Workers and servers exchange through a dist store (several processes)."""
+    return c.dist.kvstore.startswith("dist")
+
+
+def _store_sums(c: Config) -> bool:
+    """The store sums gradients: between processes, or between one process's devices."""
+    return _dist(c) or c.dist.devices > 1
+
+
+def _bn_units(c: Config) -> bool:
+    """More than one set of BN statistics to choose from: workers, devices or simulated
+    workers (:mod:`mxlarge.bnstats`)."""
+    return _dist(c) or c.dist.devices > 1 or c.dist.simulate_workers > 1
+
+
+# Config keys (and ``net.*`` facts) that take effect only when another key says so: no
+# `optim.lars_eta` param on a run without LARS, no servers, replica checks, wire type or fusion
+# on one process of one device. (config.applies handles the dataset- and model-specific keys.)
 TAKES_EFFECT: dict[str, Any] = {
+    **dict.fromkeys(("dist.servers", "dist.server_hosts", "dist.check_every",
+                     "dist.wire_dtype", "dist.compression"), _dist),
+    **dict.fromkeys(("dist.fusion_bytes", "net.params_pushed", "net.params_pushed_elements"),
+                    _store_sums),
+    "dist.bn_stats": _bn_units,
     "optim.lars_eta": lambda c: c.optim.lars, "optim.lars_lr": lambda c: c.optim.lars,
     "optim.poly_power": lambda c: c.optim.decay == "poly",
     "optim.decay_epochs": lambda c: c.optim.decay == "step",
@@ -56,7 +78,7 @@ TAKES_EFFECT: dict[str, Any] = {
     "train.gns_decay": lambda c: c.train.gns_every > 0,
     "train.keep_last": lambda c: c.train.checkpoint_every > 0,
     "train.checkpoint_dir": lambda c: c.train.checkpoint_every > 0,
-    "dist.compression_threshold": lambda c: c.dist.compression != "none",
+    "dist.compression_threshold": lambda c: _dist(c) and c.dist.compression != "none",
 }
 
 

@@ -154,7 +154,9 @@ class TrainLoop:
 
 
 class LossHook(Hook):
-    """Reads the training loss every ``every`` steps; the divergence guard.
+    """Reads the training loss every ``every`` steps and at each epoch's last step (every
+    ``steps_per_epoch`` steps from where this process started; 0: unknown) and the run's last
+    (``loop.max_steps``); the divergence guard.
 
     Stops the run (``DivergenceError``) when the loss or the gradient norm is not finite, or the
     loss exceeds ``factor`` × its first value read in this process (0 disables that rule): the
@@ -163,15 +165,24 @@ class LossHook(Hook):
 
     stage = H.MEASURE
 
-    def __init__(self, every: int, factor: float = 0.0):
+    def __init__(self, every: int, factor: float = 0.0, steps_per_epoch: int = 0):
         self.every = every
         self.factor = factor
+        self.steps_per_epoch = steps_per_epoch
+        self.start = 0  # the step this process started from: a checkpoint's epoch boundary
         self.early: float | None = None
         self.sum = 0.0
         self.count = 0
 
+    def before_train(self, loop: TrainLoop) -> None:
+        self.start = loop.step
+
+    def _reads(self, loop: TrainLoop, done: int) -> bool:
+        epoch_end = self.steps_per_epoch > 0 and (done - self.start) % self.steps_per_epoch == 0
+        return done % self.every == 0 or done == loop.max_steps or epoch_end
+
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
-        if (out.step + 1) % self.every and out.step + 1 != loop.max_steps:
+        if not self._reads(loop, out.step + 1):
             return
         loss = float(out.loss.mean().asscalar())
         grad_sq = gns_sum_sq(loop.trainer.grads(0))

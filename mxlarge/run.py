@@ -177,7 +177,8 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         opened = tracking.open_run(cfg, given=run_id, resumed=(meta or {}).get("run_id"),
                                    plan=p, source=source, may_open=rank == 0)
     run = opened.run if opened is not None else None
-    hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor),
+    hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor,
+                                      p.steps_per_epoch),
                            L.TimerHook(),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
                                       every=cfg.train.eval_every)]

@@ -7,6 +7,7 @@ from mxlarge import hooks as H
 from mxlarge import loop as L
 from mxlarge import tracking
 from mxlarge.config import config_from_dict
+from mxlarge.hooks import StepOutput
 from mxlarge.run import build
 
 
@@ -63,3 +64,26 @@ def test_hooks_run_by_stage_whatever_the_registration_order(tmp_path):
                               "model": f"{tmp_path}/model"}
     assert {p.name for p in (tmp_path / "model").iterdir()} == {"model-symbol.json",
                                                                "model-0000.params"}
+
+
+def test_the_loss_is_read_at_each_epochs_last_step_and_every_log_every_steps():
+    """With 7 steps per epoch and log_every 5, the loss is read at 5, 7 (the epoch's end), 10,
+    14, 15; a process that started from a checkpoint at step 14 counts its epochs from there."""
+    from types import SimpleNamespace
+
+    def reads(start, steps, max_steps=None):
+        hook = L.LossHook(5, steps_per_epoch=7)
+        loop = SimpleNamespace(step=start, max_steps=max_steps, trainer=SimpleNamespace(
+            grads=lambda d: [mx.nd.ones((2,))]))
+        hook.before_train(loop)
+        read = []
+        for s in range(start, start + steps):
+            out = StepOutput(s, 0, 0.1, mx.nd.array([1.0, 3.0]), 2, {})
+            hook.after_step(loop, out)
+            if "train/loss" in out.metrics:
+                read.append(s + 1)
+        return read
+
+    assert reads(0, 15) == [5, 7, 10, 14, 15]
+    assert reads(14, 7) == [15, 20, 21]
+    assert reads(0, 3, max_steps=3) == [3]

@@ -27,11 +27,30 @@ SAMPLED_BY = "system_metrics_by"
 
 class _Sampler(SystemMetricsMonitor):
     """MLflow's sampler (CPU, memory, disk, network, GPUs of this machine), switching from
-    every ``SAMPLE_EVERY[0]`` to every ``SAMPLE_EVERY[1]`` seconds after ``SAMPLE_EVERY[2]``."""
+    every ``SAMPLE_EVERY[0]`` to every ``SAMPLE_EVERY[1]`` seconds after ``SAMPLE_EVERY[2]``;
+    its first CPU sample measures from its start (psutil's first reading is a meaningless 0.0)
+    and :meth:`finish` logs a last sample (MLflow's drops the interval in progress), so a run
+    of t seconds has about t / ``SAMPLE_EVERY[0]`` + 1 samples, and even a short one has one."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import psutil
+
         super().__init__(*args, **kwargs)
         self.started = time.monotonic()
+        psutil.cpu_percent(None)  # the reference point of the first sample's CPU reading
+
+    def finish(self) -> None:
+        running = self._process is not None
+        super().finish()  # stops the thread and flushes what it published
+        if not running:
+            return
+        try:
+            self.collect_metrics()
+            self.publish_metrics(self.aggregate_metrics())
+            self.mlflow_logger.flush()
+        except Exception as exc:  # noqa: BLE001 - a lost last sample must not fail the run
+            logging.getLogger(__name__).warning("mxlarge: the last system metrics sample was "
+                                                "not logged: %s", exc)
 
     def collect_metrics(self) -> dict[str, Any]:
         if (self.sampling_interval == SAMPLE_EVERY[0]
@@ -67,6 +86,8 @@ class JobMonitor(BaseMetricsMonitor):
         self._psutil = psutil
         self.root = psutil.Process(root)
         self._seen: dict[int, Any] = {}  # pid -> psutil.Process (cpu_percent needs the same one)
+        self.root.cpu_percent(None)  # the root's first sample measures from here, not 0.0
+        self._seen[root] = self.root
 
     def collect_metrics(self) -> None:
         psutil = self._psutil

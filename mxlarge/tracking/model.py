@@ -24,10 +24,40 @@ def model_name(run_name: str) -> str:
     return words or "model"
 
 
+def unique_model_name(c: Any, experiment_id: str, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``, ... if a logged model of the experiment has it."""
+    taken = {m.name for m in c.search_logged_models(
+        [experiment_id], filter_string=f"name LIKE '{name}%'", max_results=1000)}
+    n = 1
+    while (candidate := name if n == 1 else f"{name}-{n}") in taken:
+        n += 1
+    return candidate
+
+
+def _final_metrics(c: Any, run: Any, model: str) -> list[Any]:
+    """The run's metrics as they stand (the last point of each, ``system/`` left out: the
+    sampler is still running), as points of the logged model ``model`` (MLflow records a point
+    that is already the run's only once in the run)."""
+    from mlflow.entities import Metric
+
+    out = []
+    for key in sorted(run.data.metrics):
+        if key.startswith("system/"):
+            continue
+        history = c.get_metric_history(run.info.run_id, key)
+        if history:
+            last = max(history, key=lambda m: (m.step, m.timestamp))
+            out.append(Metric(key, last.value, last.timestamp, last.step, model_id=model,
+                              run_id=run.info.run_id))
+    return out
+
+
 def log_model(uri: str, run_id: str, export_dir: str | Path, example: Any, step: int) -> str:
     """``net.export``'s files in ``export_dir`` as run ``run_id``'s logged model: the
     ``python_function`` flavour of :mod:`mxlarge.gluon_pyfunc`, with the signature inferred
-    from ``example`` (a float32 batch) and the net's output on it. Returns its model id.
+    from ``example`` (a float32 batch) and the net's output on it, named after the run (unique
+    in the experiment, :func:`unique_model_name`), with the run's params, description and final
+    metrics (:func:`_final_metrics`). Returns its model id.
 
     Saved locally, then logged through this store's client: MLflow's ``log_model`` would
     read (and its URI switch rewrite) the process-wide tracking URI and experiment."""
@@ -42,8 +72,12 @@ def log_model(uri: str, run_id: str, export_dir: str | Path, example: Any, step:
     output = gluon_pyfunc.GluonModel(export_dir).predict(example)
     c = client(uri)
     run = c.get_run(run_id)
-    model = c.create_logged_model(run.info.experiment_id, name=model_name(
-        run.data.tags.get("mlflow.runName", "")), source_run_id=run_id)
+    name = unique_model_name(c, run.info.experiment_id,
+                             model_name(run.data.tags.get("mlflow.runName", "")))
+    note = run.data.tags.get("mlflow.note.content")
+    model = c.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id,
+                                  params=dict(run.data.params),
+                                  tags={"mlflow.note.content": note} if note else None)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "model"
         mlflow.pyfunc.save_model(
@@ -52,6 +86,9 @@ def log_model(uri: str, run_id: str, export_dir: str | Path, example: Any, step:
             pip_requirements=[f"mxnet=={mx.__version__}", f"numpy=={np.__version__}"],
             signature=mlflow.models.infer_signature(example, output), input_example=example)
         c.log_model_artifacts(model.model_id, str(local))
+    metrics = _final_metrics(c, run, model.model_id)
+    for lo in range(0, len(metrics), 100):
+        c.log_batch(run_id, metrics=metrics[lo:lo + 100])
     c.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
     c.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
     return model.model_id

@@ -18,10 +18,11 @@ The conventions and rules (store precedence, what a run holds, who opens and end
 docs/design/tracking.md.
 """
 from mxlarge.tracking.hook import MLflowHook, Plot, RankThroughputHook, best_and_final
-from mxlarge.tracking.model import load, log_model, model_id, model_name
+from mxlarge.tracking.model import load, log_model, model_id, model_name, unique_model_name
 from mxlarge.tracking.naming import (
     REPO_ROOT,
     TAKES_EFFECT,
+    as_written,
     describe_run,
     run_name,
     run_params,
@@ -35,6 +36,7 @@ from mxlarge.tracking.run import (
     find_sweep_parent,
     open_run,
     sweep_parent,
+    unique_run_name,
 )
 from mxlarge.tracking.store import (
     DEFAULT_URI,
@@ -58,10 +60,11 @@ __all__ = [
     "DEFAULT_URI", "EXPERIMENT_KIND", "REPO_ROOT", "RUNS_COLUMNS", "RUNS_VIEW", "SAMPLED_BY",
     "SAMPLE_EVERY",
     "TAKES_EFFECT", "UI_ADDRESS", "JobMonitor", "MLflowHook", "OpenRun", "Plot",
-    "RankThroughputHook", "RunHandle", "best_and_final", "caller_run_id", "check_reachable",
+    "RankThroughputHook", "RunHandle", "as_written", "best_and_final", "caller_run_id",
+    "check_reachable",
     "client", "describe_run", "experiment_id", "experiment_name", "find_runs",
     "find_sweep_parent", "git_commit", "latest_metrics", "load", "log_model", "metric_history",
     "model_id", "model_name", "open_run", "run_name", "run_params", "run_url", "runs_url",
     "share_runs_view", "shown_path", "sweep_parent", "system_metrics", "system_tags",
-    "takes_effect", "tracking_uri", "ui_hint",
+    "takes_effect", "tracking_uri", "ui_hint", "unique_model_name", "unique_run_name",
 ]

@@ -25,11 +25,53 @@ def shown_path(path: str | Path) -> str:
         return str(path)
 
 
-def run_name(cfg: Config, world: Any, label: str | None = None) -> str:
-    """``sS · label · K×n``: the seed first (what differs between runs of one config, and the
-    runs list shows only a name's first ~20 characters), then the label and the world
-    (gradient contributors × images each)."""
-    return f"s{cfg.train.seed} · {label or cfg.name} · {world.units}×{world.batch}"
+def as_written(source: str | Path | None) -> Config | None:
+    """The experiment file ``source`` without overrides, None when there is none (or it does
+    not load on its own)."""
+    from mxlarge.config import load_config
+
+    if not source or not Path(source).is_file():
+        return None
+    try:
+        return load_config(str(source), [])
+    except Exception:  # noqa: BLE001 - a file valid only with its overrides: nothing to compare
+        return None
+
+
+# What an override may change in the schedule, as a run name shows it (in this order); the
+# last field of each: shown when there is no file to compare with.
+NAMED_CHANGES: tuple[tuple[str, Any, bool], ...] = (
+    ("{}ep", lambda c: c.train.epochs, True),
+    ("{}steps", lambda c: c.train.max_steps, True),
+    ("lr{:g}", lambda c: c.optim.base_lr, False),
+)
+
+
+def run_name(cfg: Config, world: Any, label: str | None = None,
+             written: Config | None = None) -> str:
+    """What tells a run apart, in that order and short (MLflow's runs list shows about 20
+    characters of a name): the label (a sweep's) or the config's name; what an override
+    changed in the world or the schedule against the file as ``written`` (without a file: the
+    world and the epochs): the world ``K×n`` (gradient contributors × images each), then
+    :data:`NAMED_CHANGES` (``5ep``, ``90steps``, ``lr0.1``); then the seed ``sS``. E.g.
+    ``digits-largebatch s0``, ``digits-largebatch 5ep s0``, ``16x recipe 16×32 s2``.
+    :meth:`~mxlarge.tracking.run.RunHandle.create` makes it unique in the experiment."""
+    from mxlarge.plan import world_of
+
+    try:
+        was = world_of(written) if written is not None else None
+    except Exception:  # noqa: BLE001 - a world that only the overrides make valid
+        was = None
+    parts = [label or cfg.name]
+    if was is None or (was.units, was.batch) != (world.units, world.batch):
+        parts.append(f"{world.units}×{world.batch}")
+    for fmt, get, without_file in NAMED_CHANGES:
+        value = get(cfg)
+        if value is not None and (get(written) != value if written is not None
+                                  else without_file):
+            parts.append(fmt.format(value))
+    parts.append(f"s{cfg.train.seed}")
+    return " ".join(parts)
 
 
 def describe_run(cfg: Config, plan: Any, source: str | None = None,

@@ -15,7 +15,7 @@ import mlflow
 from mxlarge.config import Config
 from mxlarge.errors import InputError
 from mxlarge.tracking import model
-from mxlarge.tracking.naming import describe_run, run_name, run_params
+from mxlarge.tracking.naming import as_written, describe_run, run_name, run_params
 from mxlarge.tracking.queries import find_runs, metric_history
 from mxlarge.tracking.store import (
     caller_run_id,
@@ -33,6 +33,20 @@ def _log_params(c: Any, run_id: str, params: dict[str, Any]) -> None:
     items = [mlflow.entities.Param(k, str(v)[:500]) for k, v in params.items()]
     for lo in range(0, len(items), 100):
         c.log_batch(run_id, params=items[lo:lo + 100])
+
+
+def unique_run_name(c: Any, experiment: str, name: str) -> str:
+    """``name``, or ``name #2``, ``name #3``, ... when a run of the experiment has it (a
+    repeat of the same command; two processes naming a run at the same instant may still
+    agree)."""
+    prefix = name.split("'")[0].split("%")[0]
+    taken = {r.info.run_name for r in c.search_runs(
+        [experiment], filter_string=f"attributes.run_name LIKE '{prefix}%'",
+        max_results=5000)}
+    n = 1
+    while (candidate := name if n == 1 else f"{name} #{n}") in taken:
+        n += 1
+    return candidate
 
 
 @dataclass(frozen=True)
@@ -55,13 +69,14 @@ class RunHandle:
         plan = plan or plan_for(cfg)
         label = (tags or {}).get("sweep_label")
         c = client(uri)
-        all_tags = {**system_tags(), "mlflow.runName": run_name(cfg, plan.world, label),
+        exp = experiment_id(c, experiment_name(cfg))
+        name = unique_run_name(c, exp, run_name(cfg, plan.world, label, as_written(source)))
+        all_tags = {**system_tags(), "mlflow.runName": name,
                     "mlflow.note.content": describe_run(cfg, plan, source, label),
                     **(tags or {})}
         if parent is not None:
             all_tags["mlflow.parentRunId"] = parent.run_id
-        run = c.create_run(experiment_id(c, experiment_name(cfg)),
-                           tags={k: str(v) for k, v in all_tags.items()})
+        run = c.create_run(exp, tags={k: str(v) for k, v in all_tags.items()})
         _log_params(c, run.info.run_id, run_params(cfg, uri, plan))
         return cls(uri, run.info.run_id)
 

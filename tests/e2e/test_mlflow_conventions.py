@@ -77,7 +77,8 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
             f"{mlflow_uri}; runs list: http://127.0.0.1:5000/#/experiments/{exp}/runs"
             "?viewStateShareKey=mxlarge&workflowType=machine_learning)") in r.stdout
     plan = plan_for(load_config(BASELINE, args))
-    assert tags["mlflow.runName"] == "s0 · digits-baseline · 1×64"
+    # what differs from the file first (the world, the epochs), then the seed
+    assert tags["mlflow.runName"] == "digits-baseline 1×64 3ep s0"
     note = tags["mlflow.note.content"]
     assert note.startswith("**digits-baseline** (`experiments/proxy/digits-baseline.yaml`)")
     assert f"| peak_lr | {plan.peak_lr} |" in note and "| global_batch | 64 |" in note
@@ -121,7 +122,13 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
     (out,) = run.outputs.model_outputs
     model = c.get_logged_model(out.model_id)
     assert model.source_run_id == rid and model.experiment_id == exp
-    assert model.name == "s0-digits-baseline-1x64" and not model.params  # named after the run
+    assert model.name == "digits-baseline-1x64-3ep-s0"  # named after the run
+    # the model's page: the run's params, its description and final metrics
+    assert model.params == params and model.tags["mlflow.note.content"] == note
+    assert {m.key: m.value for m in model.metrics} == {
+        k: v for k, v in metrics.items() if not k.startswith("system/")}
+    # the last step's loss is logged (the epoch's end is a step of its own, 63 of 63)
+    assert [m.step for m in c.get_metric_history(rid, "train/loss")][-1] == 63
     _, _, x_val, y_val, _, _ = load_split()
     x = x_val.astype(np.float32)
     pyfunc = mlflow.pyfunc.load_model(model.artifact_location)
@@ -180,7 +187,7 @@ def test_sweep_is_one_parent_run_with_children_in_client_and_server(tmp_path, ml
     assert "report.md" in {a.path for a in c.list_artifacts(parent.info.run_id)}
     # names that tell the cells apart, the repo-relative config, the parent's grid and report
     assert sorted(x.data.tags["mlflow.runName"] for x in children) == [
-        "s0 · base · 1×64", "s1 · base · 1×64"]
+        "base 1×64 1ep s0", "base 1×64 1ep s1"]
     assert {x.data.tags["sweep_config"] for x in children} == {
         "experiments/proxy/digits-baseline.yaml"}
     assert parent.data.params["sweep.seeds"] == "0,1" and parent.data.tags["sweep_labels"] == \

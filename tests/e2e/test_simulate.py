@@ -171,8 +171,8 @@ def test_noise_scale_of_real_workers_equals_simulation(tmp_path):
                "dist.simulate_workers=2", "name=sim"], tmp_path)
     assert sim.returncode == 0, sim.stderr[-2000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns.db")
-    # run names are "sS · label · K×n" (mxlarge.tracking.run_name); the label is the name
-    runs = {r.data.tags["mlflow.runName"].split(" · ")[1]: r.info.run_id for r in
+    # run names start with the config's name (mxlarge.tracking.run_name)
+    runs = {r.data.tags["mlflow.runName"].split(" ")[0]: r.info.run_id for r in
             client.search_runs([client.get_experiment_by_name("mxlarge").experiment_id])}
     for key in ("gns/g2", "gns/trace"):
         a = [(m.step, m.value) for m in client.get_metric_history(runs["real"], key)]

@@ -49,3 +49,43 @@ def test_a_dist_run_has_the_store_params():
         assert key in params, key
     assert "dist.compression_threshold" not in params  # no compression
     assert "dist.compression_threshold" in _params(LARGEBATCH, ["dist.compression=2bit"])
+
+
+def _name(path, overrides=(), label=None, written=True):
+    cfg = load_config(path, list(overrides))
+    return tracking.run_name(cfg, plan_for(cfg).world, label,
+                             tracking.as_written(path) if written else None)
+
+
+def test_run_names_say_what_differs_first_and_short():
+    """The config's name, then what an override changed in the world or the schedule, then
+    the seed; the runs list shows about 20 characters."""
+    assert _name(LARGEBATCH) == "digits-largebatch s0"
+    short = ["train.epochs=8", "optim.decay_epochs=[6]"]
+    assert _name(LARGEBATCH, short) == "digits-largebatch 8ep s0"
+    assert _name(LARGEBATCH, [*short, "dist.workers=4", "train.seed=3"]) == \
+        "digits-largebatch 4×128 8ep s3"
+    assert _name(BASELINE, ["optim.base_lr=0.1", "train.max_steps=90"]) == \
+        "digits-baseline 90steps lr0.1 s0"
+    assert _name(BASELINE, ["train.log_every=5"]) == "digits-baseline s0"  # not the schedule
+    # a sweep's label names the run; without a file, the world and the epochs
+    assert _name(MNIST1D, ["dist.simulate_workers=16", "train.seed=2"], "16x recipe") == \
+        "16x recipe 16×32 s2"
+    assert _name(LARGEBATCH, written=False) == "digits-largebatch 2×128 30ep s0"
+    # two launches of one config that differ in epochs or seed differ within 20 characters
+    names = [_name(LARGEBATCH), _name(LARGEBATCH, short), _name(LARGEBATCH, ["train.seed=1"])]
+    assert len({n[:20] for n in names}) == 3, names
+
+
+def test_run_names_are_unique_in_the_experiment(mlflow_uri):
+    c = tracking.client(mlflow_uri)
+    made = []
+    for overrides in ([], [], ["train.epochs=8", "optim.decay_epochs=[6]"], []):
+        cfg = load_config(LARGEBATCH, overrides)
+        run = tracking.RunHandle.create(cfg, mlflow_uri, source=LARGEBATCH)
+        made.append(c.get_run(run.run_id).data.tags["mlflow.runName"])
+    assert made == ["digits-largebatch s0", "digits-largebatch s0 #2",
+                    "digits-largebatch 8ep s0", "digits-largebatch s0 #3"]
+    other = tracking.RunHandle.create(load_config(LARGEBATCH, []), mlflow_uri,
+                                      source=LARGEBATCH, tags={"sweep_label": "digits"})
+    assert c.get_run(other.run_id).data.tags["mlflow.runName"] == "digits s0"

@@ -133,8 +133,8 @@ def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict
 def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     port, c, ids, tmp = served
     names = [c.get_run(i).data.tags["mlflow.runName"] for i in ids["launches"]]
-    assert names == ["s0 · digits-largebatch · 2×128", "s1 · digits-largebatch · 2×128"]
-    assert names[0][:20] != names[1][:20]  # the runs list shows about 20 characters
+    # the config's name, what the overrides changed (the epochs), the seed (issue 56)
+    assert names == ["digits-largebatch 2ep s0", "digits-largebatch 2ep s1"]
     route = f"experiments/{ids['exp']}/runs/{ids['launches'][0]}"
     page = _page(port, f"{route}?{VIEW}", tmp / "launch.txt")
     assert names[0] in page
@@ -148,7 +148,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
                 "dist.compression_threshold", "train.max_steps"):
         assert key not in page, key
     # the logged model, named after the run
-    assert re.search(r"Logged models \(1\).* s0-digits-largebatch-2x128 Ready", page), \
+    assert re.search(r"Logged models \(1\).* digits-largebatch-2ep-s0 Ready", page), \
         page[-3000:]
     # one throughput per name: the last epoch's and the median over epochs (the report's)
     run = c.get_run(ids["launches"][0])
@@ -191,8 +191,8 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     assert "sweep ui" in listed and names[1] in listed
     # the Models page: each logged model named after its run
     models = _page(port, f"experiments/{ids['exp']}/models?{VIEW}", tmp / "models.txt")
-    for name in ("s0-digits-largebatch-2x128", "s1-digits-largebatch-2x128", "s0-base-1x64",
-                 "s0-big-1x128"):
+    for name in ("digits-largebatch-2ep-s0", "digits-largebatch-2ep-s1", "base-1x64-2ep-s0",
+                 "big-1x128-2ep-s0"):
         assert name in models, name
 
 
@@ -200,7 +200,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
 def test_the_sweep_parent_compares_its_labels_with_real_numbers(served):
     port, c, ids, tmp = served
     names = [c.get_run(cell).data.tags["mlflow.runName"] for cell in ids["cells"]]
-    assert names == ["s0 · base · 1×64", "s0 · big · 1×128"]
+    assert names == ["base 1×64 2ep s0", "big 1×128 2ep s0"]
     page = _page(port, f"experiments/{ids['exp']}/runs/{ids['cells'][1]}?{VIEW}",
                  tmp / "big.txt")
     assert names[1] in page and "Parent run sweep ui" in page

@@ -209,33 +209,54 @@ class LossHook(Hook):
 
 
 class TimerHook(Hook):
-    """Images per second over each epoch's training steps: ``perf/images_per_sec`` = Σ over
-    workers of each worker's own rate (a collective through the store's ``sum_scalars``, so
-    registered on every rank), ``perf/images_per_sec_rank{r}`` = worker r's own rate (only with
-    more than one worker: with one it equals the sum), ``perf/train_seconds`` cumulative."""
+    """Images per second over each epoch's training steps: the images of the steps after the
+    epoch's first ÷ the time from the end of its first step to the end of its last (the first
+    step, with its warm-up, and evaluation are left out; :class:`ProgressHook` shows the same
+    measure). ``perf/images_per_sec`` = Σ over workers of each worker's own rate (a collective
+    through the store's ``sum_scalars``, so registered on every rank),
+    ``perf/images_per_sec_rank{r}`` = worker r's own rate (only with more than one worker: with
+    one it equals the sum), ``perf/train_seconds`` cumulative."""
 
     stage = H.MEASURE
 
-    def __init__(self) -> None:
+    def __init__(self, steps_per_epoch: int = 0) -> None:
+        self.steps_per_epoch = steps_per_epoch  # 0: unknown, the epoch ends at after_epoch
+        self.begin = 0   # the step this process started from (a checkpoint's epoch boundary)
         self.start = 0.0
-        self.images = 0
+        self.end: float | None = None  # when the epoch's last step's work was done
+        self.steps = 0   # this epoch's, the first included
+        self.images = 0  # of this epoch's steps after the first
+        self.first = 0   # of its first step (the rate of a one-step epoch)
         self.train_seconds = 0.0  # cumulative, evaluation excluded
 
+    def before_train(self, loop: TrainLoop) -> None:
+        self.begin = loop.step
+
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
-        if self.images == 0:
+        if self.steps == 0:
             self.start = time.perf_counter()
-        self.images += out.images
+            self.first = out.images
+        else:
+            self.images += out.images
+        self.steps += 1
+        done = out.step + 1
+        if self.steps_per_epoch and (done - self.begin) % self.steps_per_epoch == 0:
+            mx.nd.waitall()  # the epoch's last step: stop the clock before other hooks run
+            self.end = time.perf_counter()
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         mx.nd.waitall()
-        elapsed = time.perf_counter() - self.start
+        end = self.end if self.end is not None else time.perf_counter()
+        elapsed = end - self.start
         self.train_seconds += elapsed
-        own = self.images / elapsed if elapsed > 0 else 0.0
+        images = self.images if self.steps > 1 else self.first
+        own = images / elapsed if elapsed > 0 else 0.0
         metrics["perf/train_seconds"] = self.train_seconds
         metrics["perf/images_per_sec"] = loop.trainer.collectives.sum_scalars([own])[0]
         if loop.trainer.num_workers > 1:  # with one worker it is the total above
             metrics[f"perf/images_per_sec_rank{loop.trainer.rank}"] = own
-        self.images = 0
+        self.steps = self.images = 0
+        self.end = None
 
 
 class EvalHook(Hook):
@@ -365,10 +386,13 @@ def _duration(seconds: float) -> str:
 class ProgressHook(Hook):
     """Where users look (rank 0): a progress line every ``every`` steps and one per epoch.
 
-    The line is ``step N/TOTAL epoch E/EPOCHS loss=… lr=… images/s=… eta=…``: images/s over all
-    ranks (this rank's images × workers, every worker takes the same batch) since the previous
-    line, and ETA = remaining steps × seconds per step since the previous line. On a terminal a
-    tqdm bar per epoch (``bar``) carries the same numbers instead, and nothing else writes
+    The line is ``step N/TOTAL epoch E/EPOCHS loss=… lr=… images/s=… eta=…``: images/s is
+    :class:`TimerHook`'s measure of the epoch so far, over all ranks (this rank's images ×
+    workers, every worker takes the same batch): the images of the epoch's steps after its
+    first ÷ the time since its first step ended (none on a line at the first step), so at an
+    epoch's last step it is that epoch's ``perf/images_per_sec``; ETA = remaining steps ×
+    seconds per step since the previous line (evaluation included). On a terminal a tqdm bar
+    per epoch (``bar``) carries the same numbers instead, and nothing else writes
     carriage-return frames; in a pipe or a launched job (the launcher prefixes each line) only
     the lines are printed.
     """
@@ -384,6 +408,7 @@ class ProgressHook(Hook):
         self.use_bar = bar and sys.stdout.isatty()
         self.bar: Any = None
         self.mark: tuple[float, int] | None = None  # (time, step) of the previous line
+        self.epoch_mark: tuple[float, int] | None = None  # the end of this epoch's first step
 
     def before_train(self, loop: TrainLoop) -> None:
         self.mark = (time.perf_counter(), loop.step)
@@ -396,8 +421,11 @@ class ProgressHook(Hook):
         if self.bar is not None:
             self.bar.update(1)
         done = out.step + 1
+        if self.epoch_mark is None:
+            self.epoch_mark = (time.perf_counter(), done)
         if done % self.every and done != self.total:
             return
+        mx.nd.waitall()  # as TimerHook at the epoch's end: the steps' work done, not queued
         now = time.perf_counter()
         since, at = self.mark if self.mark is not None else (now, out.step)
         self.mark = (now, done)
@@ -406,8 +434,11 @@ class ProgressHook(Hook):
         if "train/loss" in out.metrics:
             fields["loss"] = f"{out.metrics['train/loss']:.4g}"
         fields["lr"] = f"{out.lr:.4g}"
+        first_end, first = self.epoch_mark
+        if done > first and now > first_end:
+            images = (done - first) * out.images * loop.trainer.num_workers
+            fields["images/s"] = f"{images / (now - first_end):.1f}"
         if per_step > 0:
-            fields["images/s"] = f"{out.images * loop.trainer.num_workers / per_step:.1f}"
             fields["eta"] = _duration(per_step * (self.total - done))
         text = " ".join(f"{k}={v}" for k, v in fields.items())
         if self.bar is not None:
@@ -417,6 +448,7 @@ class ProgressHook(Hook):
                   flush=True)
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
+        self.epoch_mark = None
         if self.bar is not None:
             self.bar.close()
             self.bar = None

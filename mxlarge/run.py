@@ -179,7 +179,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     run = opened.run if opened is not None else None
     hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor,
                                       p.steps_per_epoch),
-                           L.TimerHook(),
+                           L.TimerHook(p.steps_per_epoch),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),
                                       every=cfg.train.eval_every)]
     if trainer.collectives.distributed and cfg.dist.check_every:

@@ -54,7 +54,7 @@ def run_name(cfg: Config, world: Any, label: str | None = None,
     changed in the world or the schedule against the file as ``written`` (without a file: the
     world and the epochs): the world ``K×n`` (gradient contributors × images each), then
     :data:`NAMED_CHANGES` (``5ep``, ``90steps``, ``lr0.1``); then the seed ``sS``. E.g.
-    ``digits-largebatch s0``, ``digits-largebatch 5ep s0``, ``16x recipe 16×32 s2``.
+    ``digits-largebatch s0``, ``digits-largebatch 24ep s0``, ``16x recipe 16×32 s2``.
     :meth:`~mxlarge.tracking.run.RunHandle.create` makes it unique in the experiment."""
     from mxlarge.plan import world_of
 

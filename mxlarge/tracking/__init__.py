@@ -58,13 +58,12 @@ from mxlarge.tracking.urls import UI_ADDRESS, run_url, runs_url, ui_hint
 
 __all__ = [
     "DEFAULT_URI", "EXPERIMENT_KIND", "REPO_ROOT", "RUNS_COLUMNS", "RUNS_VIEW", "SAMPLED_BY",
-    "SAMPLE_EVERY",
-    "TAKES_EFFECT", "UI_ADDRESS", "JobMonitor", "MLflowHook", "OpenRun", "Plot",
+    "SAMPLE_EVERY", "TAKES_EFFECT", "UI_ADDRESS", "JobMonitor", "MLflowHook", "OpenRun", "Plot",
     "RankThroughputHook", "RunHandle", "as_written", "best_and_final", "caller_run_id",
-    "check_reachable",
-    "client", "describe_run", "experiment_id", "experiment_name", "find_runs",
-    "find_sweep_parent", "git_commit", "latest_metrics", "load", "log_model", "metric_history",
-    "model_id", "model_name", "open_run", "run_name", "run_params", "run_url", "runs_url",
-    "share_runs_view", "shown_path", "sweep_parent", "system_metrics", "system_tags",
-    "takes_effect", "tracking_uri", "ui_hint", "unique_model_name", "unique_run_name",
+    "check_reachable", "client", "describe_run", "experiment_id", "experiment_name",
+    "find_runs", "find_sweep_parent", "git_commit", "latest_metrics", "load", "log_model",
+    "metric_history", "model_id", "model_name", "open_run", "run_name", "run_params",
+    "run_url", "runs_url", "share_runs_view", "shown_path", "sweep_parent", "system_metrics",
+    "system_tags", "takes_effect", "tracking_uri", "ui_hint", "unique_model_name",
+    "unique_run_name",
 ]

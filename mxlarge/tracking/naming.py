@@ -1,7 +1,8 @@
 """What a training run is called, how it is described and which params it has.
 
-Name ``sS · label · K×n``, description the plan as a table, params the config keys that take
-effect (the rules: 'What a run holds' in docs/design/tracking.md).
+Name: what tells a run apart (``digits-largebatch 24ep s0``: the config, what an override
+changed in the world or the schedule, the seed), description the plan as a table, params the
+config keys that take effect (the rules: 'What a run holds' in docs/design/tracking.md).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlarge.config import Config, applies, flatten
+from mxlarge.errors import InputError
 from mxlarge.plan import precision
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +36,7 @@ def as_written(source: str | Path | None) -> Config | None:
         return None
     try:
         return load_config(str(source), [])
-    except Exception:  # noqa: BLE001 - a file valid only with its overrides: nothing to compare
+    except InputError:  # a file valid only with its overrides: nothing to compare with
         return None
 
 
@@ -49,10 +51,10 @@ NAMED_CHANGES: tuple[tuple[str, Any, bool], ...] = (
 
 def run_name(cfg: Config, world: Any, label: str | None = None,
              written: Config | None = None) -> str:
-    """What tells a run apart, in that order and short (MLflow's runs list shows about 20
-    characters of a name): the label (a sweep's) or the config's name; what an override
-    changed in the world or the schedule against the file as ``written`` (without a file: the
-    world and the epochs): the world ``K×n`` (gradient contributors × images each), then
+    """What tells a run apart, in that order and as short as that allows (MLflow's runs list
+    shows about 20 characters of a name): the label (a sweep's) or the config's name; what an
+    override changed in the world or the schedule against the file as ``written`` (without a
+    file: the world and the epochs): the world ``K×n`` (gradient contributors × images each), then
     :data:`NAMED_CHANGES` (``5ep``, ``90steps``, ``lr0.1``); then the seed ``sS``. E.g.
     ``digits-largebatch s0``, ``digits-largebatch 24ep s0``, ``16x recipe 16×32 s2``.
     :meth:`~mxlarge.tracking.run.RunHandle.create` makes it unique in the experiment."""
@@ -60,7 +62,7 @@ def run_name(cfg: Config, world: Any, label: str | None = None,
 
     try:
         was = world_of(written) if written is not None else None
-    except Exception:  # noqa: BLE001 - a world that only the overrides make valid
+    except InputError:  # a world that only the overrides make valid
         was = None
     parts = [label or cfg.name]
     if was is None or (was.units, was.batch) != (world.units, world.batch):

@@ -83,28 +83,29 @@ class Command:
     needs: str     # the marker's reason, "" when it runs here
 
 
-def commands(doc: str) -> list[Command]:
-    """The shell commands of ``doc``'s code blocks, by the rule above."""
+def blocks(doc: str) -> list[list[Command]]:
+    """The shell commands of ``doc``'s code blocks, block by block, by the rule above."""
     text = (ROOT / doc).read_text()
     out = []
     for block in FENCE.finditer(text):
-        if block.group(1) not in SHELLS:
+        kind = block.group(1)
+        if kind not in SHELLS:
             continue
         first = text.count("\n", 0, block.start(2)) + 1
-        lines = block.group(2).splitlines()
-        whole = ""
-        pending: list[str] = []
+        found: list[Command] = []
+        whole = ""  # the block's own marker
+        pending: list[str] = []  # the lines of a command continued with a backslash
         start = 0
-        for i, raw in enumerate(lines):
+        for i, raw in enumerate(block.group(2).splitlines()):
             line = raw.strip()
-            if block.group(1) == "console" and not pending:
+            if kind == "console" and not pending:
                 if not line.startswith("$ "):
-                    continue
+                    continue  # output
                 line = line[2:]
             if not pending and line.startswith("#"):
                 m = NEEDS.search(line)
-                if m and not any(c.doc == doc and c.line >= first for c in out):
-                    whole = m.group(1).strip()  # at the block's top: marks the whole block
+                if m and not found:  # at the block's top: marks the whole block
+                    whole = m.group(1).strip()
                 continue
             if not line:
                 continue
@@ -116,31 +117,15 @@ def commands(doc: str) -> list[Command]:
             joined = " ".join(pending)
             pending = []
             m = NEEDS.search(joined.partition(" #")[2])
-            out.append(Command(doc, first + start, joined,
-                               m.group(1).strip() if m else whole))
+            found.append(Command(doc, first + start, joined,
+                                 m.group(1).strip() if m else whole))
+        if found:
+            out.append(found)
     return out
 
 
-ALL = [c for doc in DOCS for c in commands(doc)]
-
-
-def _blocks() -> list[list[Command]]:
-    """The commands grouped by block (consecutive commands of one fence)."""
-    out: list[list[Command]] = []
-    for doc in DOCS:
-        text = (ROOT / doc).read_text()
-        for block in FENCE.finditer(text):
-            if block.group(1) not in SHELLS:
-                continue
-            lo = text.count("\n", 0, block.start(2)) + 1
-            hi = lo + block.group(2).count("\n")
-            mine = [c for c in ALL if c.doc == doc and lo <= c.line < hi]
-            if mine:
-                out.append(mine)
-    return out
-
-
-BLOCKS = _blocks()
+BLOCKS = [b for doc in DOCS for b in blocks(doc)]
+ALL = [c for b in BLOCKS for c in b]
 
 
 def _mxlarge(tokens: list[str]) -> str | None:

@@ -178,6 +178,9 @@ class SyncStore:
         self.kv = None if isinstance(kvstore, str) else kvstore  # one device in one process: none
         if self.kv is None and (kind.startswith("dist") or num_devices > 1):
             self.kv = create(kind)
+        elif self.kv is not None and kind.startswith("dist"):
+            # a script's own store (kvstore=kv) has queued pushes at exit like create()'s
+            SESSION.leave_together(self.kv, mx.nd.waitall)
         if len(self.params) > MAX_PARAMS:
             raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
         self._bit = None  # 2-bit: a gathered float travels as 32 values of 0 or t

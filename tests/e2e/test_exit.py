@@ -31,15 +31,17 @@ def launch(cwd, *script_args, stall_timeout=30, timeout=120):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_a_script_ending_right_after_its_last_step_exits_10_times_in_10(tmp_path):
+@pytest.mark.parametrize("trainer", ["mxlarge", "mxlarge-own-store"])
+def test_a_script_ending_right_after_its_last_step_exits_10_times_in_10(tmp_path, trainer):
     """The issue's script (conv net with BN, inference forward, mxlarge.Trainer on dist_sync, 5
-    steps, no waitall) 10 times in a row: every job exits 0 on its own (every process exited
-    0, no worker ended by the launcher) within the normal time. Before the fix: 4 hangs in 8
-    (each stopped by the stall watchdog, exit 124): at that rate 10 clean runs in a row have a
-    chance of 2⁻¹⁰."""
+    steps, no waitall) 10 times in a row, with ``kvstore='dist_sync'`` and with the script's
+    own ``mx.kv.create('dist_sync')`` passed in: every job exits 0 on its own (every process
+    exited 0, no worker ended by the launcher) within the normal time. Before the fix: 4 hangs
+    in 8 (each stopped by the stall watchdog, exit 124), and 3 in 6 with the script's own store
+    (README's "Your own script"): at that rate 10 clean runs in a row have a chance of 2⁻¹⁰."""
     times = []
     for i in range(10):
-        r, took = launch(tmp_path)
+        r, took = launch(tmp_path, "--trainer", trainer)
         assert r.returncode == 0, f"run {i + 1}: exit {r.returncode} after {took:.0f} s\n" \
                                   f"{r.stdout[-3000:]}"
         assert "job finished: 2 worker(s), 1 server(s) and the scheduler exited 0" in r.stdout

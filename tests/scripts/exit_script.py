@@ -2,8 +2,9 @@
 inference forward, a dist_sync Trainer, 5 steps, and the script ends right after its last
 ``trainer.step()`` (no ``mx.nd.waitall()``), as most scripts end.
 
-Usage: ``python exit_script.py [--trainer mxlarge|gluon|gluon-sync] [--steps N]
-[--hang-in-exit] [--raise-at-end]``. ``gluon``: ``gluon.Trainer(kvstore='dist_sync')`` (MXNet's
+Usage: ``python exit_script.py [--trainer mxlarge|mxlarge-own-store|gluon|gluon-sync]
+[--steps N] [--hang-in-exit] [--raise-at-end]``. ``mxlarge-own-store``: ``mxlarge.Trainer``
+given the script's own ``mx.kv.create('dist_sync')`` (README's "Your own script"). ``gluon``: ``gluon.Trainer(kvstore='dist_sync')`` (MXNet's
 own store); ``gluon-sync``: ``gluon.Trainer`` given a store from ``mxlarge.kvstore.sync.create``.
 ``--hang-in-exit``: rank 1 hangs in an ``atexit`` handler that runs after everything else (a
 process stuck in its exit after its work is done). ``--raise-at-end``: rank 1 raises right
@@ -22,7 +23,7 @@ import mxlarge
 from mxlarge.kvstore import sync
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--trainer", choices=["mxlarge", "gluon", "gluon-sync"], default="mxlarge")
+parser.add_argument("--trainer", choices=["mxlarge", "mxlarge-own-store", "gluon", "gluon-sync"], default="mxlarge")
 parser.add_argument("--steps", type=int, default=5)
 parser.add_argument("--hang-in-exit", action="store_true")
 parser.add_argument("--raise-at-end", action="store_true")
@@ -44,13 +45,16 @@ net(x)  # an inference forward: the shapes are known from here on
 if opt.trainer == "mxlarge":
     trainer = mxlarge.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05},
                               kvstore="dist_sync")
+elif opt.trainer == "mxlarge-own-store":
+    trainer = mxlarge.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05},
+                              kvstore=mx.kv.create("dist_sync"))
 elif opt.trainer == "gluon":
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05},
                             kvstore="dist_sync")
 else:
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05},
                             kvstore=sync.create("dist_sync"))
-if opt.trainer == "mxlarge":
+if opt.trainer.startswith("mxlarge"):
     rank.append(trainer.rank)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 for _ in range(opt.steps):

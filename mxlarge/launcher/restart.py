@@ -1,40 +1,11 @@
 """Automatic restart of a whole job after a failure (``--max-restarts N``), as torchrun does.
 
-A failed attempt (a process crashed or was killed, or the stall watchdog stopped the job) is
-followed by a fresh launch of every process; the job's own checkpoints carry the state across
-(``mxlarge launch`` resumes from the newest checkpoint this job wrote, a user's script from
-whatever its resume hook finds, see :mod:`mxlarge.resume`). The rules, in
-:class:`RestartPolicy`:
-
-* at most ``N`` restarts; then the job fails with the last reason;
-* the same failure at the same step twice (same kind, role and status, same step per the
-  heartbeats) is a deterministic bug, not a fault: no further restart, whatever ``N`` says;
-* a launcher that was interrupted (Ctrl-C, SIGTERM) or a job that succeeded is never restarted.
-
-**Elastic restarts** (``--elastic``, :class:`Elastic`): before each restart the job's worker
-hosts are probed (a :data:`Probe`: hosts → the live ones) and the job relaunches in the world
-of the same global batch that fits them (:func:`mxlarge.plan.elastic_world`: 2 workers → 1
-worker × 2 simulated workers; 4 → 2 × 2), from the newest checkpoint, which resumes in any
-world of the same units (:func:`mxlarge.checkpoint.check_world`). Every attempt probes the
-declared hosts again, so a host that answers again brings its worker back. No world fits (fewer
-live hosts than ``--min-workers``, or no factorisation): the job ends with the failure, as
-without ``--elastic``. Which hosts a job has and how they are probed is
-its backend's (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): a local job's are
-its worker processes (:mod:`mxlarge.launcher.backends.local`), an ssh job's its hostfile's,
-placed as dmlc places them and probed with ``ssh host true``
-(:mod:`mxlarge.launcher.backends.ssh`), an mpirun job's its hostfile's, placed as mpirun
-places them and probed the same way (:mod:`mxlarge.launcher.backends.mpi`), a Slurm job's
-its allocation's nodes, probed by asking Slurm and each node's slurmd
-(:mod:`mxlarge.launcher.backends.slurm`).
-
-**What each attempt runs** (:class:`RestartPlan`, :meth:`RestartPlan.attempt`): attempt 0
-the job as declared, from ``--resume``'s checkpoint if one was given; attempt n > 0 from the
-newest checkpoint the job wrote since it started (else where attempt 0 started), in the world
-:class:`Elastic` chose, with the servers of that world, and, when hosts were lost, from the
-hostfile of the answering hosts the backend writes. The front end turns argv into a
-:class:`RestartPlan` and runs it (:meth:`RestartPlan.run`); it decides none of these itself.
-
-Importing this module does not import MXNet.
+A failed attempt is followed by a fresh launch of every process; the job's own checkpoints
+carry the state across. :class:`RestartPolicy` decides whether to restart (at most ``N``; never
+twice for the same failure at the same step; never after an interrupt or a success),
+:class:`Elastic` which world fits the hosts that answer (``--elastic``), and
+:class:`RestartPlan` what each attempt runs. The rules and why: docs/design/launcher.md
+("Restarts"). Importing this module does not import MXNet.
 """
 from __future__ import annotations
 

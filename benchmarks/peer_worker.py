@@ -59,7 +59,8 @@ Phases, in this order, in one launch:
    servers: every server and link carries the same bytes). A dist_sync step contains an
    exchange of these bytes, so the fastest layout's time bounds from below the step time of
    any peer that exchanges them through these servers in one of these ways. Then F times the
-   equal keys' exchange issued together with a forward+backward (the perfect-overlap bound).
+   equal keys' exchange issued together with a forward+backward (the perfect-overlap bound),
+   and F times with the trainer's update after the forward+backward (the bound with its update).
 
 One ``BENCH_RESULT`` line per rank: the check's outcome, and seconds per step of every block
 with the cores the process kept busy.
@@ -437,18 +438,20 @@ def work(opts: argparse.Namespace) -> None:
             loss = loss_fn(net(x), y)
         loss.backward()
 
-    floor, overlap = exchange_floor(kv, tensors, trainer.store.buckets, opts.floor_steps,
-                                    "float16" if opts.peer in WIRE16 else "float32",
-                                    fwd_bwd) if opts.floor_steps else ({}, [])
+    floor, overlap, overlap_update = exchange_floor(
+        kv, tensors, trainer.store.buckets, opts.floor_steps,
+        "float16" if opts.peer in WIRE16 else "float32", fwd_bwd,
+        lambda: trainer.update(b)) if opts.floor_steps else ({}, [], [])
     emit_result({**result, "sec_per_step": secs, "cores_busy": cores, "machine_busy": machine,
                  "steps_per_block": opts.steps, "fwd_bwd": [f for f, _ in split],
                  "comm_update": [c for _, c in split], "floor": floor, "overlap": overlap,
+                 "overlap_update": overlap_update,
                  "lead": getattr(getattr(trainer, "store", None), "lead", None)})
 
 
 def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any], steps: int,
-                   dtype: str, fwd_bwd: Callable[[int], None],
-                   ) -> tuple[dict[str, list[float]], list[float]]:
+                   dtype: str, fwd_bwd: Callable[[int], None], update: Callable[[], None],
+                   ) -> tuple[dict[str, list[float]], list[float], list[float]]:
     """Phase 3 (module docstring): layout → seconds of each of ``steps`` bare exchanges, the
     layouts alternated exchange by exchange, every rank starting each one after a barrier;
     arrays of ``dtype`` (float16: the 16-bit wire's bytes, summed in float32 by the servers
@@ -456,7 +459,11 @@ def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any], step
     times the equal keys' exchange issued together with a forward+backward
     (``fwd_bwd(s)``, which shares no array with it), each to ``waitall``: a step that
     computes these gradients and exchanges them through these servers on these cores, with
-    nothing waiting for anything (perfect overlap, no update)."""
+    nothing waiting for anything (perfect overlap, no update). Last, ``steps`` times the same
+    with the trainer's update (``update()``) after the forward+backward: MXNet 1.9.1 runs a CPU
+    device's operations on one engine thread, so the update cannot overlap the forward and
+    backward, only the exchange; this is the bound a step can approach (perfect overlap with
+    its update)."""
     layouts = {"per_tensor": BareKV(kv, [p.shape for p in tensors], FLOOR_KEYS["per_tensor"],
                                     dtype),
                # reversed: the first layers' bucket last, at priority 0, as the tensors are
@@ -481,7 +488,15 @@ def exchange_floor(kv: Any, tensors: Sequence[Any], buckets: Sequence[Any], step
         fwd_bwd(s)
         even.push_pull()  # ends in waitall
         overlap.append(time.perf_counter() - t0)
-    return out, overlap
+    with_update = []
+    for s in range(steps):
+        kv._barrier()
+        t0 = time.perf_counter()
+        fwd_bwd(s)
+        update()
+        even.push_pull()
+        with_update.append(time.perf_counter() - t0)
+    return out, overlap, with_update
 
 
 def main(argv: list[str] | None = None) -> int:

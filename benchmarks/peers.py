@@ -113,12 +113,19 @@ def _same_cell(checks: Sequence[Mapping[str, Any]]) -> str:
 
 def render_targets(net: Mapping[str, Any]) -> list[str]:
     """The targets between two peers other than (peer, mxlarge), one row each."""
-    rows = [[t["text"], f"`{t['peer']}` ÷ `{t['base']}`", f"≥ {t['target']:.3g}",
+    def bound(t: Mapping[str, Any]) -> str:
+        if t["target"] is None:
+            return "—"
+        return f"{'≥' if t['higher_is_better'] else '≤'} {t['target']:.3g}"
+
+    rows = [[t["text"], f"`{t['peer']}` ÷ `{t['base']}`", bound(t),
              _ratio_cell(t), ", ".join(f"{v:.3f}" for v in t["values"]), t["status"]]
             for t in net.get("targets", []) if t["base"] != "mxlarge"]
     if not rows:
         return []
-    return ["Targets between other peers (step time ÷ step time, per round, the same rounds):",
+    return ["Targets between other peers, and mxlarge against its bound (step time ÷ step "
+            "time, per round, the same rounds; the bound: the perfect-overlap bound with its "
+            "update, below):",
             "", md_table(["target", "ratio", "bound", "median (min–max)", "per round",
                           "verdict"], rows), ""]
 
@@ -212,6 +219,13 @@ def floor_lines(net: Mapping[str, Any], targets: Sequence[Target]) -> list[str]:
                     f"these gradients and exchanges them on these cores with nothing waiting "
                     f"for anything (perfect overlap, no update); target {1e3 * goal:.1f} ms "
                     + ("below it" if goal < bound else "above it") + ".", ""]
+        if key == "floor" and net.get("overlap_update"):
+            out += [f"The same with the trainer's update after the forward+backward (MXNet runs "
+                    f"a CPU device's operations on one engine thread: the update overlaps the "
+                    f"exchange, never the forward and backward; median of "
+                    f"{len(net['overlap_update'])}): "
+                    f"{1e3 * median(net['overlap_update']):.1f} ms, the perfect-overlap bound "
+                    f"with its update.", ""]
     return out
 
 

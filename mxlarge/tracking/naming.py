@@ -105,13 +105,17 @@ def _bn_units(c: Config) -> bool:
 
 
 # Config keys (and ``net.*`` facts) that take effect only when another key says so: no
-# `optim.lars_eta` param on a run without LARS, no servers, replica checks, wire type or fusion
-# on one process of one device. (config.applies handles the dataset- and model-specific keys.)
+# `optim.lars_eta` param on a run without LARS; on one process of one CPU device no `dist.*` at
+# all (its world is the plan's: `plan.workers`, `plan.devices_per_worker`,
+# `plan.simulated_workers`; Gluon makes no store for one device; MXNet's default context is the
+# CPU). (config.applies handles the dataset- and model-specific keys.)
 TAKES_EFFECT: dict[str, Any] = {
-    **dict.fromkeys(("dist.servers", "dist.server_hosts", "dist.check_every",
+    **dict.fromkeys(("dist.workers", "dist.servers", "dist.server_hosts", "dist.check_every",
                      "dist.wire_dtype", "dist.compression"), _dist),
-    **dict.fromkeys(("dist.fusion_bytes", "net.params_pushed", "net.params_pushed_elements"),
-                    _store_sums),
+    **dict.fromkeys(("dist.kvstore", "dist.devices", "dist.fusion_bytes", "net.params_pushed",
+                     "net.params_pushed_elements"), _store_sums),
+    "dist.device_type": lambda c: _store_sums(c) or c.dist.device_type != "cpu",
+    "dist.simulate_workers": lambda c: c.dist.simulate_workers > 1,
     "dist.bn_stats": _bn_units,
     "optim.lars_eta": lambda c: c.optim.lars, "optim.lars_lr": lambda c: c.optim.lars,
     "optim.poly_power": lambda c: c.optim.decay == "poly",

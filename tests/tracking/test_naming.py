@@ -22,28 +22,35 @@ def _params(path, overrides=()):
     return params
 
 
-def test_a_one_process_run_has_no_store_params():
-    """A local store on one device (`mxlarge train`, a sweep's local children): no servers,
-    replica checks, wire type, fusion, pushed tensors, nor BN statistics to choose from."""
+def test_a_one_process_run_has_no_dist_params():
+    """A local store on one CPU device (`mxlarge train`, a sweep's local children): no dist.*
+    param at all (servers, replica checks, wire type, fusion, BN statistics to choose from, the
+    store, the world), its world is the plan's; pushed tensors neither."""
     for overrides in ((), ("dist.servers=1",), ("dist.check_every=10", "dist.fusion_bytes=0")):
         params = _params(BASELINE, overrides)
-        assert params["dist.kvstore"] == "local"
-        for key in (*DIST_ONLY, *STORE, "dist.bn_stats"):
-            assert key not in params, (overrides, key)
-        assert params["dist.workers"] == "1" and params["net.zero_gamma_blocks"] == "2"
+        assert not [k for k in params if k.startswith("dist.")], (overrides, sorted(params))
+        assert not set(STORE) & set(params)
+        assert (params["plan.workers"], params["plan.devices_per_worker"],
+                params["plan.simulated_workers"]) == ("1", "1", "1")
+        assert params["net.zero_gamma_blocks"] == "2"
+    assert _params(BASELINE, ["dist.device_type=gpu"])["dist.device_type"] == "gpu"
 
 
 def test_simulated_workers_or_devices_keep_what_they_read():
     sim = _params(MNIST1D, ["dist.simulate_workers=4"])
     assert sim["dist.bn_stats"] == "reduce"  # 4 sets of statistics: the mean is evaluated
-    assert not {*DIST_ONLY, *STORE} & set(sim)
+    assert sim["dist.simulate_workers"] == "4"
+    assert not {*DIST_ONLY, *STORE, "dist.kvstore"} & set(sim)
     devices = _params(BASELINE, ["dist.devices=2"])
-    assert {"dist.bn_stats", *STORE} <= set(devices) and not set(DIST_ONLY) & set(devices)
+    assert {"dist.bn_stats", "dist.kvstore", "dist.devices", *STORE} <= set(devices)
+    assert not set(DIST_ONLY) & set(devices)
 
 
 def test_a_dist_run_has_the_store_params():
     params = _params(LARGEBATCH)
     assert params["dist.kvstore"] == "dist_sync" and params["dist.servers"] == "1"
+    assert params["dist.workers"] == "2" and params["dist.device_type"] == "cpu"
+    assert "dist.simulate_workers" not in params  # 1: none simulated
     for key in ("dist.check_every", "dist.wire_dtype", "dist.compression", "dist.bn_stats",
                 *STORE):
         assert key in params, key

@@ -1,11 +1,11 @@
 """``mxlarge report NAME``: report.md, report.json and the PNGs of a sweep, written to a folder and
 logged to the sweep's parent run in MLflow.
 
-The parent run holds the report because the MLflow UI shows it above the sweep's cells, with the
-per-label table as its description, the per-label numbers as its metrics in one section
-(``compare/``, :func:`~mxlarge.reporting.summary.label_metrics`) and the plots as its images
-(the Model metrics tab shows them beside the charts); a sweep made before parent runs existed
-gets a summary run of its own. The folder is ``REPORTS_DIR/NAME`` unless
+The parent run holds the report because the MLflow UI shows it above the sweep's cells: its
+description is the labels compared in one picture (``compare.png``), the per-label table and
+the report's other plots, shown from its artifacts (no per-label metrics: the UI draws each
+metric as a chart of its own, a bar per label with a scale per bar); a sweep made before parent
+runs existed gets a summary run of its own. The folder is ``REPORTS_DIR/NAME`` unless
 ``--out`` says otherwise.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from mxlarge import tracking
 from mxlarge.config import Config, ConfigError
 from mxlarge.reporting import study
 from mxlarge.reporting.plots import (
+    plot_compare,
     plot_error_vs_batch,
     plot_loss_lr,
     plot_noise_scale,
@@ -30,7 +31,7 @@ from mxlarge.reporting.plots import (
 )
 from mxlarge.reporting.runs import RunData, diverged_runs, select_runs
 from mxlarge.reporting.store import load_sweep_runs
-from mxlarge.reporting.summary import label_metrics, summarize
+from mxlarge.reporting.summary import summarize
 from mxlarge.reporting.tables import made_at, parent_description, render_markdown, study_markdown
 
 # `mxlarge report NAME` writes into REPORTS_DIR/NAME unless given --out (relative to the cwd).
@@ -41,8 +42,8 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                  experiment: str | None = None, uri: str | None = None) -> Path:
     """Writes report.md, report.json and PNGs of sweep ``name`` into ``out_dir`` and logs them
     to the sweep's parent run (else to a new summary run tagged ``sweep=name``,
-    ``summary=true``), with the table as its description and :func:`label_metrics`. Returns
-    report.md's path.
+    ``summary=true``), with the comparison, the table and the plots as its description
+    (:func:`~mxlarge.reporting.tables.parent_description`). Returns report.md's path.
 
     Raises:
         ConfigError: if MLflow holds no FINISHED run of the sweep.
@@ -79,10 +80,11 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                               "mlflow.runName": f"{name} report"}, facts)
     ok = False
     try:
-        images = ["val_error.png", "final_error_vs_batch.png", "loss_lr.png"]
-        plot_val_error(used, out / images[0], f"{name}: validation error")
-        plot_error_vs_batch(used, out / images[1], f"{name}: final error vs global batch")
-        plot_loss_lr(used, out / images[2], f"{name}: training loss and LR (one seed per label)")
+        images = ["compare.png", "val_error.png", "final_error_vs_batch.png", "loss_lr.png"]
+        plot_compare(summary, used, out / images[0], f"{name}: the labels compared")
+        plot_val_error(used, out / images[1], f"{name}: validation error")
+        plot_error_vs_batch(used, out / images[2], f"{name}: final error vs global batch")
+        plot_loss_lr(used, out / images[3], f"{name}: training loss and LR (one seed per label)")
         if any(r.gns for r in used):
             images.append("noise_scale.png")
             plot_noise_scale(used, out / images[-1], f"{name}: gradient noise scale")
@@ -100,9 +102,10 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                       for r in used}},
             indent=2, default=str))
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
-        run.log_images([out / i for i in images], "report")  # on the Model metrics tab
-        run.tag({"mlflow.note.content": parent_description(name, summary)})
-        run.log_metrics(label_metrics(summary, used), 0)
+        shown = [(f"{Path(i).stem.replace('_', ' ')}: {facts['labels']}" if i == images[0]
+                  else Path(i).stem.replace("_", " "), tracking.artifact_src(run.run_id, i))
+                 for i in images]
+        run.tag({"mlflow.note.content": parent_description(name, summary, shown)})
         ok = True
     finally:
         if owned is not None:

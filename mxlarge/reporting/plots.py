@@ -1,5 +1,6 @@
 """Every plot of mxlarge: a run's training curves (logged by :mod:`mxlarge.tracking`) and the PNGs
-of a sweep report (validation error, final error vs batch, loss and LR, noise scale, the study).
+of a sweep report (the labels compared, validation error, final error vs batch, loss and LR,
+noise scale, the study).
 
 Matplotlib on the headless Agg backend, imported when a plot is drawn (code that draws nothing does
 not pay for it), one figure per file saved at 100 dpi by :func:`save`: the same runs give the same
@@ -14,7 +15,14 @@ from typing import Any
 
 from mxlarge.reporting.runs import RunData, by_label
 from mxlarge.reporting.study import StudyRow
-from mxlarge.reporting.summary import NO_ESTIMATE, mean_curve, mean_std, run_final_error
+from mxlarge.reporting.summary import (
+    NO_ESTIMATE,
+    Summary,
+    best_accuracy,
+    mean_curve,
+    mean_std,
+    run_final_error,
+)
 
 
 def pyplot() -> Any:
@@ -213,4 +221,50 @@ def plot_study(study: Sequence[StudyRow], path: str | Path, title: str = "") -> 
         ax_steps.set_yscale("log")
     ax_err.legend(fontsize=7)
     ax_steps.legend(fontsize=7)
+    save(fig, path, title)
+
+
+def compare_panels(summary: Summary, runs: Sequence[RunData]
+                   ) -> list[tuple[str, list[list[float]]]]:
+    """What :func:`plot_compare` draws: per quantity, its name and each label's values (in the
+    order of ``summary.rows``): the final errors of its seeds in %, its best validation accuracy
+    in % (over its seeds and epochs), its images/s (the mean over seeds of each run's median);
+    [] where a label has none."""
+    best = {r.label: max((b for run in runs if run.label == r.label
+                          if (b := best_accuracy(run.rows)) is not None), default=None)
+            for r in summary.rows}
+    return [("final error (%), mean ± std", [[100 * e for e in r.final_errors]
+                                             for r in summary.rows]),
+            ("best accuracy (%)", [[] if best[r.label] is None else [100 * best[r.label]]
+                                   for r in summary.rows]),
+            ("images/s (median)", [[] if r.images_per_sec is None else [r.images_per_sec]
+                                   for r in summary.rows])]
+
+
+def plot_compare(summary: Summary, runs: Sequence[RunData], path: str | Path,
+                 title: str = "") -> None:
+    """The labels side by side: a panel per quantity of :func:`compare_panels`, every label on
+    its x axis, a bar at the mean (± the sample std, each seed a dot when there are several),
+    "n/a" where a label has no value."""
+    plt = pyplot()
+    labels = [r.label for r in summary.rows]
+    many = len(labels) > 3
+    fig, axes = plt.subplots(1, 3, figsize=(max(9.0, 3 * (1.5 + 0.45 * len(labels))), 3.6))
+    colors = [f"C{i % 10}" for i in range(len(labels))]
+    for ax, (name, values) in zip(axes, compare_panels(summary, runs)):
+        xs = list(range(len(labels)))
+        means = [statistics.fmean(v) if v else 0.0 for v in values]
+        stds = [(mean_std(v)[1] or 0.0) if v else 0.0 for v in values]
+        ax.bar(xs, means, yerr=stds if any(stds) else None, color=colors, alpha=0.8, capsize=4)
+        tops = [max([m + sd, *v]) for v, m, sd in zip(values, means, stds)]
+        for x, v, m, top in zip(xs, values, means, tops):
+            if len(v) > 1:
+                ax.scatter([x] * len(v), v, s=10, color="black", zorder=3)
+            ax.annotate(f"{m:.4g}" if v else "n/a", (x, top), xytext=(0, 3),
+                        textcoords="offset points", ha="center", fontsize=8)
+        ax.set_ylim(0, 1.15 * (max(tops, default=0.0) or 1.0))
+        ax.set_xticks(xs, labels, rotation=30 if many else 0, ha="right" if many else "center",
+                      fontsize=8)
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
     save(fig, path, title)

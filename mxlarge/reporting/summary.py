@@ -1,6 +1,6 @@
 """The numbers of a sweep's table: per run (final error, time to target, throughput, noise
 scale) and per label (mean ± sample std over seeds, speedup and efficiency against the 1-worker
-run of the same config), and the per-label metrics of the sweep's parent run.
+run of the same config).
 
 Pure functions over :class:`~mxlarge.reporting.runs.RunData`: the rules are stated next to the
 numbers in report.md (:func:`mxlarge.reporting.tables.render_markdown`), and the statistics
@@ -8,7 +8,6 @@ themselves (final error, intervals, tests) are :mod:`mxlarge.stats`.
 """
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -229,43 +228,3 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
             conv_speedup=conv, configs=len({r.fingerprint for r in group})))
     return Summary(best_accuracy=best[0], best_run=best[1].run_id if best[1] else None,
                    target_fraction=target_fraction, target=target, rows=tuple(rows))
-
-
-def metric_key(text: str) -> str:
-    """``text`` with what MLflow refuses in a metric name (it keeps letters, digits, ``_``,
-    ``-``, ``.``, space and ``:``; ``/`` starts a UI section) replaced by ``_``."""
-    return re.sub(r"[^\w\-. :]", "_", text)
-
-
-def label_metrics(summary: Summary, runs: Sequence[RunData]) -> dict[str, float]:
-    """The per-label numbers of the report as metrics of the sweep's parent run, in one UI
-    section (``compare/``) and named quantity first, so that each quantity's labels sit side by
-    side: ``compare/final_error_pct: LABEL`` (mean over seeds, in %: the UI rounds to 2
-    decimals), ``compare/final_error_std_pct: LABEL`` (sample std, 2+ seeds),
-    ``compare/best_accuracy_pct: LABEL`` (over its seeds and epochs), ``compare/seeds: LABEL``
-    (FINISHED), ``compare/images_per_sec_median: LABEL`` (the mean over seeds of each run's
-    ``perf/images_per_sec_median``), and ``compare/speedup_vs_REF: LABEL`` and
-    ``compare/efficiency_vs_REF: LABEL`` only where a label has a reference other than itself
-    (against itself both are 1 by definition: no number).
-    """
-    out: dict[str, float] = {}
-    for row in summary.rows:
-        if not row.seeds:
-            continue
-        values: dict[str, float | None] = {"seeds": float(len(row.seeds)),
-                                           "images_per_sec_median": row.images_per_sec}
-        if row.reference is not None and row.reference != row.label:
-            ref = metric_key(row.reference)
-            values[f"speedup_vs_{ref}"] = row.speedup
-            values[f"efficiency_vs_{ref}"] = row.efficiency
-        if row.final_errors:
-            mean, std = mean_std(row.final_errors)
-            values["final_error_pct"] = 100 * mean
-            values["final_error_std_pct"] = None if std is None else 100 * std
-        best = max((b for r in runs if r.label == row.label
-                    if (b := best_accuracy(r.rows)) is not None), default=None)
-        values["best_accuracy_pct"] = None if best is None else 100 * best
-        label = metric_key(row.label)
-        out.update({f"compare/{k}: {label}": float(v) for k, v in values.items()
-                    if v is not None})
-    return out

@@ -190,12 +190,35 @@ def noise_scale_markdown(runs: Sequence[RunData]) -> list[str]:
             "|" + "---|" * 7, *rows, ""]
 
 
-def parent_description(name: str, summary: Summary) -> str:
-    """The sweep parent's description once reported: the per-label table and the target."""
+def description_table(summary: Summary) -> str:
+    """The per-label table of the sweep parent's description: what fits the MLflow UI's
+    description column (label, workers, global batch, final error, images/s, speedup); the
+    full table is report.md's (:func:`markdown_table`)."""
+    lines = ["| label | workers | batch | final error % | images/s | speedup |",
+             "|---|---|---|---|---|---|"]
+    for r in summary.rows:
+        if not r.seeds:
+            lines.append(f"| {r.label} | | | none FINISHED | | |")
+            continue
+        err = _pm(mean_std(r.final_errors), scale=100) if r.final_errors else "n/a"
+        lines.append(
+            f"| {r.label} | {r.workers if r.workers is not None else 'mixed'} "
+            f"| {r.global_batch if r.global_batch is not None else 'mixed'} | {err} "
+            f"| {f'{r.images_per_sec:.0f}' if r.images_per_sec is not None else 'n/a'} "
+            f"| {_ratio(r, r.speedup, '{:.2f}×', said=True)} |")
+    return "\n".join(lines)
+
+
+def parent_description(name: str, summary: Summary,
+                       images: Sequence[tuple[str, str]] = ()) -> str:
+    """The sweep parent's description once reported: the target, the labels compared (the
+    first of ``images``, ``(caption, address)`` pairs), :func:`description_table`, then the
+    report's other plots."""
     target = (f"target accuracy {summary.target:.4f} ({summary.target_fraction:g} × best)"
               if summary.target is not None else "no target")
-    return "\n".join([f"**sweep {name}**: {target}; the full report is the artifact "
-                      "`report.md`.", "", markdown_table(summary)])
+    shown = [f"![{caption}]({src})" for caption, src in images]
+    return "\n\n".join([f"**sweep {name}**: {target}; the full report is the artifact "
+                         "`report.md`.", *shown[:1], description_table(summary), *shown[1:]])
 
 
 def _mlperf(m: stats.MLPerf, fmt: str) -> str:

@@ -5,7 +5,7 @@ process logs into is decided once, by :func:`open_run`, and ended by :meth:`Open
 whoever opens a run ends it. The modules, each importing only those before it:
 
 * :mod:`~mxlarge.tracking.store`: the URI, the experiment, a client, the system tags;
-* :mod:`~mxlarge.tracking.urls`: a run's page and the runs list in the MLflow UI;
+* :mod:`~mxlarge.tracking.urls`: a run's page, the runs list and an artifact in the MLflow UI;
 * :mod:`~mxlarge.tracking.naming`: a run's name, description and params;
 * :mod:`~mxlarge.tracking.queries`: plain-data reads for sweeps and reports;
 * :mod:`~mxlarge.tracking.model`: the logged model, and :func:`load` back;
@@ -54,15 +54,15 @@ from mxlarge.tracking.store import (
     tracking_uri,
 )
 from mxlarge.tracking.system import SAMPLE_EVERY, SAMPLED_BY, JobMonitor, system_metrics
-from mxlarge.tracking.urls import UI_ADDRESS, run_url, runs_url, ui_hint
+from mxlarge.tracking.urls import UI_ADDRESS, artifact_src, run_url, runs_url, ui_hint
 
 __all__ = [
     "DEFAULT_URI", "EXPERIMENT_KIND", "REPO_ROOT", "RUNS_COLUMNS", "RUNS_VIEW", "SAMPLED_BY",
     "SAMPLE_EVERY", "TAKES_EFFECT", "UI_ADDRESS", "JobMonitor", "MLflowHook", "OpenRun", "Plot",
-    "RankThroughputHook", "RunHandle", "as_written", "best_and_final", "caller_run_id",
-    "check_reachable", "client", "describe_run", "experiment_id", "experiment_name",
-    "find_runs", "find_sweep_parent", "git_commit", "latest_metrics", "load", "log_model",
-    "metric_history", "model_id", "model_name", "open_run", "run_name", "run_params",
+    "RankThroughputHook", "RunHandle", "artifact_src", "as_written", "best_and_final",
+    "caller_run_id", "check_reachable", "client", "describe_run", "experiment_id",
+    "experiment_name", "find_runs", "find_sweep_parent", "git_commit", "latest_metrics", "load",
+    "log_model", "metric_history", "model_id", "model_name", "open_run", "run_name", "run_params",
     "run_url", "runs_url", "share_runs_view", "shown_path", "sweep_parent", "system_metrics",
     "system_tags", "takes_effect", "tracking_uri", "ui_hint", "unique_model_name",
     "unique_run_name",

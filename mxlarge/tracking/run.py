@@ -133,17 +133,6 @@ class RunHandle:
             else:
                 c.log_artifact(self.run_id, str(p), under)
 
-    def log_images(self, paths: Sequence[str | Path], section: str, step: int = 0) -> None:
-        """PNGs as MLflow images (key: ``section/`` + the file's stem, at ``step``), which the
-        run's Model metrics tab shows in the section ``section`` beside its charts."""
-        from PIL import Image
-
-        c = client(self.uri)
-        for p in paths:
-            with Image.open(p) as image:
-                c.log_image(self.run_id, image.convert("RGB"), key=f"{section}/{Path(p).stem}",
-                            step=step, synchronous=True)
-
     def log_text(self, text: str, path: str) -> None:
         """``text`` as the artifact ``path`` (e.g. ``failure/worker-1.log``)."""
         client(self.uri).log_text(self.run_id, text, path)

@@ -1,5 +1,7 @@
-"""Where a run is shown: its page and its experiment's runs list in the MLflow UI."""
+"""Where a run is shown: its page, its experiment's runs list and its artifacts in the MLflow UI."""
 from __future__ import annotations
+
+from urllib.parse import urlencode
 
 from mxlarge.tracking.store import RUNS_VIEW, client
 
@@ -36,3 +38,10 @@ def ui_hint(uri: str, run_id: str) -> str:
     if uri.startswith(("http://", "https://")):
         return f"{url} (runs list: {listed})"
     return f"{url} (serve it with: mlflow ui --backend-store-uri {uri}; runs list: {listed})"
+
+
+def artifact_src(run_id: str, path: str) -> str:
+    """The address of the run's artifact ``path`` relative to the MLflow UI's page (the UI's own
+    ``get-artifact`` route), so that a run's description shows an artifact image wherever the
+    UI is served (``![plot](artifact_src(...))``)."""
+    return "get-artifact?" + urlencode({"path": path, "run_uuid": run_id})

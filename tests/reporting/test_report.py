@@ -5,7 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from mxlarge.reporting.plots import plot_error_vs_batch, plot_loss_lr, plot_val_error
+from mxlarge.reporting.plots import (
+    compare_panels,
+    plot_compare,
+    plot_error_vs_batch,
+    plot_loss_lr,
+    plot_val_error,
+)
 from mxlarge.reporting.runs import RunData, config_fingerprint, epoch_rows, select_runs
 from mxlarge.reporting.summary import (
     all_reached,
@@ -18,7 +24,12 @@ from mxlarge.reporting.summary import (
     summarize,
     time_to_target,
 )
-from mxlarge.reporting.tables import markdown_table, render_markdown
+from mxlarge.reporting.tables import (
+    description_table,
+    markdown_table,
+    parent_description,
+    render_markdown,
+)
 from mxlarge.stats import final_error
 
 PARAMS = {"data.batch_size": "32", "optim.base_lr": "0.1", "dist.workers": "1",
@@ -271,3 +282,40 @@ def test_noise_scale_section_in_markdown():
     assert "| 16x | 0 | 256 | 50 | 50 | 50 | above B_simple early/middle/late" in text
     assert "| base |" not in text  # no measurement, no row
     assert noise_scale_markdown(runs[1:]) == []
+
+
+# -- the labels compared (the sweep parent's picture and table) -------------------------------
+
+def test_compare_panels_hold_every_label_for_each_quantity():
+    runs = scaling_sweep()
+    s = summarize(runs, 0.99)
+    names, values = zip(*compare_panels(s, runs))
+    assert names == ("final error (%), mean ± std", "best accuracy (%)", "images/s (median)")
+    errors, best, ips = ({r.label: v for r, v in zip(s.rows, panel)} for panel in values)
+    # a: medians of (0.4, 0.05, 0.0) and (0.5, 0.01, 0.01); best 1.0; ips medians 100 and 100
+    assert errors["a"] == pytest.approx([5.0, 1.0]) and best["a"] == [100.0]
+    assert ips["a"] == [100.0] and ips["b"] == [180.0] and best["b"] == pytest.approx([99.0])
+    assert errors["e"] == pytest.approx([85.0])  # medians of (0.9, 0.8)
+
+
+def test_plot_compare_draws_the_data(tmp_path):
+    runs = scaling_sweep()
+    changed = [dataclasses.replace(runs[0], rows=rows([0.2, 0.3, 0.4])), *runs[1:]]
+    paths = [tmp_path / f"c{i}.png" for i in range(3)]
+    for path, data in zip(paths, (runs, runs, changed)):
+        plot_compare(summarize(data, 0.99), data, path, "t")
+    img = _pixels(paths[0])
+    assert len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10
+    np.testing.assert_array_equal(img, _pixels(paths[1]))
+    assert not np.array_equal(img, _pixels(paths[2]))
+
+
+def test_the_parent_description_shows_the_picture_then_a_table_that_fits():
+    s = summarize(scaling_sweep(), 0.99)
+    text = parent_description("s", s, [("compare: a, b", "c.png"), ("val error", "v.png")])
+    table = description_table(s)
+    assert text.index("![compare: a, b](c.png)") < text.index(table) < text.index("(v.png)")
+    lines = table.splitlines()
+    assert {line.count("|") for line in lines} == {7}  # six columns
+    assert "| b | 2 | 64 | 1.00 ± 0.00 | 180 | 1.80× vs a |" in lines
+    assert "| a | 1 | 32 | 3.00 ± 2.83 | 100 | ref. |" in lines

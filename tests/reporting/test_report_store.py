@@ -1,8 +1,8 @@
 """`mxlarge report` against real MLflow stores: one written with the metric names and tags of
 stores made before the MLflow sections (train/, val/, perf/, gns/) reads exactly like the same
-runs written with the current names, and the sweep's parent run gets the report's table as its
-description and the per-label numbers as metrics."""
-import statistics
+runs written with the current names, and the sweep's parent run gets the labels compared in one
+picture, the table and the plots as its description, and no per-label metrics."""
+import re
 
 import pytest
 from mlflow.entities import Metric, Param
@@ -12,7 +12,6 @@ from mxlarge import tracking
 from mxlarge.reporting.cli import write_report
 from mxlarge.reporting.runs import LEGACY_METRICS
 from mxlarge.reporting.store import load_sweep_runs
-from mxlarge.reporting.summary import label_metrics
 
 # per seed: val errors of 3 epochs (logged at steps 10, 20, 30), images/s, per-step losses
 RUNS = {0: ([0.5, 0.3, 0.2], 100.0), 1: ([0.6, 0.25, 0.15], 120.0)}
@@ -70,33 +69,24 @@ def test_report_reads_a_store_with_the_old_names_as_one_with_the_new(tmp_path, m
 
 
 @pytest.mark.timeout(240)
-def test_sweep_parent_gets_the_table_and_the_per_label_numbers(tmp_path, mlflow_uri):
+def test_sweep_parent_shows_the_comparison_the_table_and_the_plots(tmp_path, mlflow_uri):
     _write(mlflow_uri, legacy=False)
     write_report("old", tmp_path / "rep", uri=mlflow_uri)
     parent = tracking.find_sweep_parent(mlflow_uri, "mxlarge", "old")
-    run = MlflowClient(tracking_uri=mlflow_uri).get_run(parent.run_id)
+    c = MlflowClient(tracking_uri=mlflow_uri)
+    run = c.get_run(parent.run_id)
     note = run.data.tags["mlflow.note.content"]
-    assert note.startswith("**sweep old**") and "\n| base | 1 | 32 | 0.1 | 0,1 |" in note
-    m = run.data.metrics
-    finals = [statistics.median(e) for e, _ in RUNS.values()]
-    assert m["compare/final_error_pct: base"] == pytest.approx(100 * statistics.fmean(finals))
-    assert m["compare/final_error_std_pct: base"] == pytest.approx(100 * statistics.stdev(finals))
-    assert m["compare/best_accuracy_pct: base"] == pytest.approx(85.0)
-    assert m["compare/seeds: base"] == 2
-    assert m["compare/images_per_sec_median: base"] == pytest.approx(110.0)
-    # base is its own reference (1 worker): a speedup of 1 by definition is no number
-    assert not [k for k in m if "speedup" in k or "efficiency" in k]
+    # the comparison first, then the table that fits (finals: medians 0.3 and 0.25; images/s:
+    # 100 and 120; its own reference), then the other plots
+    src = f"get-artifact?path={{}}&run_uuid={parent.run_id}"
+    compare = f"![compare: base]({src.format('compare.png')})"
+    row = "| base | 1 | 32 | 27.50 ± 3.54 | 110 | ref. |"
+    assert note.startswith("**sweep old**") and compare in note and row in note
+    assert note.index(compare) < note.index(row) < note.index(src.format("val_error.png"))
+    shown = re.findall(r"!\[[^]]*\]\(get-artifact\?path=([^&]+)&", note)
+    assert shown == ["compare.png", "val_error.png", "final_error_vs_batch.png", "loss_lr.png"]
+    assert set(shown) <= {a.path for a in c.list_artifacts(parent.run_id)}
+    # no per-label metric (each would be a chart of one bar), no logged images
+    assert run.data.metrics == {}
+    assert not c.list_artifacts(parent.run_id, "images")
     assert run.data.params["sweep.seeds"] == "0,1"
-
-
-def test_label_metrics_keys_are_names_mlflow_accepts():
-    from mxlarge.reporting.summary import LabelRow, Summary, metric_key
-
-    assert metric_key("16x recipe (LARS, η=5)/b") == "16x recipe _LARS_ η_5__b"
-    row = LabelRow(label="a/b", seeds=(0,), missing_seeds=(), workers=2, global_batch=32,
-                   peak_lr=0.1, final_errors=(0.2,), epochs_to_target=(None,),
-                   seconds_to_target=(None,), images_per_sec=None, reference="r/1",
-                   speedup=1.5, efficiency=0.75, conv_speedup=None)
-    got = label_metrics(Summary(None, None, 0.99, None, (row,)), [])
-    assert got == {"compare/seeds: a_b": 1.0, "compare/final_error_pct: a_b": 20.0,
-                   "compare/speedup_vs_r_1: a_b": 1.5, "compare/efficiency_vs_r_1: a_b": 0.75}

@@ -29,6 +29,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNS_VIEW = "mxlarge"
 RUNS_COLUMNS = ("val/final_error", "val/best_accuracy", "perf/images_per_sec_median",
                 "train/loss")
+# The Run Name column's width in that view, in pixels: MLflow's own 190 shows 17 characters of a
+# name (`digits-largebatch`, then "..."); this shows about 30 (`digits-largebatch 100ep s0`).
+RUN_NAME_WIDTH = 300
 # The experiment tag MLflow 3's UI reads to choose an experiment's page: without it (or with
 # `genai_development`) a link to the experiment opens the GenAI overview (traces, tokens); the
 # classic kind opens the training view (runs, metrics, models).
@@ -122,13 +125,13 @@ def git_commit() -> str:
 def experiment_id(c: MlflowClient, name: str) -> str:
     """The experiment ``name``'s id, created with the shared runs view and the classic kind
     (:data:`EXPERIMENT_KIND`) if new; an existing one without them (made by MLflow, or by an
-    older mxlarge) gets them."""
+    older mxlarge) gets them, and an older view the current one."""
     exp = c.get_experiment_by_name(name)
     if exp is None:
         made = c.create_experiment(name, tags=dict([EXPERIMENT_KIND]))
         share_runs_view(c, made)
         return made
-    if f"mlflow.sharedViewState.{RUNS_VIEW}" not in exp.tags:
+    if exp.tags.get(f"mlflow.sharedViewState.{RUNS_VIEW}") != runs_view():
         share_runs_view(c, exp.experiment_id)
     key, kind = EXPERIMENT_KIND
     if key not in exp.tags:  # a kind the user chose stays
@@ -136,8 +139,16 @@ def experiment_id(c: MlflowClient, name: str) -> str:
     return exp.experiment_id
 
 
+def runs_view() -> str:
+    """:data:`RUNS_VIEW` as MLflow's UI reads it: the metric columns :data:`RUNS_COLUMNS` and
+    the Run Name column :data:`RUN_NAME_WIDTH` wide (the UI applies a width only to a column
+    the view orders)."""
+    name = "attributes.`Run Name`"
+    return json.dumps({"selectedColumns": [f"metrics.`{k}`" for k in RUNS_COLUMNS],
+                       "columnOrder": [name], "columnWidths": {name: RUN_NAME_WIDTH}})
+
+
 def share_runs_view(c: MlflowClient, experiment_id: str) -> None:
-    """Tags the experiment with :data:`RUNS_VIEW`: the runs list opening with the metric
-    columns :data:`RUNS_COLUMNS` (:func:`mxlarge.tracking.urls.runs_url`)."""
-    view = {"selectedColumns": [f"metrics.`{k}`" for k in RUNS_COLUMNS]}
-    c.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{RUNS_VIEW}", json.dumps(view))
+    """Tags the experiment with :data:`RUNS_VIEW` (:func:`runs_view`), which the runs list's
+    link names (:func:`mxlarge.tracking.urls.runs_url`)."""
+    c.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{RUNS_VIEW}", runs_view())

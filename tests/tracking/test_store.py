@@ -1,6 +1,8 @@
 """The experiment a run lands in opens on MLflow's training view: MLflow 3's UI shows an
 experiment without the tag `mlflow.experimentKind` (or with a GenAI kind) as its GenAI overview
 (traces, tokens), and one of kind `custom_model_development` as runs, metrics and models."""
+import json
+
 from mlflow.tracking import MlflowClient
 
 from mxlarge import tracking
@@ -31,3 +33,17 @@ def test_a_run_opens_in_an_experiment_of_the_classic_kind(mlflow_uri):
     plain = MlflowClient(tracking_uri=mlflow_uri)
     exp = plain.get_run(run.run_id).info.experiment_id
     assert plain.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_runs_view_shows_the_metric_columns_and_whole_names(mlflow_uri):
+    plain = MlflowClient(tracking_uri=mlflow_uri)
+    old = plain.create_experiment("older-view", tags={
+        f"mlflow.sharedViewState.{tracking.RUNS_VIEW}": '{"selectedColumns": []}'})
+    tracking.experiment_id(tracking.client(mlflow_uri), "older-view")  # the current view
+    view = json.loads(plain.get_experiment(old).tags[
+        f"mlflow.sharedViewState.{tracking.RUNS_VIEW}"])
+    assert view["selectedColumns"] == [f"metrics.`{k}`" for k in tracking.RUNS_COLUMNS]
+    # MLflow applies a width only to a column the view orders; its own 190 px cut
+    # `digits-largebatch 2ep s0` after `digits-largebatch` (make test-ui checks the page)
+    name = "attributes.`Run Name`"
+    assert view["columnOrder"] == [name] and view["columnWidths"] == {name: 300}

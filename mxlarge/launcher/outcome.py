@@ -7,12 +7,14 @@ within its role as the launcher started it is its launch index (``failed_launch_
 job's ``worker 1``, an ssh job's ``launch 1``, mpirun's and srun's task rank); the scheduler
 assigns kvstore ranks later, by host and port, so the two differ. Runs recorded before this
 distinction carry ``failed_rank``, which :func:`failure_tags` reads. Importing this module
-imports nothing else of mxlarge.
+imports nothing else of mxlarge but :mod:`mxlarge.launcher.straggler` (which imports none).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from mxlarge.launcher.straggler import Episode
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class Outcome:
         beats: on failure, the launcher's view of every worker's last heartbeat, by rank.
         tails: on failure, the last lines of every process the launcher started (for a
             cluster job: its ssh, mpirun or srun clients, which carry the remote output).
+        stragglers: the workers named slow while it ran, in the order they were named
+            (:mod:`mxlarge.launcher.straggler`).
     """
 
     exit_code: int
@@ -143,6 +147,7 @@ class Outcome:
     hosts: tuple[str, ...] = ()
     beats: tuple[Beat, ...] = ()
     tails: tuple[Tail, ...] = ()
+    stragglers: tuple[Episode, ...] = ()
 
 
 def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:

@@ -49,6 +49,7 @@ from mxlarge.launcher.job import JobSpec
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import backend_for
 from mxlarge.launcher.restart import Attempt, Elastic, Failure, RestartPlan, RestartPolicy
+from mxlarge.launcher.straggler import Episode
 from mxlarge.plan import World, with_world, world_of
 
 
@@ -343,17 +344,20 @@ def _run_attempt(job: Launch, attempt: Attempt, record: _Record) -> Outcome:
         if hostfile != job.spec.hostfile:
             os.unlink(hostfile)
     record.hosts = list(outcome.hosts)
+    record.stragglers(outcome.stragglers)
     return outcome
 
 
 class _Record:
     """What a launch writes into its MLflow run (``run``: ``None`` without one): each elastic
-    attempt's world, each restart, and the end tags of the outcome."""
+    attempt's world, each restart, each attempt's stragglers, and the end tags of the
+    outcome."""
 
     def __init__(self, run: Any) -> None:
         self.run = run
         self.end_tags: dict[str, str] = {}
         self.hosts: list[str] = []  # cluster jobs: where the last attempt ran
+        self.episodes: tuple[Episode, ...] = ()  # every attempt's stragglers
 
     def world(self, attempt: Attempt) -> None:
         """Tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step."""
@@ -366,6 +370,20 @@ class _Record:
         self.run.tag({f"world_{attempt.number}": attempt.world.describe(),
                       "workers_lost": ",".join(attempt.lost)})
         self.run.log_metrics({"world/workers": attempt.world.processes}, step)
+
+    def stragglers(self, episodes: tuple[Episode, ...]) -> None:
+        """An attempt's straggler episodes (:mod:`mxlarge.launcher.straggler`): the tag
+        ``straggler`` names every one of the job so far; the metrics ``straggler/ratio`` (its
+        part ÷ the others' median) and ``straggler/wait`` (the share of the others' step they
+        wait for it) at the step each was named, 1 and 0 at the step it recovered."""
+        if self.run is None or not episodes:
+            return
+        self.episodes += episodes
+        self.run.tag({"straggler": "; ".join(e.describe() for e in self.episodes)})
+        for e in episodes:
+            self.run.log_metrics({"straggler/ratio": e.ratio, "straggler/wait": e.wait}, e.step)
+            if e.ended is not None:
+                self.run.log_metrics({"straggler/ratio": 1.0, "straggler/wait": 0.0}, e.ended)
 
     def restart(self, failure: Failure, restarts: int, gave_up: str | None) -> None:
         """A failed attempt: the restarts so far and the reason, or why the job gave up."""

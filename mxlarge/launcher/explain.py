@@ -148,10 +148,9 @@ class FailureContext:
         """The kvstore rank of the process behind ``child`` (on ``host``, with ``remote_pid``
         if known): from its own Bind line (``by_bind``: one process per child, as with ssh),
         from the one rank of its role on that host, or from the heartbeats."""
+        if by_bind and child.find_rank() is not None:  # its Bind line (or its heartbeat)
+            return child.rank
         assigned = self._assigned()
-        for address in child.pslog.bound if by_bind else ():
-            if address in assigned and assigned[address][0] == child.role:
-                return assigned[address][1]
         if host is not None:  # mpirun/srun: the host they named, if one rank of the role is there
             with contextlib.suppress(OSError):
                 ip = socket.gethostbyname(host)

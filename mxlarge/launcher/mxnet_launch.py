@@ -17,9 +17,11 @@ address choice: the scheduler on the address of this host's name.
 Under ``--launcher local`` every process dmlc starts (the scheduler, the servers, the workers)
 runs under the launcher's :class:`~mxlarge.launcher.supervisor.Supervisor`: dmlc's
 ``subprocess`` is a shim for the time of the submission (:class:`_LocalShim`), so each line is
-labelled ``[worker i]``/``[server i]``/``[scheduler]`` (i: dmlc's launch index, not the kvstore
-rank), the first process to fail ends the job with its exit status (dmlc's local backend
-retries, logs and returns 0), and nothing outlives the command. ``mxlarge launch`` is still the
+labelled ``[worker r]``/``[server r]``/``[scheduler]`` (r: the kvstore rank once ps-lite
+assigned it, with dmlc's launch index where it differs:
+:func:`~mxlarge.launcher.supervisor.process_label`), the first process to fail ends the job
+with its exit status (dmlc's local backend retries, logs and returns 0), and nothing outlives
+the command. ``mxlarge launch`` is still the
 recommended front end (stall watchdog, restarts, MLflow).
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 from mxlarge.launcher.backends.local import LOOPBACK
 from mxlarge.launcher.dmlc_compat import patched_subprocess, scheduler_address, tracker_compat
 from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
 from mxlarge.launcher.supervisor import (
     Child,
@@ -74,10 +77,13 @@ def launcher_of(argv: list[str]) -> str:
 
 class _LocalShim:
     """dmlc's ``subprocess`` during a local submission: each ``call``/``check_call`` (one per
-    process, in dmlc's threads) runs under the supervisor and returns its status."""
+    process, in dmlc's threads) runs under the supervisor and returns its status; ``verbose``
+    (ps-lite's level-1 lines, which name each process's kvstore rank) goes into its
+    environment."""
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: Supervisor, verbose: Mapping[str, str]) -> None:
         self._sup = sup
+        self._verbose = verbose
         self._servers = 0
         self._lock = threading.Lock()
 
@@ -98,8 +104,9 @@ class _LocalShim:
              executable: str | None = None, **kwargs: Any) -> int:
         role, index = self._label(env)
         try:
-            child = self._sup.spawn(role, index, args, env=env, shell=shell,
-                                    executable=executable)
+            child = self._sup.spawn(role, index, args, env={**(env or os.environ),
+                                                            **self._verbose},
+                                    shell=shell, executable=executable)
         except RuntimeError:
             return 0  # teardown has begun
         child.wait_exit()
@@ -150,7 +157,8 @@ def _run_local(path: Path, tracker: Any) -> int:
 
     import dmlc_tracker.local as local
 
-    sup = Supervisor(sys.stdout)
+    verbose = verbose_env(os.environ)  # the ranks, in lines not shown (pslog)
+    sup = Supervisor(sys.stdout, hide_ps_verbose=bool(verbose))
     returned = threading.Event()
     stop = threading.Event()
     received: list[int] = []
@@ -166,7 +174,7 @@ def _run_local(path: Path, tracker: Any) -> int:
 
     watcher = threading.Thread(target=watch, name="supervise", daemon=True)
     try:
-        with patched_subprocess([local, tracker], _LocalShim(sup)):
+        with patched_subprocess([local, tracker], _LocalShim(sup, verbose)):
             watcher.start()
             try:
                 runpy.run_path(str(path), run_name="__main__")

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any, Protocol
 
 from mxlarge.launcher.guard import GuardReport, Lease
@@ -26,6 +27,7 @@ from mxlarge.launcher.pgroups import live_process_groups, parent_death_signal, s
 from mxlarge.launcher.pslog import PsLog
 from mxlarge.launcher.verdict import evidence, exit_outcome, stall_outcome
 from mxlarge.launcher.watchdog import Watchdog
+from mxlarge.protocol.heartbeat import read_all
 
 # How often the supervision loops look at their children. Small enough that a failure is
 # noticed well within a second, large enough to cost nothing next to MXNet's own threads.
@@ -70,9 +72,20 @@ def describe_status(status: int) -> str:
     return f"status {status}"
 
 
+def process_label(role: str, rank: int | None, launch: int | None) -> str:
+    """How the launcher names one process, in its output's ``[label]``, its failure line and the
+    headings of its evidence: ``worker 1`` by its kvstore rank, ``worker 1 (launch 0)`` where
+    its launch index differs, ``worker (launch 0)`` while the rank is not known, ``scheduler``
+    (no number)."""
+    if rank is None:
+        return role if launch is None else f"{role} (launch {launch})"
+    return f"{role} {rank}" if launch in (None, rank) else f"{role} {rank} (launch {launch})"
+
+
 def failure_message(child: Child) -> str:
-    """The one line that names a failed child: ``worker 1 exited with signal 9 (SIGKILL)``,
-    followed by the cause when its output told one (:meth:`PsLog.cause`)."""
+    """The one line that names a failed child by its label
+    (``worker 1 (launch 0) exited with signal 9 (SIGKILL)``), followed by the cause when its
+    output told one (:meth:`PsLog.cause`)."""
     assert child.status is not None
     # The exit is seen by waitid, the output by the pump thread: let the pump read what the
     # process wrote before it died (the pipe ends with it, unless a grandchild still holds it).
@@ -111,14 +124,24 @@ class LineSink:
 
 class Child:
     """One supervised process (the leader of its own process group); ``tail`` holds its last
-    :data:`TAIL_LINES` lines of output."""
+    :data:`TAIL_LINES` lines of output.
 
-    def __init__(self, role: str, index: int | None, label: str, popen: subprocess.Popen[bytes],
-                 sink: LineSink, hide_ps_verbose: bool = False, lease: Lease | None = None
-                 ) -> None:
+    One process of a server or worker (``index`` its launch index) is labelled by its kvstore
+    rank once ``ranks`` tells it (:func:`process_label`; ``where`` follows, e.g. ``" via ssh
+    h:22"``), which its output's lines are checked for until then; a ``label`` given is kept
+    (one mpirun or srun for every process of a role).
+    """
+
+    def __init__(self, role: str, index: int | None, label: str | None,
+                 popen: subprocess.Popen[bytes], sink: LineSink, hide_ps_verbose: bool = False,
+                 lease: Lease | None = None, where: str = "",
+                 ranks: Callable[[Child], int | None] | None = None) -> None:
         self.role = role
         self.index = index
-        self.label = label
+        self.rank: int | None = None  # its kvstore rank, once known
+        self._label = label
+        self._where = where
+        self._ranks = ranks if index is not None and role in ("server", "worker") else None
         self.popen = popen
         self.status: int | None = None
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -134,6 +157,19 @@ class Child:
         """Process id, which is also the id of the child's process group."""
         return self.popen.pid
 
+    @property
+    def label(self) -> str:
+        """Its name in the job's output and evidence (the class docstring)."""
+        if self._label is not None:
+            return self._label
+        return process_label(self.role, self.find_rank(), self.index) + self._where
+
+    def find_rank(self) -> int | None:
+        """Its kvstore rank, looked for (by ``ranks``) while not known."""
+        if self._ranks is not None and self.rank is None:
+            self.rank = self._ranks(self)
+        return self.rank
+
     def _pump_lines(self, sink: LineSink) -> None:
         stream = self.popen.stdout
         if stream is None:
@@ -147,7 +183,9 @@ class Child:
                         self._lease = None
                     if "started pid" in text:  # bookkeeping, not news
                         continue
-                if self.pslog.see(text):  # ps-lite's hidden verbose lines are no evidence
+                shown = self.pslog.see(text)  # ps-lite's hidden verbose lines are no evidence
+                self.find_rank()  # the lines before it print under the launch index
+                if shown:
                     self.tail.append(text)
                     sink.emit(self.label, text)
         except (OSError, ValueError):
@@ -194,12 +232,19 @@ class Supervisor:
         sink: a :class:`LineSink` (subclass) to use instead of a plain one on ``output``.
         hide_ps_verbose: do not show ps-lite's level-1 lines (the launcher set ``PS_VERBOSE``
             for its own use, see :mod:`mxlarge.launcher.pslog`).
+        heartbeats: the job's heartbeat directory (:mod:`mxlarge.protocol.heartbeat`), where a
+            worker's kvstore rank is found when ps-lite's lines do not tell it.
+        roles: the job's processes per role (``{"server": 1, "worker": 2}``): the one process
+            of its role is rank 0 from the start.
     """
 
     def __init__(self, output: IO[str] | Any, sink: LineSink | None = None,
-                 hide_ps_verbose: bool = False) -> None:
+                 hide_ps_verbose: bool = False, heartbeats: str | Path | None = None,
+                 roles: Mapping[str, int] | None = None) -> None:
         self.sink = LineSink(output) if sink is None else sink
         self._hide_ps_verbose = hide_ps_verbose
+        self.heartbeats = heartbeats
+        self.roles = dict(roles or {})
         self.children: list[Child] = []
         self._exit_order: list[Child] = []
         self._recorded: set[int] = set()
@@ -211,9 +256,11 @@ class Supervisor:
 
     def spawn(self, role: str, index: int | None, args: str | Sequence[str], *,
               env: Mapping[str, str] | None = None, shell: bool = False,
-              executable: str | None = None, label: str | None = None,
+              executable: str | None = None, label: str | None = None, where: str = "",
               lease: bool = False) -> Child:
-        """Start a child in a new session with stdout and stderr merged into one pipe.
+        """Start a child in a new session with stdout and stderr merged into one pipe, labelled
+        ``label``, else by its role, launch index and, once known, kvstore rank (:class:`Child`,
+        :meth:`rank_of`), then ``where``.
 
         With ``lease``, the child's stdin is a pipe that gets the guard's lease bytes once its
         guard has started (:class:`mxlarge.launcher.guard.Lease`); else it is ``/dev/null``.
@@ -221,11 +268,10 @@ class Supervisor:
         Raises:
             RuntimeError: if teardown has already begun (a late start would escape it).
         """
-        if label is None:
-            label = role if index is None else f"{role} {index}"
         with self._lock:
             if self._closing:
-                raise RuntimeError(f"not starting {label}: the job is being torn down")
+                raise RuntimeError(f"not starting {label or process_label(role, None, index)}: "
+                                   "the job is being torn down")
             if lease and self._lease is None:
                 self._lease = Lease()
             popen = subprocess.Popen(  # noqa: S603 - the command is the caller's, by design
@@ -233,9 +279,28 @@ class Supervisor:
                 stdin=subprocess.PIPE if lease else subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._preexec)
             child = Child(role, index, label, popen, self.sink, self._hide_ps_verbose,
-                          self._lease if lease else None)
+                          self._lease if lease else None, where, self.rank_of)
             self.children.append(child)
         return child
+
+    def rank_of(self, child: Child) -> int | None:
+        """The kvstore rank of the one process behind ``child``: 0 for the only one of its role,
+        else the scheduler's assignment of the address its own ps-lite Bind line names, else (a
+        worker) the heartbeat of its pid (its guard's pid and host for a remote one); None
+        while none tells."""
+        if self.roles.get(child.role) == 1:
+            return 0
+        with self._lock:
+            children = list(self.children)
+        assigned = next((c.pslog.assigned for c in children if c.role == "scheduler"), {})
+        for address in list(child.pslog.bound):
+            if address in assigned and assigned[address][0] == child.role:
+                return assigned[address][1]
+        if self.heartbeats is None or child.role != "worker":
+            return None
+        pid = child.guard.pid or child.pid
+        return next((r.rank for r in read_all(self.heartbeats).values()
+                     if r.pid == pid and child.guard.host in (None, r.host)), None)
 
     def poll(self) -> None:
         """Record which children have exited since the last call, in order of detection."""

@@ -19,12 +19,17 @@ class Child(Protocol):
 
     role: str
     index: int | None
-    label: str
+    rank: int | None
     status: int | None
     tail: Sequence[str]
 
     @property
     def pid(self) -> int: ...
+
+    @property
+    def label(self) -> str: ...
+
+    def find_rank(self) -> int | None: ...
 
 
 def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
@@ -32,8 +37,11 @@ def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outco
 
     ``None`` while the job advances, with no watchdog, and once a worker (or its ssh, mpirun or
     srun) has ended: a worker that ended has ended, its exit is the failure to name. A stall
-    names the first worker behind whose heartbeat pid is a local child (local jobs); remote
-    workers are named by the watchdog's message alone.
+    names the first worker behind as a death names its process, on every backend: role, kvstore
+    rank, host and pid from its heartbeat, its launch index and last lines from the child that
+    carries it (a local worker or its ssh client: the one of its rank; mpirun, srun: the
+    role's one child, without a launch index); with no worker behind, the stopped process its
+    guard names, if any.
     """
     children = list(children)
     if watchdog is None or any(c.status is not None for c in children if c.role == "worker"):
@@ -41,19 +49,20 @@ def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outco
     stall = watchdog.check()
     if stall is None:
         return None
-    pids = {watchdog.seen[r].record.pid for r in stall.behind}
-    child = next((c for c in children if c.role == "worker" and c.pid in pids), None)
-    if child is None and stall.stopped is not None:  # a stopped server (its guard said so)
+    if not stall.behind and stall.stopped is not None:  # a stopped server (its guard said so)
         stopped = stall.stopped
         return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
             stopped.role, None, None, stopped.host, stopped.pid, -signal.SIGSTOP))
-    if child is None:
+    if not stall.behind:
         return Outcome(STALL_EXIT, stall.message, "stalled", stall.step)
-    record = watchdog.record_of_pid(child.pid)
+    record = watchdog.seen[stall.behind[0]].record
+    workers = [c for c in children if c.role == "worker"]
+    child = next((c for c in workers if c.find_rank() == record.rank),
+                 workers[0] if len(workers) == 1 and workers[0].index is None else None)
+    launch = child.index if child is not None else None
     return Outcome(STALL_EXIT, stall.message, "stalled", stall.step, ProcessFailure(
-        "worker", record.rank if record else None, child.index,
-        record.host if record else None, child.pid, None, record.done if record else None,
-        tuple(child.tail)))
+        "worker", record.rank, launch, record.host, record.pid, None, record.done,
+        tuple(child.tail) if child is not None else ()))
 
 
 def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
@@ -109,6 +118,9 @@ def evidence(outcome: Outcome, children: Iterable[Child], watchdog: Watchdog | N
                            now - s.ticked)
                       for s in sorted(watchdog.seen.values(), key=lambda s: s.record.rank)
                       for r in (s.record,))
+    children = list(children)
+    for c in children:  # a process that printed nothing is named by its rank too
+        c.find_rank()
     tails = tuple(Tail(c.label, c.status, tuple(c.tail)[-EVIDENCE_LINES:])
                   for c in children)
     return dataclasses.replace(outcome, beats=beats, tails=tails)

@@ -37,6 +37,7 @@ from mxlarge.launcher import (
     run_local,
     tracker_compat,
 )
+from mxlarge.launcher.supervisor import process_label
 from mxlarge.plan import World
 
 PY = sys.executable
@@ -149,9 +150,12 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
 
 
 def launch_index_of_rank(out: Collector, rank: int) -> int:
-    m = re.search(rf"^\[worker (\d+)\] kv_worker rank={rank} num_workers", out.text(), re.M)
+    """The launch index of kvstore rank ``rank``, from its line, which its label names by that
+    rank (``[worker 1]``, ``[worker 1 (launch 0)]``: supervisor.process_label)."""
+    m = re.search(rf"^\[worker {rank}(?: \(launch (\d+)\))?\] kv_worker rank={rank} num_workers",
+                  out.text(), re.M)
     assert m, out.text()
-    return int(m.group(1))
+    return rank if m.group(1) is None else int(m.group(1))
 
 
 @pytest.fixture
@@ -172,12 +176,14 @@ def test_local_job_pushes_and_pulls_correct_sums(servers: int, marker: str) -> N
     text = out.text()
     assert outcome == Outcome(0, outcome.message), text
     assert "exited 0" in outcome.message
-    for rank in (0, 1):
-        assert re.search(rf"^\[worker [01]\] kv_worker sum OK rank={rank}$", text, re.M), text
+    for rank in (0, 1):  # each line under its rank's label
+        assert re.search(rf"^\[worker {rank}(?: \(launch [01]\))?\] kv_worker sum OK "
+                         rf"rank={rank}$", text, re.M), text
     assert out.count("MISMATCH") == 0
     assert re.search(r"^\[scheduler\] kv_worker start role=scheduler", text, re.M)
-    for i in range(servers):
-        assert re.search(rf"^\[server {i}\] kv_worker start role=server local_rank={i}$",
+    for i in range(servers):  # at import, before ps-lite assigned a rank to one of several
+        label = f"server {i}" if servers == 1 else rf"server \(launch {i}\)"
+        assert re.search(rf"^\[{label}\] kv_worker start role=server local_rank={i}$",
                          text, re.M), text
     assert {launch_index_of_rank(out, 0), launch_index_of_rank(out, 1)} == {0, 1}
     assert_no_leftovers(marker)
@@ -193,7 +199,8 @@ def test_worker_exit_code_fails_the_job(marker: str) -> None:
     assert outcome.exit_code == 3
     assert (outcome.failure.role, outcome.failure.launch_index, outcome.failure.status) == \
         ("worker", index, 3)
-    assert outcome.message == f"worker {index} exited with status 3"
+    assert outcome.failure.kvstore_rank == 1
+    assert outcome.message == f"{process_label('worker', 1, index)} exited with status 3"
     assert returned - out.first_time(r"kv_worker exiting with 3") < 30
     assert_no_leftovers(marker)
 
@@ -207,7 +214,8 @@ def test_worker_exception_under_fail_fast_fails_the_job(marker: str) -> None:
     index = launch_index_of_rank(out, 1)
     assert (outcome.exit_code, outcome.failure.role, outcome.failure.launch_index,
             outcome.failure.status) == (1, "worker", index, 1), out.text()
-    assert re.search(rf"^\[worker {index}\] RuntimeError: kv_worker raising", out.text(), re.M)
+    assert re.search(rf"^\[{re.escape(process_label('worker', 1, index))}\] RuntimeError: "
+                     "kv_worker raising", out.text(), re.M)
     assert returned - out.first_time("RuntimeError: kv_worker raising") < 30
     assert_no_leftovers(marker)
 
@@ -282,9 +290,11 @@ def test_kill_9_mid_run_tears_down_and_sockets_are_loopback_only(role: str, inde
     assert len(sockets) >= 4, sockets  # scheduler, server, 2 workers each listen once
     assert all(ipaddress.ip_address(addr).is_loopback for _, addr, _ in sockets), sockets
     assert outcome.exit_code == 128 + 9
-    assert (outcome.failure.role, outcome.failure.launch_index, outcome.failure.status) == \
-        (role, index, -9)
-    assert outcome.message == f"{role} {index} exited with signal 9 (SIGKILL)"
+    f = outcome.failure
+    assert (f.role, f.launch_index, f.status) == (role, index, -9)
+    assert f.kvstore_rank in (0, 1)  # its label, message and artifact name it by it
+    assert outcome.message == f"{process_label(role, f.kvstore_rank, index)} exited with " \
+                              "signal 9 (SIGKILL)"
     assert returned - seen["killed_at"] < 30  # type: ignore[operator]
     assert_no_leftovers(marker)
 
@@ -318,7 +328,7 @@ def test_hanging_servers_are_stopped_after_the_workers_succeed(marker: str) -> N
     assert time.monotonic() - started < 15
     assert outcome.exit_code == 0 and outcome.failure is None
     assert "server 0 did not exit within 1 s and were stopped" in outcome.message
-    assert out.count(r"^\[worker [01]\] worker done$") == 2
+    assert out.count(r"^\[worker \(launch [01]\)\] worker done$") == 2  # no rank: no store
     assert out.count(re.escape(outcome.message)) == 1  # the launcher's line, once
     assert_no_leftovers(marker)
 
@@ -564,9 +574,8 @@ def test_ssh_backend_runs_a_real_job_over_loopback(fakes: Path, tmp_path: Path,
     text = out.text()
     assert rc == 0, text
     for rank in (0, 1):
-        assert re.search(rf"^\[worker \(launch \d\) via ssh [^\]]+\] kv_worker sum OK "
-                         rf"rank={rank}$",
-                         text, re.M), text
+        assert re.search(rf"^\[worker {rank}(?: \(launch \d\))? via ssh [^\]]+\] kv_worker "
+                         rf"sum OK rank={rank}$", text, re.M), text
     assert_workers_saw(text, PYTHONPATH=os.environ["PYTHONPATH"], MLFLOW_RUN_ID="run-ssh",
                        DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1")
     ssh = calls(fakes, "ssh")
@@ -863,7 +872,9 @@ def test_launcher_process_settings_per_role_and_the_users_values_win(marker: str
         assert outcome.exit_code == 0, outcome.message
         seen: dict[str, set[str]] = {}
         for _, line in out.lines:
-            m = re.match(r"^\[(?:scheduler|server \d|worker \d)\] (\w+) (.*)$", line)
+            # no store, so no kvstore ranks: labelled by the launch index
+            m = re.match(r"^\[(?:scheduler|(?:server|worker) \(launch \d\))\] (\w+) (.*)$",
+                         line)
             if m:
                 seen.setdefault(m.group(1), set()).add(m.group(2))
         assert set(seen) == {"scheduler", "server", "worker"}

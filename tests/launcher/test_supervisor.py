@@ -16,6 +16,7 @@ from mxlarge.launcher.supervisor import (
     LineSink,
     Supervisor,
     describe_status,
+    process_label,
     supervise,
 )
 from mxlarge.launcher.verdict import exit_outcome, stall_outcome
@@ -77,36 +78,41 @@ def _stalled_dog(directory):
     return dog
 
 
-def _child(pid, index, status=None, role="worker"):
-    # what stall_outcome reads of a Child: no process is needed for the rule
-    return SimpleNamespace(role=role, index=index, pid=pid, status=status,
-                           tail=deque([f"line of {pid}"]))
+def _child(pid, index, status=None, role="worker", rank=None):
+    # what stall_outcome reads of a Child: no process is needed for the rule; ``rank``: the
+    # kvstore rank its lines or heartbeat told (None: not known, or mpirun/srun for many)
+    return SimpleNamespace(role=role, index=index, pid=pid, status=status, rank=rank,
+                           find_rank=lambda: rank, tail=deque([f"line of {pid}"]))
 
 
-def test_one_stall_rule_names_the_local_worker_behind(tmp_path):
-    """A local job: the worker whose pid the stalled rank's heartbeat names, with its launch
-    index, kvstore rank, host, the job's step and its last lines."""
-    children = [_child(100, 0), _child(101, 1), _child(7, 0, role="server")]
-    out = stall_outcome(_stalled_dog(tmp_path), children)
-    assert out is not None
-    f = out.failure
-    assert (out.exit_code, out.reason, f.role, f.launch_index, f.kvstore_rank, f.host, f.pid,
-            out.step, f.output) == \
-        (124, "stalled", "worker", 1, 1, "hostA", 101, 5, ("line of 101",))
-    assert out.message.startswith("stalled: no worker advanced for 10 s")
+def test_one_stall_rule_names_the_worker_behind_as_a_death_names_it(tmp_path):
+    """Every backend: the stalled rank's role, kvstore rank, host and pid from its heartbeat,
+    the job's step; the launch index and last lines of the child that carries it: a local
+    worker or an ssh client (the one of its rank, launched 0th here), or a role's one mpirun
+    or srun (no launch index, its lines)."""
+    for children, launch, lines in (
+            ([_child(100, 1, rank=0), _child(101, 0, rank=1), _child(7, 0, role="server")],
+             0, ("line of 101",)),  # local: rank 1 was launched 0th
+            ([_child(9001, 1, rank=0), _child(9002, 0, rank=1)], 0, ("line of 9002",)),  # ssh
+            ([_child(9003, None), _child(9004, None, role="server")], None, ("line of 9003",))):
+        out = stall_outcome(_stalled_dog(tmp_path / str(lines)), children)
+        assert out is not None
+        f = out.failure
+        assert (out.exit_code, out.reason, f.role, f.launch_index, f.kvstore_rank, f.host,
+                f.pid, out.step, f.output, f.status) == \
+            (124, "stalled", "worker", launch, 1, "hostA", 101, 5, lines, None)
+        assert set(f.tags()) == {"failed_role", "failed_kvstore_rank", "failed_host",
+                                 "failed_pid"} | ({"failed_launch_index"} if launch is not None
+                                                  else set())
+        assert out.message.startswith("stalled: no worker advanced for 10 s")
 
 
-def test_one_stall_rule_for_remote_workers_and_ended_ones(tmp_path):
-    """A cluster job's local children (ssh clients, mpirun, srun) carry no worker's pid: the
-    stall names no process but keeps the step; once a worker's process ended there is no
-    stall verdict (its exit is the failure); no watchdog, no verdict."""
-    remote = [_child(9001, 0), _child(9002, 1)]
-    out = stall_outcome(_stalled_dog(tmp_path / "a"), remote)
-    assert out is not None
-    assert (out.exit_code, out.reason, out.failure, out.step) == (124, "stalled", None, 5)
-    ended = [_child(100, 0), _child(101, 1, status=0)]
+def test_no_stall_verdict_once_a_worker_ended_or_without_a_watchdog(tmp_path):
+    """Once a worker's process ended there is no stall verdict (its exit is the failure); no
+    watchdog, no verdict."""
+    ended = [_child(100, 0, rank=0), _child(101, 1, status=0, rank=1)]
     assert stall_outcome(_stalled_dog(tmp_path / "b"), ended) is None
-    assert stall_outcome(None, remote) is None
+    assert stall_outcome(None, ended[:1]) is None
 
 
 def _finished_dog(directory, grace=5.0):
@@ -179,10 +185,13 @@ class _Kid:
     def __init__(self, role, index, pid, label=None):
         self.role, self.index, self.pid, self.status = role, index, pid, None
         self.label = label or (role if index is None else f"{role} {index}")
-        self.tail = deque()
+        self.tail, self.rank = deque(), index
 
     def check(self):
         return self.status
+
+    def find_rank(self):
+        return self.rank
 
 
 class _Run:
@@ -320,3 +329,11 @@ def test_close_closes_the_lease_pipe_of_a_child_whose_guard_never_started():
     child.wait_exit()
     sup.close(grace=1.0)
     assert child.popen.stdin is not None and child.popen.stdin.closed
+
+
+@pytest.mark.parametrize("role,rank,launch,label", [
+    ("worker", 1, 1, "worker 1"), ("worker", 1, 0, "worker 1 (launch 0)"),
+    ("worker", None, 0, "worker (launch 0)"), ("server", 0, None, "server 0"),
+    ("scheduler", None, None, "scheduler")])
+def test_a_process_is_named_by_its_kvstore_rank_once_known(role, rank, launch, label):
+    assert process_label(role, rank, launch) == label

@@ -228,7 +228,8 @@ class _SubprocessShim:
             # too (same command), and every guard needs its lease: through the ssh client's,
             # mpirun's or srun's stdin, which each forwards to its remote processes
             child = self._sup.spawn(launched.role, launched.index, args, env=env, shell=shell,
-                                    executable=executable, label=launched.label, lease=True)
+                                    executable=executable, label=launched.label,
+                                    where=launched.where, lease=True)
         except RuntimeError:
             return 0  # teardown has begun; starting more would only be killed again
         if launched.host is not None and isinstance(args, str):
@@ -308,7 +309,9 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
     module = importlib.import_module(f"dmlc_tracker.{backend.name}")
     args, grace = job.args, job.spec.grace
     sink = ReportSink(output, backend.tool.reports)
-    sup = supervisor.Supervisor(output, sink=sink, hide_ps_verbose=job.hide_ps_verbose)
+    sup = supervisor.Supervisor(output, sink=sink, hide_ps_verbose=job.hide_ps_verbose,
+                                heartbeats=job.beats,
+                                roles={"server": args.num_servers, "worker": args.num_workers})
     # the hosts a stalled job probes (not this one: the launcher runs here)
     remote = {h: job.ports.get(h, 22) for h in job.hosts if h != args.host_ip}
 

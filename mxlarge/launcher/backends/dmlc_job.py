@@ -39,13 +39,15 @@ class Tool:
 @dataclass(frozen=True)
 class Launched:
     """One command dmlc starts, as the launcher labels it: its role, launch index (None: one
-    tool process for every process of the role), label and the host it runs on, if it names
-    one (ssh)."""
+    tool process for every process of the role), its label (None: by its role, launch index
+    and kvstore rank once known, then ``where``: ``worker 1 via ssh h:22``) and the host it runs
+    on, if it names one (ssh)."""
 
     role: str
     index: int | None
-    label: str
+    label: str | None
     host: str | None = None
+    where: str = ""
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,8 @@ class LocalBackend(LaunchBackend):
 
         Each process gets the ``DMLC_*`` variables of its role, plus ``MXLARGE_ROLE``,
         ``MXLARGE_LOCAL_RANK`` (launch index within the role) and ``MXLARGE_JOB_ID``; its output
-        goes to ``output`` (stdout if None) as ``[worker 1] ...``. No child outlives this call.
+        goes to ``output`` (stdout if None) as ``[worker 1] ...`` (its kvstore rank, once
+        known: :func:`~mxlarge.launcher.supervisor.process_label`). No child outlives this call.
 
         Raises:
             ValueError: on invalid arguments.
@@ -214,14 +215,17 @@ class LocalBackend(LaunchBackend):
             ensure_port_free(port)
 
         job_id = uuid.uuid4().hex[:12]
-        sup = Supervisor(sys.stdout if output is None else output,
-                         hide_ps_verbose=bool(ps_verbose))
-        stop = threading.Event()
-        received: list[int] = []
-        watchdog = None
+        beats = None
         if spec.stall_timeout != 0:
             beats = tempfile.mkdtemp(prefix=f"mxlarge-heartbeat-{job_id}-")
             base[HEARTBEAT_ENV] = beats
+        sup = Supervisor(sys.stdout if output is None else output,
+                         hide_ps_verbose=bool(ps_verbose), heartbeats=beats,
+                         roles={"server": servers, "worker": workers})
+        stop = threading.Event()
+        received: list[int] = []
+        watchdog = None
+        if beats is not None:
             watchdog = Watchdog(beats, workers, spec.stall_timeout,
                                 emit=lambda line: sup.sink.emit("launcher", line))
         try:
@@ -266,8 +270,9 @@ class LocalRun:
             self.watchdog.read(force=True)  # the failed worker's last record
             record = self.watchdog.record_of_pid(failed.pid) if failed.role == "worker" else None
             step = self.watchdog.progress() if record is None else record.done
+        failed.find_rank()  # the line names it by its rank, as the tags and files do
         return Outcome(exit_code_for(failed.status), failure_message(failed), "crashed", step,
-                       ProcessFailure(failed.role, record.rank if record else None,
+                       ProcessFailure(failed.role, record.rank if record else failed.rank,
                                       failed.index,
                                       record.host if record else socket.gethostname(),
                                       failed.pid, failed.status,

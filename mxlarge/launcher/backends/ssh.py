@@ -161,9 +161,8 @@ class SshBackend(DmlcBackend):
     def describe(self, role: str, number: int, command: str) -> Launched:
         target = _SSH_TARGET.match(command)
         where = f" via ssh {target.group(1)}:{target.group(2)}" if target else " via ssh"
-        # the launch index: the kvstore rank is not known before ps-lite assigns it
-        return Launched(role, number, f"{role} (launch {number}){where}",
-                        target.group(1) if target else None)
+        # one process per client: labelled by its kvstore rank once ps-lite assigned it
+        return Launched(role, number, None, target.group(1) if target else None, where)
 
     def fix_command(self, command: str) -> str:
         """``-tt`` and the keepalive (module docstring)."""

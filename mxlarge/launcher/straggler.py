@@ -9,12 +9,14 @@ over the other ranks:
     ratio = r.p / m(p),   excess = r.p - m(p),   wait = max(0, m(exchange) - r.exchange) / m(step)
 
 (on dist_sync the others wait at the exchange for r's push: ``wait`` is the share of their step
-spent waiting beyond what r itself waits). r is slow in p while ratio >= :attr:`Rules.onset`
-and excess >= :attr:`Rules.min_ms`; an episode (:class:`Episode`) begins once r is slow in
-:attr:`Rules.hold` consecutive new windows of its own, and ends once it has been out of the
-band (ratio >= :attr:`Rules.recover` and excess >= min_ms / 2) as many. Only windows of at
+spent waiting beyond what r itself waits). Each heartbeat of r that has advanced is one
+:class:`Look`; r is slow
+in p when, over its looks of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of
+them), the median ratio >= :attr:`Rules.onset` and the median excess >= :attr:`Rules.min_ms`:
+an episode (:class:`Episode`) begins, named with those medians. It ends when the median ratio
+falls below :attr:`Rules.recover` or the median excess below min_ms / 2. Only windows of at
 least :attr:`Rules.samples` sampled steps are judged, only while every worker trains. Why
-these rules: "Stragglers" in docs/design/launcher.md.
+these rules, with the noise they are set against: "Stragglers" in docs/design/launcher.md.
 
 :func:`judge` is the pure rule; :class:`Stragglers` is the supervision loop's keeper of it.
 """
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
@@ -50,11 +53,12 @@ class Rules:
     """When a worker is a straggler (module docstring).
 
     Attributes:
-        onset: its part ÷ the others' median that makes it slow.
-        recover: below this ratio (or half ``min_ms`` of excess) it is back.
+        onset: the median of its part ÷ the others' median that makes it slow.
+        recover: below this median ratio (or half ``min_ms`` of excess) it is back.
         min_ms: the smallest excess over the others' median that counts, in ms.
         samples: sampled steps a window needs to be judged.
-        hold: consecutive new windows that begin or end an episode.
+        hold: the fewest looks (new windows) a rank is judged over ...
+        seconds: ... spanning this many seconds.
     """
 
     onset: float = 1.2
@@ -62,6 +66,7 @@ class Rules:
     min_ms: float = 2.0
     samples: int = 10
     hold: int = 3
+    seconds: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -109,48 +114,62 @@ class Episode:
 
 
 @dataclass(frozen=True)
-class State:
-    """What :func:`judge` remembers between calls: each rank's last judged window, its streak
-    (the part it is slow in, or None for out of the band, and for how many windows), and its
-    open episode."""
+class Look:
+    """One new window of one rank against the other ranks' (module docstring): at time ``t``,
+    ``(ratio, excess)`` of each part of :data:`PARTS`, and ``wait``."""
 
-    windows: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
-    streaks: Mapping[int, tuple[str | None, int]] = field(default_factory=dict)
+    t: float
+    parts: Mapping[str, tuple[float, float]]
+    wait: float
+
+
+def look(mine: Mapping[str, float], others: Iterable[Mapping[str, float]], t: float) -> Look:
+    """``mine`` against the median of ``others`` at time ``t`` (the module docstring's
+    formulas; a part the others spend no time in has ratio 1)."""
+    others = list(others)
+    ref = {k: statistics.median(o[k] for o in others) for k in (*PARTS, "exchange", "step")}
+    parts = {p: (mine[p] / ref[p] if ref[p] > 0 else 1.0, mine[p] - ref[p]) for p in PARTS}
+    wait = max(0.0, ref["exchange"] - mine["exchange"]) / ref["step"] if ref["step"] > 0 else 0.0
+    return Look(t, parts, wait)
+
+
+def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float] | None:
+    """The part with the largest median excess among those the median of ``looks`` is slow in
+    (ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms`), as ``(part, ratio,
+    wait)`` (medians over ``looks``); None when it is slow in none."""
+    found = None
+    for part in PARTS:
+        ratio, excess = medians(looks, part)
+        if ratio >= rules.onset and excess >= rules.min_ms and (found is None
+                                                                 or excess > found[2]):
+            found = (part, ratio, excess)
+    if found is None:
+        return None
+    return found[0], found[1], statistics.median(lk.wait for lk in looks)
+
+
+def medians(looks: Sequence[Look], part: str) -> tuple[float, float]:
+    """The median ratio and the median excess of ``part`` over ``looks``."""
+    return (statistics.median(lk.parts[part][0] for lk in looks),
+            statistics.median(lk.parts[part][1] for lk in looks))
+
+
+@dataclass(frozen=True)
+class State:
+    """What :func:`judge` remembers between calls: each rank's steps done at its last look,
+    its looks of the last :attr:`Rules.seconds` (and the newest one before), and its open
+    episode."""
+
+    done: Mapping[int, int] = field(default_factory=dict)
+    looks: Mapping[int, tuple[Look, ...]] = field(default_factory=dict)
     open: Mapping[int, Episode] = field(default_factory=dict)
 
 
-def slowest_part(mine: Mapping[str, float], others: Iterable[Mapping[str, float]],
-                 rules: Rules) -> tuple[str, float, float] | None:
-    """The part of :data:`PARTS` with the largest excess among those ``mine`` is slow in
-    against the median of ``others`` (module docstring), as ``(part, ratio, wait)``; None when
-    it is slow in none."""
-    others = list(others)
-    ref = {k: statistics.median(o[k] for o in others) for k in (*PARTS, "exchange", "step")}
-    best = None
-    for part in PARTS:
-        excess = mine[part] - ref[part]
-        if ref[part] > 0 and mine[part] >= rules.onset * ref[part] and excess >= rules.min_ms \
-                and (best is None or excess > best[1]):
-            best = (part, excess)
-    if best is None:
-        return None
-    part = best[0]
-    wait = max(0.0, ref["exchange"] - mine["exchange"]) / ref["step"] if ref["step"] > 0 else 0.0
-    return part, mine[part] / ref[part], wait
-
-
-def still_slow(part: str, mine: Mapping[str, float], others: Iterable[Mapping[str, float]],
-               rules: Rules) -> bool:
-    """Whether ``mine`` is still inside the band of an episode in ``part``: ratio >=
-    :attr:`Rules.recover` and excess >= min_ms / 2 against the median of ``others``."""
-    ref = statistics.median(o[part] for o in others)
-    return mine[part] >= rules.recover * ref and mine[part] - ref >= rules.min_ms / 2
-
-
-def judge(state: State, beats: Iterable[Beat], rules: Rules = Rules()
+def judge(state: State, beats: Iterable[Beat], now: float, rules: Rules = Rules()
           ) -> tuple[State, tuple[Episode, ...]]:
-    """One look at the workers' last heartbeats: the new state and the episodes that began
-    (``ended`` None) or ended (``ended`` set) at it (module docstring)."""
+    """One look at the workers' last heartbeats at time ``now`` (seconds): the new state and
+    the episodes that began (``ended`` None) or ended (``ended`` set) at it (module
+    docstring)."""
     beats = list(beats)
     windows = {b.rank: b.parts for b in beats
                if b.parts is not None and b.parts.get("n", 0) >= rules.samples}
@@ -158,31 +177,26 @@ def judge(state: State, beats: Iterable[Beat], rules: Rules = Rules()
         return state, ()
     step = min(b.done for b in beats)
     by_rank = {b.rank: b for b in beats}
-    streaks, episodes, changes = dict(state.streaks), dict(state.open), []
+    history, episodes, changes = dict(state.looks), dict(state.open), []
     for rank, mine in windows.items():
-        if state.windows.get(rank) == mine:
-            continue  # no new window of its own: its streak stands
-        others = [w for r, w in windows.items() if r != rank]
-        was, count = streaks.get(rank, (None, 0))
-        found = None
+        if state.done.get(rank, -1) >= by_rank[rank].done:
+            continue  # it has not advanced: no new window of its own
+        kept = (*history.get(rank, ()), look(mine, [w for r, w in windows.items() if r != rank],
+                                            now))
+        old = [i for i, lk in enumerate(kept) if lk.t < now - rules.seconds]
+        looks = history[rank] = kept[old[-1]:] if old else kept
+        if len(looks) < rules.hold or looks[0].t > now - rules.seconds:
+            continue  # not yet judged over the whole span
         if rank in episodes:
-            slow = episodes[rank].part if still_slow(episodes[rank].part, mine, others, rules) \
-                else None
-        else:
-            found = slowest_part(mine, others, rules)
-            slow = found[0] if found is not None else None
-        count = count + 1 if slow == was else 1
-        streaks[rank] = (slow, count)
-        if count < rules.hold:
-            continue
-        if found is not None:
+            ratio, excess = medians(looks, episodes[rank].part)
+            if ratio < rules.recover or excess < rules.min_ms / 2:
+                changes.append(dataclasses.replace(episodes.pop(rank), ended=step))
+        elif (found := slowest(looks, rules)) is not None:
             b = by_rank[rank]
             episodes[rank] = Episode(rank, b.host, b.pid, *found, step)
             changes.append(episodes[rank])
-        elif rank in episodes and slow is None:
-            changes.append(dataclasses.replace(episodes.pop(rank), ended=step))
-    new = State({**state.windows, **windows}, streaks, episodes)
-    return new, tuple(changes)
+    done = {**state.done, **{r: by_rank[r].done for r in windows}}
+    return State(done, history, episodes), tuple(changes)
 
 
 class Stragglers:
@@ -190,9 +204,11 @@ class Stragglers:
     each poll; each episode's line goes to ``emit`` when it begins and when it ends; every
     episode of the job is in :attr:`episodes`, in the order they began."""
 
-    def __init__(self, emit: Callable[[str], None], rules: Rules = Rules()) -> None:
+    def __init__(self, emit: Callable[[str], None], rules: Rules = Rules(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.emit = emit
         self.rules = rules
+        self.clock = clock
         self.state = State()
         self._episodes: list[Episode] = []
         self._seen: dict[int, int] = {}  # rank -> the record's tick last judged
@@ -208,7 +224,7 @@ class Stragglers:
         if ticks == self._seen:
             return
         self._seen = ticks
-        self.state, changes = judge(self.state, beats, self.rules)
+        self.state, changes = judge(self.state, beats, self.clock(), self.rules)
         for episode in changes:
             if episode.ended is None:
                 self._episodes.append(episode)

@@ -4,11 +4,12 @@ no episode from noise inside the band. Real jobs: tests/e2e/test_straggler.py.""
 from __future__ import annotations
 
 import random
+import statistics
 from dataclasses import dataclass
 
 import pytest
 
-from mxlarge.launcher.straggler import Episode, Rules, State, Stragglers, judge, slowest_part
+from mxlarge.launcher.straggler import Episode, Look, State, Stragglers, judge, look
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,12 @@ def beats(windows, done=100, tick=1, phase="train"):
     return [Beat(r, f"h{r}", 1000 + r, done, phase, tick, w) for r, w in enumerate(windows)]
 
 
-def run(sequence, rules=Rules()):
-    """Judge ``sequence`` (lists of windows, one list per look); the changes at each look."""
+def run(sequence, every=5.0):
+    """Judge ``sequence`` (lists of windows, one list per look, ``every`` seconds apart); the
+    changes at each look."""
     state, out = State(), []
     for i, windows in enumerate(sequence):
-        state, changes = judge(state, beats(windows, done=10 * i, tick=i), rules)
+        state, changes = judge(state, beats(windows, done=10 * i, tick=i), every * i)
         out.append(changes)
     return state, out
 
@@ -53,17 +55,17 @@ def slowed(i, compute=70.0):
 def test_ratio_and_wait_are_the_closed_forms():
     # rank 1: 70 ms of forward+backward against 40 (ratio 1.75); the others wait 30 ms more at
     # the exchange than it does, in a step of 86 ms: 30/86 of each step
-    found = slowest_part(slowed(0)[1], [slowed(0)[0], slowed(0)[2]], Rules())
-    assert found == ("compute", 70 / 40, 30 / 86)
+    assert look(slowed(0)[1], [slowed(0)[0], slowed(0)[2]], 7.0) == Look(
+        7.0, {"compute": (70 / 40, 30.0), "data": (1.0, 0.0), "update": (1.0, 0.0)}, 30 / 86)
 
 
-def test_one_episode_named_after_hold_new_windows_then_its_recovery():
-    healthy = [[parts(n=20 + i % 2) for _ in range(3)] for i in range(4)]
-    state, changes = run([slowed(i) for i in range(5)] + healthy)
-    began = [c for look in changes for c in look if c.ended is None]
-    assert [i for i, look in enumerate(changes) if look] == [2, 7]  # hold = 3 windows each way
-    assert began == [Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 20)]
-    assert changes[7] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 20, ended=70),)
+def test_one_episode_named_over_20_s_of_looks_then_its_recovery():
+    healthy = [[parts(n=20 + i % 2) for _ in range(3)] for i in range(5)]
+    state, changes = run([slowed(i) for i in range(6)] + healthy)  # a look every 5 s
+    # named at 20 s (5 looks); ended when the median of the last 20 s is healthy
+    assert [i for i, look in enumerate(changes) if look] == [4, 9]
+    assert changes[4] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 40),)
+    assert changes[9] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 40, ended=90),)
     assert state.open == {}
 
 
@@ -76,76 +78,104 @@ def test_the_line_names_rank_pid_host_ratio_and_wait():
         "median at step 90 (slow from step 20)")
 
 
-def test_a_window_seen_again_does_not_count_toward_hold():
-    same = slowed(0)
-    _, changes = run([same] * 6)
-    assert not any(changes)
+def test_looks_for_less_than_20_s_are_no_episode_yet():
+    # a look every 0.5 s: 40 slow looks are 19.5 s, the 41st 20 s
+    _, changes = run([slowed(i) for i in range(41)], every=0.5)
+    assert [i for i, look in enumerate(changes) if look] == [40]
+
+
+def test_a_worker_that_did_not_advance_gives_no_look():
+    state = State()
+    for i in range(60):
+        state, changes = judge(state, beats(slowed(i), done=100), 0.5 * i)
+        assert changes == ()
+    assert {r: len(looks) for r, looks in state.looks.items()} == {0: 1, 1: 1, 2: 1}
 
 
 def test_below_the_ratio_or_the_minimum_difference_no_episode():
     # 19% above: inside the band
-    _, changes = run([slowed(i, compute=40 * 1.19) for i in range(6)])
+    _, changes = run([slowed(i, compute=40 * 1.19) for i in range(20)])
     assert not any(changes)
     # 50% above but 1.5 ms of 3: too little to matter
     small = [[parts(compute=3.0, n=20 + i % 2), parts(compute=4.5, n=20 + i % 2)]
-             for i in range(6)]
+             for i in range(20)]
     _, changes = run(small)
     assert not any(changes)
 
 
-def test_hysteresis_a_window_at_15_percent_keeps_the_episode():
-    seq = [slowed(i) for i in range(3)] + [slowed(i, compute=46.0) for i in range(3, 9)]
+def test_hysteresis_15_percent_keeps_the_episode():
+    seq = [slowed(i) for i in range(5)] + [slowed(i, compute=46.0) for i in range(5, 20)]
     state, changes = run(seq)
-    assert [len(c) for c in changes] == [0, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert [i for i, look in enumerate(changes) if look] == [4]
     assert set(state.open) == {1}
 
 
-def test_one_slow_window_amid_fast_ones_is_no_episode():
+def test_one_slow_window_in_three_is_no_episode():
     seq = [slowed(i) if i % 3 == 1 else [parts(n=20 + i % 2) for _ in range(3)]
-           for i in range(12)]
-    _, changes = run(seq)
+           for i in range(100)]
+    _, changes = run(seq, every=0.5)
     assert not any(changes)
 
 
 def test_small_windows_and_other_phases_are_not_judged():
-    _, changes = run([[parts(n=9), parts(compute=90, n=9 + i % 2)] for i in range(6)])
+    _, changes = run([[parts(n=9), parts(compute=90, n=9 + i % 2)] for i in range(20)])
     assert not any(changes)
     state = State()
-    for i in range(6):
-        state, changes = judge(state, beats(slowed(i), phase="evaluating"))
+    for i in range(20):
+        state, changes = judge(state, beats(slowed(i), done=i, phase="evaluating"), 5.0 * i)
         assert changes == ()
 
 
 def test_a_slow_data_loader_is_named_as_such():
-    seq = [[parts(n=20 + i % 2), parts(data=30.0, n=20 + i % 2)] for i in range(3)]
+    seq = [[parts(n=20 + i % 2), parts(data=30.0, n=20 + i % 2)] for i in range(5)]
     _, changes = run(seq)
-    assert changes[2][0].part == "data" and changes[2][0].rank == 1
+    assert changes[4][0].part == "data" and changes[4][0].rank == 1
 
 
-def test_noise_of_a_loaded_box_inside_the_band_names_nobody():
-    # every rank's median within ±8% of 40 ms, independently at each window
-    rng = random.Random(0)
-    seq = [[parts(compute=40 * rng.uniform(0.92, 1.08), n=20) for _ in range(4)]
-           for _ in range(500)]
-    _, changes = run(seq)
-    assert not any(changes)
+def loaded(steps, seed, slow=1.0):
+    """Windows of 2 workers on a loaded 2-core box, as measured there (docs/design/launcher.md,
+    Stragglers) and worse: a step's forward+backward takes 16 ms on a core of its own and 32 on
+    a shared one, 30% of the steps in runs of 3 on average (measured: 9-29%, runs of 2-3, the
+    longest 11); the median of its last 20 steps, a look every 16 steps of 30 ms (the
+    launcher reads every 0.5 s). ``slow`` multiplies rank 1's."""
+    rng = random.Random(seed)
+    shared, history = [False, False], [[], []]
+    for i in range(steps):
+        for r in (0, 1):
+            shared[r] = rng.random() < (2 / 3 if shared[r] else 1 / 7)
+            history[r].append((32.0 if shared[r] else 16.0) * (slow if r else 1.0))
+        if i >= 20 and i % 16 == 0:
+            yield 0.03 * i, [parts(compute=statistics.median(h[-20:]), n=20 + i % 2)
+                             for h in history]
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("slow, named", [(1.0, []), (1.5, [1]), (2.0, [1])])
+def test_noise_of_a_loaded_box_names_nobody_and_a_slowed_worker_is_named(seed, slow, named):
+    state, found = State(), []
+    for now, windows in loaded(40_000, seed, slow):  # 20 minutes
+        state, changes = judge(state, beats(windows, done=int(now * 100)), now)
+        found += [(c.rank, c.ended is None) for c in changes]
+    assert found == [(r, True) for r in named]
 
 
 def test_the_keeper_emits_each_line_once_and_keeps_the_episodes():
     lines: list[str] = []
-    keeper = Stragglers(lines.append)
-    seq = [slowed(i) for i in range(5)] + [[parts(n=20 + i % 2) for _ in range(3)]
-                                           for i in range(4)]
+    now = [0.0]
+    keeper = Stragglers(lines.append, clock=lambda: now[0])
+    seq = [slowed(i) for i in range(6)] + [[parts(n=20 + i % 2) for _ in range(3)]
+                                           for i in range(5)]
     for i, windows in enumerate(seq):
-        for _ in range(3):  # the loop polls more often than records change
+        for _ in range(5):  # the loop polls more often than records change
             keeper.see(beats(windows, done=10 * i, tick=i))
+            now[0] += 1.0
     assert [line.split(":")[0] for line in lines] == ["straggler", "straggler recovered"]
-    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 20, 70),)
+    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 40, 90),)
 
 
 @pytest.mark.parametrize("parts_", [None, {"n": 3}])
 def test_workers_without_a_breakdown_are_left_out(parts_):
     state = State()
-    for i in range(6):
-        state, changes = judge(state, beats([parts(n=20 + i % 2), parts_]))
+    for i in range(20):
+        state, changes = judge(state, beats([parts(n=20 + i % 2), parts_], done=i), 5.0 * i)
         assert changes == ()

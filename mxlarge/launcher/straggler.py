@@ -3,20 +3,28 @@ what it costs them.
 
 Every worker's heartbeat carries the medians (ms) of its recent sampled steps
 (:attr:`~mxlarge.protocol.heartbeat.Record.parts`: ``data``, ``compute``, ``exchange``,
-``update``, ``step``, ``n``). For rank r, a part p of :data:`PARTS` and m(x) the median of x
-over the other ranks:
+``update``, ``step``, ``n``) and the newest sampled step's number ``at`` and the wall-clock time
+``end`` its exchange ended. For rank r, a part p of ``data``, ``compute``, ``update`` and m(x)
+the median of x over the other ranks:
 
     ratio = r.p / m(p),   excess = r.p - m(p),   wait = max(0, m(exchange) - r.exchange) / m(step)
 
 (on dist_sync the others wait at the exchange for r's push: ``wait`` is the share of their step
-spent waiting beyond what r itself waits). Each heartbeat of r that has advanced is one
-:class:`Look`; r is slow
-in p when, over its looks of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of
-them), the median ratio >= :attr:`Rules.onset` and the median excess >= :attr:`Rules.min_ms`:
-an episode (:class:`Episode`) begins, named with those medians. It ends when the median ratio
-falls below :attr:`Rules.recover` or the median excess below min_ms / 2. Only windows of at
-least :attr:`Rules.samples` sampled steps are judged, only while every worker trains. Why
-these rules, with the noise they are set against: "Stragglers" in docs/design/launcher.md.
+spent waiting beyond what r itself waits). The part ``link`` is r's lag: at the newest step s
+every rank sampled,
+
+    excess = lag = r.end(s) - m(end(s)),   ratio = 1 + lag / m(step),   wait = lag / m(step)
+
+(the rank whose pulled sums arrive last starts its next step last, and the others wait for its
+push that much; exchange durations are the same on every rank, docs/design/launcher.md).
+
+Each heartbeat of r that has advanced is one :class:`Look`. r is slow in p when, over its looks
+of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the median ratio >=
+:attr:`Rules.onset` and the median excess >= :attr:`Rules.min_ms`: an episode
+(:class:`Episode`) begins, named with those medians. It ends when the median ratio falls below
+:attr:`Rules.recover` or the median excess below min_ms / 2. Only windows of at least
+:attr:`Rules.samples` sampled steps are judged, only while every worker trains. Why these
+rules, with the noise they are set against: "Stragglers" in docs/design/launcher.md.
 
 :func:`judge` is the pure rule; :class:`Stragglers` is the supervision loop's keeper of it.
 """
@@ -32,7 +40,9 @@ from typing import Protocol
 
 #: The parts of a step a straggler is named for, as the line names them.
 PARTS = MappingProxyType({"compute": "forward+backward", "data": "waiting for data",
-                          "update": "the update"})
+                          "update": "the update", "link": "its exchange"})
+#: Sampled steps' exchange ends kept per rank, to find steps every rank sampled.
+ENDS_KEPT = 32
 
 
 class Beat(Protocol):
@@ -77,7 +87,7 @@ class Episode:
     Attributes:
         rank, host, pid: the worker (kvstore rank).
         part: a key of :data:`PARTS`.
-        ratio: its part ÷ the other ranks' median, when named.
+        ratio, excess: its part ÷ and - the other ranks' median (ms), when named.
         wait: the share of the other ranks' step they wait for it, when named.
     """
 
@@ -86,15 +96,17 @@ class Episode:
     pid: int
     part: str
     ratio: float
+    excess: float
     wait: float
     step: int
     ended: int | None = None
 
     def line(self) -> str:
         """``straggler: worker rank 1 (pid 7) on h2: forward+backward 2.1× the median; the
-        other ranks wait 38% of each step for it``."""
-        return (f"straggler: {self._who()}: {PARTS[self.part]} {self.ratio:.1f}× the median; "
-                f"the other ranks wait {100 * self.wait:.0f}% of each step for it")
+        other ranks wait 38% of each step for it`` (a link: ``its exchange ends 26 ms after
+        the others' (a slow link)``)."""
+        return (f"straggler: {self._who()}: {self._what()}; the other ranks wait "
+                f"{100 * self.wait:.0f}% of each step for it")
 
     def recovered_line(self) -> str:
         """``straggler recovered: worker rank 1 (pid 7) on h2: forward+backward back near the
@@ -103,65 +115,88 @@ class Episode:
                 f"at step {self.ended} (slow from step {self.step})")
 
     def describe(self) -> str:
-        """The run's ``straggler`` tag for it: who, what, how much, from which step."""
+        """The run's ``straggler`` tag for it: who, what, how much, which steps."""
         until = "" if self.ended is None else f" to {self.ended}"
-        return (f"worker rank {self.rank} on {self.host} (pid {self.pid}): {PARTS[self.part]} "
-                f"{self.ratio:.2f}x the median, others wait {100 * self.wait:.0f}% of each step, "
-                f"steps {self.step}{until}")
+        return (f"worker rank {self.rank} on {self.host} (pid {self.pid}): {self._what()}, "
+                f"others wait {100 * self.wait:.0f}% of each step, steps {self.step}{until}")
 
     def _who(self) -> str:
         return f"worker rank {self.rank} (pid {self.pid}) on {self.host}"
+
+    def _what(self) -> str:
+        if self.part == "link":
+            return f"its exchange ends {self.excess:.0f} ms after the others' (a slow link)"
+        return f"{PARTS[self.part]} {self.ratio:.1f}× the median"
 
 
 @dataclass(frozen=True)
 class Look:
     """One new window of one rank against the other ranks' (module docstring): at time ``t``,
-    ``(ratio, excess)`` of each part of :data:`PARTS`, and ``wait``."""
+    ``(ratio, excess, wait)`` of each part of :data:`PARTS` it could be compared in."""
 
     t: float
-    parts: Mapping[str, tuple[float, float]]
-    wait: float
+    parts: Mapping[str, tuple[float, float, float]]
 
 
-def look(mine: Mapping[str, float], others: Iterable[Mapping[str, float]], t: float) -> Look:
-    """``mine`` against the median of ``others`` at time ``t`` (the module docstring's
-    formulas; a part the others spend no time in has ratio 1)."""
-    others = list(others)
-    ref = {k: statistics.median(o[k] for o in others) for k in (*PARTS, "exchange", "step")}
-    parts = {p: (mine[p] / ref[p] if ref[p] > 0 else 1.0, mine[p] - ref[p]) for p in PARTS}
-    wait = max(0.0, ref["exchange"] - mine["exchange"]) / ref["step"] if ref["step"] > 0 else 0.0
-    return Look(t, parts, wait)
+def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: float,
+         lag: float | None = None) -> Look:
+    """``mine`` against the median of ``others`` at time ``t``, with its ``lag`` (ms) if known
+    (the module docstring's formulas; a part the others spend no time in has ratio 1)."""
+    ref = {k: statistics.median(o[k] for o in others)
+           for k in ("data", "compute", "update", "exchange", "step")}
+    step = ref["step"] if ref["step"] > 0 else float("inf")
+    wait = max(0.0, ref["exchange"] - mine["exchange"]) / step
+    parts = {p: (mine[p] / ref[p] if ref[p] > 0 else 1.0, mine[p] - ref[p], wait)
+             for p in ("data", "compute", "update")}
+    if lag is not None:
+        parts["link"] = (1 + lag / step, lag, max(0.0, lag) / step)
+    return Look(t, parts)
 
 
-def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float] | None:
+def lag(ends: Mapping[int, Mapping[int, float]], rank: int) -> float | None:
+    """``rank``'s lag in ms at the newest step every rank in ``ends`` (rank -> sampled step ->
+    wall-clock seconds its exchange ended) sampled; None without such a step."""
+    common = set.intersection(*(set(e) for e in ends.values()))
+    if not common:
+        return None
+    s = max(common)
+    return 1000 * (ends[rank][s] - statistics.median(e[s] for r, e in ends.items() if r != rank))
+
+
+def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float, float] | None:
     """The part with the largest median excess among those the median of ``looks`` is slow in
-    (ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms`), as ``(part, ratio,
-    wait)`` (medians over ``looks``); None when it is slow in none."""
+    (ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms`, over at least
+    :attr:`Rules.hold` looks), as ``(part, ratio, excess, wait)`` (medians over ``looks``);
+    None when it is slow in none."""
     found = None
     for part in PARTS:
-        ratio, excess = medians(looks, part)
+        seen = [lk.parts[part] for lk in looks if part in lk.parts]
+        if len(seen) < rules.hold:
+            continue
+        ratio, excess, wait = (statistics.median(x[i] for x in seen) for i in range(3))
         if ratio >= rules.onset and excess >= rules.min_ms and (found is None
                                                                  or excess > found[2]):
-            found = (part, ratio, excess)
-    if found is None:
-        return None
-    return found[0], found[1], statistics.median(lk.wait for lk in looks)
+            found = (part, ratio, excess, wait)
+    return found
 
 
-def medians(looks: Sequence[Look], part: str) -> tuple[float, float]:
-    """The median ratio and the median excess of ``part`` over ``looks``."""
-    return (statistics.median(lk.parts[part][0] for lk in looks),
-            statistics.median(lk.parts[part][1] for lk in looks))
+def recovered(looks: Sequence[Look], part: str, rules: Rules) -> bool:
+    """Whether the median of ``looks`` in ``part`` is back: ratio < :attr:`Rules.recover` or
+    excess < min_ms / 2."""
+    seen = [lk.parts[part] for lk in looks if part in lk.parts]
+    return bool(seen) and (statistics.median(x[0] for x in seen) < rules.recover
+                           or statistics.median(x[1] for x in seen) < rules.min_ms / 2)
 
 
 @dataclass(frozen=True)
 class State:
     """What :func:`judge` remembers between calls: each rank's steps done at its last look,
-    its looks of the last :attr:`Rules.seconds` (and the newest one before), and its open
-    episode."""
+    its looks of the last :attr:`Rules.seconds` (and the newest one before), its last
+    :data:`ENDS_KEPT` sampled steps' exchange ends, and its open episode."""
 
     done: Mapping[int, int] = field(default_factory=dict)
     looks: Mapping[int, tuple[Look, ...]] = field(default_factory=dict)
+    ends: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
     open: Mapping[int, Episode] = field(default_factory=dict)
 
 
@@ -177,26 +212,29 @@ def judge(state: State, beats: Iterable[Beat], now: float, rules: Rules = Rules(
         return state, ()
     step = min(b.done for b in beats)
     by_rank = {b.rank: b for b in beats}
+    ends = {r: {**state.ends.get(r, {}), **({int(w["at"]): w["end"]} if "end" in w else {})}
+            for r, w in windows.items()}
+    ends = {r: dict(sorted(e.items())[-ENDS_KEPT:]) for r, e in ends.items()}
     history, episodes, changes = dict(state.looks), dict(state.open), []
     for rank, mine in windows.items():
         if state.done.get(rank, -1) >= by_rank[rank].done:
             continue  # it has not advanced: no new window of its own
-        kept = (*history.get(rank, ()), look(mine, [w for r, w in windows.items() if r != rank],
-                                            now))
+        now_look = look(mine, [w for r, w in windows.items() if r != rank], now,
+                        lag(ends, rank) if all(ends.values()) else None)
+        kept = (*history.get(rank, ()), now_look)
         old = [i for i, lk in enumerate(kept) if lk.t < now - rules.seconds]
         looks = history[rank] = kept[old[-1]:] if old else kept
         if len(looks) < rules.hold or looks[0].t > now - rules.seconds:
             continue  # not yet judged over the whole span
         if rank in episodes:
-            ratio, excess = medians(looks, episodes[rank].part)
-            if ratio < rules.recover or excess < rules.min_ms / 2:
+            if recovered(looks, episodes[rank].part, rules):
                 changes.append(dataclasses.replace(episodes.pop(rank), ended=step))
         elif (found := slowest(looks, rules)) is not None:
             b = by_rank[rank]
             episodes[rank] = Episode(rank, b.host, b.pid, *found, step)
             changes.append(episodes[rank])
     done = {**state.done, **{r: by_rank[r].done for r in windows}}
-    return State(done, history, episodes), tuple(changes)
+    return State(done, history, {**state.ends, **ends}, episodes), tuple(changes)
 
 
 class Stragglers:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from mxlarge.launcher.straggler import Episode, Look, State, Stragglers, judge, look
+from mxlarge.launcher.straggler import Episode, Look, State, Stragglers, judge, lag, look
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,9 @@ def slowed(i, compute=70.0):
 def test_ratio_and_wait_are_the_closed_forms():
     # rank 1: 70 ms of forward+backward against 40 (ratio 1.75); the others wait 30 ms more at
     # the exchange than it does, in a step of 86 ms: 30/86 of each step
+    w = 30 / 86
     assert look(slowed(0)[1], [slowed(0)[0], slowed(0)[2]], 7.0) == Look(
-        7.0, {"compute": (70 / 40, 30.0), "data": (1.0, 0.0), "update": (1.0, 0.0)}, 30 / 86)
+        7.0, {"compute": (70 / 40, 30.0, w), "data": (1.0, 0.0, w), "update": (1.0, 0.0, w)})
 
 
 def test_one_episode_named_over_20_s_of_looks_then_its_recovery():
@@ -64,16 +65,19 @@ def test_one_episode_named_over_20_s_of_looks_then_its_recovery():
     state, changes = run([slowed(i) for i in range(6)] + healthy)  # a look every 5 s
     # named at 20 s (5 looks); ended when the median of the last 20 s is healthy
     assert [i for i, look in enumerate(changes) if look] == [4, 9]
-    assert changes[4] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 40),)
-    assert changes[9] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 40, ended=90),)
+    assert changes[4] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 40),)
+    assert changes[9] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 40, ended=90),)
     assert state.open == {}
 
 
 def test_the_line_names_rank_pid_host_ratio_and_wait():
-    e = Episode(1, "h2", 4242, "compute", 70 / 40, 30 / 86, 20)
+    e = Episode(1, "h2", 4242, "compute", 70 / 40, 30.0, 30 / 86, 20)
     assert e.line() == ("straggler: worker rank 1 (pid 4242) on h2: forward+backward 1.8× the "
                         "median; the other ranks wait 35% of each step for it")
-    assert Episode(1, "h2", 4242, "data", 3.0, 0.5, 20, ended=90).recovered_line() == (
+    assert Episode(1, "h2", 4242, "link", 1.35, 26.4, 0.35, 20).line() == (
+        "straggler: worker rank 1 (pid 4242) on h2: its exchange ends 26 ms after the others' "
+        "(a slow link); the other ranks wait 35% of each step for it")
+    assert Episode(1, "h2", 4242, "data", 3.0, 20.0, 0.5, 20, ended=90).recovered_line() == (
         "straggler recovered: worker rank 1 (pid 4242) on h2: waiting for data back near the "
         "median at step 90 (slow from step 20)")
 
@@ -170,7 +174,7 @@ def test_the_keeper_emits_each_line_once_and_keeps_the_episodes():
             keeper.see(beats(windows, done=10 * i, tick=i))
             now[0] += 1.0
     assert [line.split(":")[0] for line in lines] == ["straggler", "straggler recovered"]
-    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30 / 86, 40, 90),)
+    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 40, 90),)
 
 
 @pytest.mark.parametrize("parts_", [None, {"n": 3}])
@@ -179,3 +183,40 @@ def test_workers_without_a_breakdown_are_left_out(parts_):
     for i in range(20):
         state, changes = judge(state, beats([parts(n=20 + i % 2), parts_], done=i), 5.0 * i)
         assert changes == ()
+
+
+def test_lag_is_at_the_newest_step_every_rank_sampled():
+    ends = {0: {10: 1.000, 20: 2.000}, 1: {10: 1.026, 20: 2.030, 30: 3.03}, 2: {20: 2.002}}
+    assert lag(ends, 1) == pytest.approx(1000 * (2.030 - 2.001))
+    assert lag({0: {10: 1.0}, 1: {20: 2.0}}, 1) is None
+
+
+def linked(i, late=26.0, behind=0):
+    """Windows of 2 ranks whose exchanges last as long (54 ms of a 78 ms step, as measured on
+    the testbed with h2's link at 20 Mbit/s), rank 1's ending ``late`` ms after rank 0's at
+    each sampled step; rank 1's newest sample is ``behind`` samples older."""
+    at = 10 * i
+    return [parts(compute=18, exchange=54, n=20 + i % 2, at=at, end=0.076 * at),
+            parts(compute=18, exchange=54, n=20 + i % 2, at=at - 10 * behind,
+                  end=0.076 * (at - 10 * behind) + late / 1000)]
+
+
+def test_a_rank_whose_exchange_ends_late_is_named_for_its_link():
+    _, changes = run([linked(i) for i in range(6)])
+    step = 1 + 18 + 54 + 5
+    assert changes[4] == (Episode(1, "h1", 1001, "link", 1 + 26 / step, pytest.approx(26.0),
+                                  pytest.approx(26 / step), 40),)
+    assert not any(changes[:4]) and not any(changes[5:])
+
+
+def test_a_rank_one_sample_behind_is_compared_at_the_step_both_sampled():
+    _, changes = run([linked(i, behind=i % 2) for i in range(6)])
+    assert [(e.rank, e.part, round(e.excess)) for look_ in changes for e in look_] == [
+        (1, "link", 26)]
+
+
+def test_exchange_ends_within_the_band_or_no_common_step_name_nobody():
+    _, changes = run([linked(i, late=10.0) for i in range(20)])  # 13% of a step
+    assert not any(changes)
+    _, changes = run([linked(i, behind=1 + 10 * i) for i in range(20)])  # never the same step
+    assert not any(changes)

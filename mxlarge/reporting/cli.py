@@ -36,6 +36,13 @@ from mxlarge.reporting.tables import made_at, parent_description, render_markdow
 
 # `mxlarge report NAME` writes into REPORTS_DIR/NAME unless given --out (relative to the cwd).
 REPORTS_DIR = Path("reports")
+# What the sweep parent's description says under each plot.
+CAPTIONS = {"compare.png": "the labels side by side: {labels}",
+            "val_error.png": "validation error by epoch",
+            "final_error_vs_batch.png": "final error vs global batch",
+            "loss_lr.png": "training loss and LR",
+            "noise_scale.png": "gradient noise scale",
+            "study.png": "final error and steps to target vs global batch"}
 
 
 def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
@@ -102,9 +109,8 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
                       for r in used}},
             indent=2, default=str))
         run.log_artifacts([out / "report.md", out / "report.json", *(out / i for i in images)])
-        shown = [(f"{Path(i).stem.replace('_', ' ')}: {facts['labels']}" if i == images[0]
-                  else Path(i).stem.replace("_", " "), tracking.artifact_src(run.run_id, i))
-                 for i in images]
+        shown = [(CAPTIONS[i].format(labels=facts["labels"]),
+                  tracking.artifact_src(run.run_id, i)) for i in images]
         run.tag({"mlflow.note.content": parent_description(name, summary, shown)})
         ok = True
     finally:

@@ -213,10 +213,11 @@ def parent_description(name: str, summary: Summary,
                        images: Sequence[tuple[str, str]] = ()) -> str:
     """The sweep parent's description once reported: the target, the labels compared (the
     first of ``images``, ``(caption, address)`` pairs), :func:`description_table`, then the
-    report's other plots."""
+    report's other plots; each image with its caption below it (MLflow's page drops an
+    image's alt text)."""
     target = (f"target accuracy {summary.target:.4f} ({summary.target_fraction:g} × best)"
               if summary.target is not None else "no target")
-    shown = [f"![{caption}]({src})" for caption, src in images]
+    shown = [f"![{caption}]({src})\n*{caption}*" for caption, src in images]
     return "\n\n".join([f"**sweep {name}**: {target}; the full report is the artifact "
                          "`report.md`.", *shown[:1], description_table(summary), *shown[1:]])
 

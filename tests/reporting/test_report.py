@@ -298,6 +298,20 @@ def test_compare_panels_hold_every_label_for_each_quantity():
     assert errors["e"] == pytest.approx([85.0])  # medians of (0.9, 0.8)
 
 
+def test_plot_compare_puts_every_label_on_each_panels_axis(monkeypatch, tmp_path):
+    from mxlarge.reporting import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path, title="": figures.append(fig))
+    runs = scaling_sweep()
+    plot_compare(summarize(runs, 0.99), runs, tmp_path / "c.png")
+    (fig,) = figures
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == list("abcde")
+        # a bar per label at its mean: a's errors 5 and 1 %, best 100 %, images/s 100
+        assert [round(p.get_height(), 6) for p in ax.patches][:1] in ([3.0], [100.0])
+
+
 def test_plot_compare_draws_the_data(tmp_path):
     runs = scaling_sweep()
     changed = [dataclasses.replace(runs[0], rows=rows([0.2, 0.3, 0.4])), *runs[1:]]
@@ -314,7 +328,8 @@ def test_the_parent_description_shows_the_picture_then_a_table_that_fits():
     s = summarize(scaling_sweep(), 0.99)
     text = parent_description("s", s, [("compare: a, b", "c.png"), ("val error", "v.png")])
     table = description_table(s)
-    assert text.index("![compare: a, b](c.png)") < text.index(table) < text.index("(v.png)")
+    picture = "![compare: a, b](c.png)\n*compare: a, b*"  # the caption the page shows
+    assert text.index(picture) < text.index(table) < text.index("(v.png)\n*val error*")
     lines = table.splitlines()
     assert {line.count("|") for line in lines} == {7}  # six columns
     assert "| b | 2 | 64 | 1.00 ± 0.00 | 180 | 1.80× vs a |" in lines

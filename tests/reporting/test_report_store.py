@@ -79,7 +79,8 @@ def test_sweep_parent_shows_the_comparison_the_table_and_the_plots(tmp_path, mlf
     # the comparison first, then the table that fits (finals: medians 0.3 and 0.25; images/s:
     # 100 and 120; its own reference), then the other plots
     src = f"get-artifact?path={{}}&run_uuid={parent.run_id}"
-    compare = f"![compare: base]({src.format('compare.png')})"
+    caption = "the labels side by side: base"
+    compare = f"![{caption}]({src.format('compare.png')})\n*{caption}*"
     row = "| base | 1 | 32 | 27.50 ± 3.54 | 110 | ref. |"
     assert note.startswith("**sweep old**") and compare in note and row in note
     assert note.index(compare) < note.index(row) < note.index(src.format("val_error.png"))

@@ -1,6 +1,7 @@
-"""The experiment a run lands in opens on MLflow's training view: MLflow 3's UI shows an
-experiment without the tag `mlflow.experimentKind` (or with a GenAI kind) as its GenAI overview
-(traces, tokens), and one of kind `custom_model_development` as runs, metrics and models."""
+"""The experiment a run lands in is of MLflow's classic kind (`mlflow.experimentKind` =
+`custom_model_development`: runs, metrics and models, not traces and tokens), which MLflow's
+clients read (MLflow 3.17's UI follows its own switch or a link's workflowType instead:
+tests/ui), and carries the runs list's shared view."""
 import json
 
 from mlflow.tracking import MlflowClient

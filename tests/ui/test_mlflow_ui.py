@@ -1,37 +1,45 @@
 """The MLflow UI as a user sees it (`make test-ui`, not part of `make test`): a store made by two
-short launches (seeds 0 and 1), a 2-label sweep with its report and a launch whose silent worker
-(the one that prints nothing) is killed, served by `mlflow server` on 127.0.0.1, rendered by
-headless Chromium (`--dump-dom`, JavaScript run for a virtual 30 s), and read as text: names
-that differ within the runs list's width, the list's metric columns, the description, params
-only where they take effect, one throughput per name, the metric sections, the system metrics
-with the job's own, the logged model, the sweep's comparison and plots, and the evidence of a
-failure whose process printed nothing."""
+short launches of one config that differ in epochs, a 2-label sweep with its report, a launch
+whose silent worker (the one that prints nothing) is killed and one whose silent worker is
+stopped until the watchdog ends the job, served by `mlflow server` on 127.0.0.1 and rendered by
+headless Chromium: read as text (`--dump-dom`, JavaScript run for a virtual 30 s) and, for
+what text cannot tell (a name cut short, an image that did not load), by a script in the page
+(tests/ui/browser.py). The experiment opening on its runs, names that differ within the runs
+list's width, the list's metric columns, the description, params only where they take effect
+(no dist.* on a sweep's local cell), one throughput per name, the metric sections, the system
+metrics with the job's own, the logged model, the sweep's comparison in one picture, and a
+failed or stalled worker named by one kvstore rank everywhere, with its failed_* tags."""
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import urllib.request
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from mxlarge.launcher.supervisor import process_label
 from mxlarge.tracking import SAMPLE_EVERY
-from tests.helpers import cli, dmlc_processes, mlflow_server
+from tests.helpers import cli, mlflow_server
+from tests.ui.browser import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 LARGEBATCH = str(ROOT / "experiments/proxy/digits-largebatch.yaml")
 BASELINE = str(ROOT / "experiments/proxy/digits-baseline.yaml")
-SHORT = ["train.epochs=2", "train.progress=false", "optim.decay_epochs=[1]",
-         "optim.warmup_epochs=1"]
+SHORT = ["train.progress=false", "optim.decay_epochs=[1]", "optim.warmup_epochs=1"]
 VIEW = "workflowType=machine_learning"
-# the killed job: 5 steps per epoch, progress every 2 steps; killed once rank 0 passed KILL_AT
+# the killed and the stalled job: 5 steps per epoch, progress every 2 steps; rank 1 is killed
+# (stopped) once rank 0 passed KILL_AT
 KILL_AT = 12
+STALL_TIMEOUT = 6  # seconds: the stopped job's --stall-timeout (a step takes ~0.05 s)
 
 
 def _page(port: int, route: str, out: Path) -> str:
@@ -50,45 +58,51 @@ def _page(port: int, route: str, out: Path) -> str:
     return text
 
 
-def _kill_the_silent_worker(cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+def _heartbeat_pid(job: str, rank: int) -> int:
+    """The pid in kvstore rank ``rank``'s heartbeat of local job ``job`` (its record names its
+    rank: no launch index is read)."""
+    (path,) = Path(tempfile.gettempdir()).glob(f"mxlarge-heartbeat-{job}-*/worker-{rank}.json")
+    return int(json.loads(path.read_bytes())["pid"])
+
+
+def _silent_worker(cwd: Path, env: dict[str, str], act: Callable[[int], None],
+                   flags: tuple[str, ...] = ()) -> str:
     """Launches 2 workers and, once kvstore rank 0 (the one that prints progress) passed step
-    :data:`KILL_AT`, SIGKILLs the other, which has printed nothing. Returns the victim's
-    launch index and the job's output."""
-    env = {**env, "MXLARGE_UI_TEST_JOB": str(cwd)}  # marks the job's processes
+    :data:`KILL_AT`, calls ``act`` with the pid of rank 1, which has printed nothing. Returns
+    the job's output (it must fail)."""
     proc = subprocess.Popen([sys.executable, "-m", "mxlarge.cli", "launch", LARGEBATCH,
                              "-n", "2", "-s", "1", "train.epochs=100", "train.log_every=2",
-                             "train.progress=false"],
+                             "train.progress=false", *flags],
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    seen = []
+    seen, job = [], None
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             seen.append(line)
-            m = re.match(r"\[worker (\d+)\] step (\d+)/", line)
-            if m and int(m.group(2)) >= KILL_AT:
-                index = 1 - int(m.group(1))
+            job = job or (m.group(1) if (m := re.match(r"\[launcher\] job (\w+):", line))
+                          else None)
+            m = re.match(r"\[worker 0(?: \(launch \d\))?\] step (\d+)/", line)
+            if m and int(m.group(1)) >= KILL_AT:
                 break
-        (victim,) = [p for p in dmlc_processes(str(cwd), "worker") if
-                     f"MXLARGE_LOCAL_RANK={index}\0".encode()
-                     in Path(f"/proc/{p}/environ").read_bytes()]
-        os.kill(victim, signal.SIGKILL)
+        assert job, "".join(seen)
+        act(_heartbeat_pid(job, 1))
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode != 0, "".join(seen)
-    return index, "".join(seen) + out
+    return "".join(seen) + out
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(port, client, run ids, directory) of a served store holding the four kinds of run."""
+    """(port, client, run ids, directory) of a served store holding the five kinds of run."""
     tmp = tmp_path_factory.mktemp("ui")
     uri = f"sqlite:///{tmp}/ui.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    for d in ("launch", "sweep", "failed"):
+    for d in ("launch", "sweep", "failed", "stalled"):
         (tmp / d).mkdir()
     MlflowClient(tracking_uri=uri).search_experiments()  # the schema, before the server reads it
     with mlflow_server(uri, tmp) as port:  # starting while the store is made
@@ -96,10 +110,10 @@ def served(tmp_path_factory):
 
 
 def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict, Path]:
-    """Makes the store: two launches, the sweep and its report, the killed job; returns the
-    client, the run ids (and the victim's launch index and what rank 0 printed), ``tmp``."""
-    for seed in (0, 1):
-        r = cli(["launch", LARGEBATCH, "-n", "2", "-s", "1", *SHORT, f"train.seed={seed}"],
+    """Makes the store: two launches, the sweep and its report, the killed and the stalled job;
+    returns the client, the run ids (and what each failed job printed), ``tmp``."""
+    for epochs in (2, 3):
+        r = cli(["launch", LARGEBATCH, "-n", "2", "-s", "1", *SHORT, f"train.epochs={epochs}"],
                 tmp / "launch", env=env)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     sweep = tmp / "sweep" / "ui.yaml"
@@ -107,25 +121,26 @@ def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict
         "name": "ui", "mode": "train", "seeds": [0],
         "runs": [{"label": "base", "config": BASELINE},
                  {"label": "big", "config": BASELINE, "overrides": ["data.batch_size=128"]}],
-        "overrides": ["data.batch_size=64", *SHORT]}))
+        "overrides": ["data.batch_size=64", "train.epochs=2", *SHORT]}))
     for args in (["sweep", str(sweep)], ["report", "ui", "--out", str(tmp / "sweep" / "rep")]):
         r = cli(args, tmp / "sweep", env=env, timeout=400)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    victim, printed = _kill_the_silent_worker(tmp / "failed", env)
-    assert not [x for x in printed.splitlines() if x.startswith(f"[worker {victim}] ")]
+    killed = _silent_worker(tmp / "failed", env, lambda pid: os.kill(pid, signal.SIGKILL))
+    stalled = _silent_worker(tmp / "stalled", env, lambda pid: os.kill(pid, signal.SIGSTOP),
+                             ("--stall-timeout", str(STALL_TIMEOUT)))
 
     c = MlflowClient(tracking_uri=uri)
     exp = c.get_experiment_by_name("mxlarge").experiment_id
     runs = c.search_runs([exp])
     launches = sorted((x for x in runs if x.info.status == "FINISHED"
                        and x.data.tags.get("launcher") and "sweep" not in x.data.tags),
-                      key=lambda x: x.data.params["train.seed"])
+                      key=lambda x: int(x.data.params["train.epochs"]))
+    failed = [x for x in runs if x.info.status == "FAILED"]
     ids = {"exp": exp, "launches": [x.info.run_id for x in launches],
-           "failed": next(x.info.run_id for x in runs if x.info.status == "FAILED"),
+           "failed": next(x.info.run_id for x in failed if x.data.tags["failure"] != "stalled"),
+           "stalled": next(x.info.run_id for x in failed if x.data.tags["failure"] == "stalled"),
            "parent": next(x.info.run_id for x in runs if x.data.tags.get("sweep_parent")),
-           "victim": victim,
-           "printed": [x.split("] ", 1)[1] for x in printed.splitlines()
-                       if x.startswith(f"[worker {1 - victim}] ")],
+           "killed": killed, "stopped": stalled,
            "cells": sorted((x.info.run_id for x in runs if x.data.tags.get("sweep") == "ui"),
                            key=lambda i: c.get_run(i).data.tags["sweep_label"])}
     return c, ids, tmp
@@ -136,7 +151,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     port, c, ids, tmp = served
     names = [c.get_run(i).data.tags["mlflow.runName"] for i in ids["launches"]]
     # the config's name, what the overrides changed (the epochs), the seed (issue 56)
-    assert names == ["digits-largebatch 2ep s0", "digits-largebatch 2ep s1"]
+    assert names == ["digits-largebatch 2ep s0", "digits-largebatch 3ep s0"]
     route = f"experiments/{ids['exp']}/runs/{ids['launches'][0]}"
     page = _page(port, f"{route}?{VIEW}", tmp / "launch.txt")
     assert names[0] in page
@@ -184,18 +199,57 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     # and the job's 3 (the charts' titles render only once scrolled to)
     assert "System metrics (11) Add chart" in system
 
-    # the runs list opens with the metric columns that matter (MLflow's shared view)
-    listed = _page(port, f"experiments/{ids['exp']}/runs?viewStateShareKey=mxlarge&{VIEW}",
-                   tmp / "runs.txt")
+    # the runs list (the link a run prints) opens with the metric columns that matter
+    # (MLflow's shared view) and shows every name whole: the two launches differ in the list
+    listed_route = f"experiments/{ids['exp']}/runs?viewStateShareKey=mxlarge&{VIEW}"
+    listed = _page(port, listed_route, tmp / "runs.txt")
     assert "You're viewing a shared view" in listed
     assert ("Metrics Duration perf/images_per_sec_median train/loss val/best_accuracy "
             "val/final_error") in listed  # the columns' header (MLflow sorts them by name)
-    assert "sweep ui" in listed and names[1] in listed
+    shown = evaluate(f"http://127.0.0.1:{port}/#/{listed_route}", NAMES_SHOWN)
+    assert shown and {name: whole for name, whole in shown if name in names} == \
+        dict.fromkeys(names, True), shown
+    assert "sweep ui" in dict(shown)
     # the Models page: each logged model named after its run
     models = _page(port, f"experiments/{ids['exp']}/models?{VIEW}", tmp / "models.txt")
-    for name in ("digits-largebatch-2ep-s0", "digits-largebatch-2ep-s1", "base-1x64-2ep-s0",
+    for name in ("digits-largebatch-2ep-s0", "digits-largebatch-3ep-s0", "base-1x64-2ep-s0",
                  "big-1x128-2ep-s0"):
         assert name in models, name
+
+
+# [name, whether it shows whole] of every run in the runs list (MLflow cuts a name with an
+# ellipsis: its element's content is then wider than the element)
+NAMES_SHOWN = """(() => {
+  const cells = [...document.querySelectorAll('.ag-cell[col-id="attributes.`Run Name`"]')];
+  const names = cells.map(c => [...c.querySelectorAll('*')].find(
+      e => e.children.length === 0 && getComputedStyle(e).textOverflow === 'ellipsis'))
+    .filter(e => e && e.textContent.trim());
+  return names.length ? names.map(e => [e.textContent.trim(), e.scrollWidth <= e.clientWidth])
+                      : null;
+})()"""
+
+# [the page's route, its text] once the experiment's page has rendered
+LANDED = """(() => {
+  const t = document.body.innerText;
+  return t.includes('Loading') || t.length < 300 ? null : [location.hash, t];
+})()"""
+
+
+@pytest.mark.timeout(900)
+def test_the_experiment_opens_on_its_runs(served):
+    """The experiment's link with the training view's workflowType (every link mxlarge
+    prints carries it) opens on the runs, not on MLflow's GenAI overview; without it a browser
+    that never chose a view opens the GenAI overview, the experiment's classic kind
+    notwithstanding (MLflow 3.17: its switch decides; docs/mlflow.md says so)."""
+    port, c, ids, _ = served
+    exp = ids["exp"]
+    assert c.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
+    route, text = evaluate(f"http://127.0.0.1:{port}/#/experiments/{exp}?{VIEW}", LANDED)
+    assert route.startswith(f"#/experiments/{exp}/runs?"), route
+    assert "Run Name" in text and "digits-largebatch 3ep s0" in text
+    assert "Token Usage" not in text and "Detect Issues" not in text
+    route, text = evaluate(f"http://127.0.0.1:{port}/#/experiments/{exp}", LANDED)
+    assert route.startswith(f"#/experiments/{exp}/overview") and "Token Usage" in text, route
 
 
 @pytest.mark.timeout(900)
@@ -208,6 +262,7 @@ def test_the_sweep_parent_compares_its_labels_in_one_picture(served):
     assert names[1] in page and "Parent run sweep ui" in page
     # a local cell (one process, one CPU device): its world is plan.*, no dist.* param
     assert "plan.workers" in page and not re.search(r"\bdist\.\w+", page), page[:3000]
+    assert not [k for k in c.get_run(ids["cells"][1]).data.params if k.startswith("dist.")]
     parent = c.get_run(ids["parent"])
     assert parent.data.tags["sweep_labels"] == "base, big"  # the labels that ran
     assert "" not in parent.data.params.values() and "sweep.labels" not in parent.data.params
@@ -222,29 +277,57 @@ def test_the_sweep_parent_compares_its_labels_in_one_picture(served):
               for label, cell in zip(("base", "big"), ids["cells"])}
     for label, workers, batch in (("base", 1, 64), ("big", 1, 128)):
         assert f" {label} {workers} {batch} {100 * finals[label]:.2f} ± n/a " in page, label
-    # the comparison: one picture with both labels, the first image of the description,
-    # served by MLflow from the run's artifacts; then the report's plots, as images
-    dom = html.unescape((tmp / "parent.html").read_text())
-    images = re.findall(r'<img[^>]*?src="(get-artifact\?path=([^&"]+)&[^"]*)"[^>]*>', dom)
-    assert [p for _, p in images] == ["compare.png", "val_error.png",
-                                      "final_error_vs_batch.png", "loss_lr.png"], images
-    assert re.search(r'<img[^>]*alt="compare: base, big"', dom)
-    for src, _ in images:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/{src}", timeout=30) as r:
-            assert r.read(8) == b"\x89PNG\r\n\x1a\n", src
+    # the comparison: one picture with both labels, the first image of the description, then
+    # the report's plots: each loaded by the browser from the run's artifacts
+    shown = evaluate(f"http://127.0.0.1:{port}/#/{route}?{VIEW}", IMAGES_SHOWN)
+    assert shown and [(caption, path) for caption, path, _ in shown] == [
+        ("the labels side by side: base, big", "compare.png"),
+        ("validation error by epoch", "val_error.png"),
+        ("final error vs global batch", "final_error_vs_batch.png"),
+        ("training loss and LR", "loss_lr.png")], shown
+    assert all(width >= 700 for _, _, width in shown), shown  # the PNGs' own pixels
     assert not c.list_artifacts(ids["parent"], "images")  # no logged images: no pile
     charts = _page(port, f"{route}/model-metrics?{VIEW}", tmp / "parent-metrics.txt")
     assert not re.search(r"\b(compare|report|base|big) \(\d+\) Add chart", charts)
 
 
+# [caption (its paragraph's text), artifact, natural width] of each image of the run's
+# description, once every one loaded
+IMAGES_SHOWN = """(() => {
+  const images = [...document.querySelectorAll('img[src^="get-artifact?"]')];
+  if (!images.length || !images.every(i => i.complete && i.naturalWidth > 0)) return null;
+  return images.map(i => [(i.closest('p') || i).innerText.trim(),
+                          new URLSearchParams(i.getAttribute('src').split('?')[1]).get('path'),
+                          i.naturalWidth]);
+})()"""
+
+
+def _by_rank(printed: str) -> dict[str, list[str]]:
+    """A job's lines by the process label they carry (``worker 0``, ``launcher``, ...)."""
+    out: dict[str, list[str]] = {}
+    for line in printed.splitlines():
+        if m := re.match(r"\[([^\]]+)\] (.*)$", line):
+            out.setdefault(m.group(1), []).append(m.group(2))
+    return out
+
+
 @pytest.mark.timeout(900)
-def test_a_silent_failed_worker_leaves_evidence(served):
+def test_a_silent_failed_worker_is_named_by_one_rank_everywhere(served):
+    """Kvstore rank 1, killed having printed nothing: its failure line, tags, artifact, the
+    headings of its evidence and every launcher line name it as ``worker 1`` (with its launch
+    index in brackets where that differs); the progress lines are rank 0's, ``[worker 0]``."""
     port, c, ids, tmp = served
     run = c.get_run(ids["failed"])
     tags = run.data.tags
-    victim = ids["victim"]
-    assert tags["failed_role"] == "worker" and tags["failed_launch_index"] == str(victim)
-    assert tags["failed_kvstore_rank"] == "1"  # the rank that prints nothing
+    launch = int(tags["failed_launch_index"])
+    name = process_label("worker", 1, launch)  # "worker 1" or "worker 1 (launch 0)"
+    assert (tags["failed_role"], tags["failed_kvstore_rank"]) == ("worker", "1")
+    assert tags["failure"] == f"{name} exited with signal 9 (SIGKILL)"
+    lines = _by_rank(ids["killed"])
+    rank0 = process_label("worker", 0, 1 - launch)
+    assert {k for k in lines if k.startswith("worker")} == {rank0}, sorted(lines)
+    assert any(x.startswith("step ") for x in lines[rank0])
+    assert f"{name} exited with signal 9 (SIGKILL); stopping the job" in lines["launcher"]
     # failed_step: the last completed step, no metric beyond it
     last = max(m.step for k in ("train/loss", "train/samples")
                for m in c.get_metric_history(run.info.run_id, k))
@@ -257,15 +340,39 @@ def test_a_silent_failed_worker_leaves_evidence(served):
     assert "system/job_cpu_utilization_percentage" in system, system
 
     # the viewer highlights the text: compare without blanks
+    bare = re.sub(r"\s", "", name)
     log = re.sub(r"\s", "", _page(port, f"{route}/artifacts/failure/worker-1.log?{VIEW}",
                                   tmp / "failed-log.txt"))
-    assert f"#worker{victim}exitedwithsignal9(SIGKILL);itslast0line(s)ofoutput" in log
+    assert f"#{bare}exitedwithsignal9(SIGKILL);itslast0line(s)ofoutput" in log
     beat = re.search(r"#itslastheartbeat:workerrank1on\S+?\(pid\d+\):step(\d+),phasetrain", log)
     assert beat and int(beat.group(1)) <= int(tags["failed_step"]), log[:3000]
     assert "#meanwhileworkerrank0" in log and "(itprintednothingonstdoutorstderr)" in log
 
     job = re.sub(r"\s", "", _page(port, f"{route}/artifacts/failure/job.log?{VIEW}",
                                   tmp / "failed-job.txt"))
-    assert f"##[worker{victim}]killedbysignal9;itslast0line(s)ofoutput:none" in job
+    assert f"##[{bare}]killedbysignal9;itslast0line(s)ofoutput:none" in job
+    assert "##[" + re.sub(r"\s", "", rank0) + "]stillrunning" in job
     assert "##[scheduler]" in job and "##[server0]" in job
-    assert ids["printed"] and all(re.sub(r"\s", "", x) in job for x in ids["printed"][-3:])
+    assert all(re.sub(r"\s", "", x) in job for x in lines[rank0][-3:])
+
+
+@pytest.mark.timeout(900)
+def test_a_stalled_worker_is_named_as_a_killed_one(served):
+    """Kvstore rank 1, stopped (SIGSTOP) until the watchdog ends the job: the run carries the
+    failed_* tags a death does (role, kvstore rank, launch index, host, pid) beside
+    failure=stalled, and names it by the same rank in its artifact and on the run's page."""
+    port, c, ids, tmp = served
+    run = c.get_run(ids["stalled"])
+    tags = run.data.tags
+    assert (tags["failure"], tags["failed_role"], tags["failed_kvstore_rank"]) == \
+        ("stalled", "worker", "1")
+    assert {"failed_host", "failed_pid", "failed_launch_index"} <= set(tags), sorted(tags)
+    assert re.search(rf"behind: worker rank 1 at step \d+ on {re.escape(tags['failed_host'])} "
+                     rf"\(pid {tags['failed_pid']}\)", tags["failure_detail"]), tags
+    route = f"experiments/{ids['exp']}/runs/{ids['stalled']}"
+    page = _page(port, f"{route}?{VIEW}", tmp / "stalled.txt")
+    for key in ("failed_role", "failed_host", "failed_kvstore_rank"):
+        assert f"{key} : {tags[key]}" in page, key
+    log = re.sub(r"\s", "", _page(port, f"{route}/artifacts/failure/worker-1.log?{VIEW}",
+                                  tmp / "stalled-log.txt"))
+    assert "#stalled:noworkeradvancedfor" in log and "#itslastheartbeat:workerrank1" in log

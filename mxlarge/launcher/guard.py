@@ -7,7 +7,8 @@ a refused connection and for a remote ``kill -9``): :data:`TAG` lines when the c
 launcher (:class:`Lease`) writes a byte every :data:`LEASE_EVERY` s to the stdin of each ssh
 client, ``mpirun --stdin all`` or ``srun --input=all`` it starts; no byte for
 :data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone (a partitioned
-host notices nothing else), and the guard ends the command's group.
+host notices nothing else), and the guard ends the command's group. At a job's teardown the
+launcher writes :data:`TEARDOWN` first: the guard ends the command and says so.
 
 A command stopped for :data:`STOPPED_AFTER` s (``SIGSTOP``: state ``T``) is said too (and its
 continuation): the watchdog names it when every worker waits (:class:`Stopped`).
@@ -41,6 +42,8 @@ from pathlib import Path
 
 TAG = "mxlarge-guard:"
 LEASE_BYTE = b"."
+#: The launcher's word that it tears the job down (before it signals the processes).
+TEARDOWN = b"!"
 LEASE_EVERY = 1.0
 LEASE_TIMEOUT = 10.0
 GRACE = 5.0
@@ -215,6 +218,7 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
 
     for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    said = ""  # why the guard ends the command: the lease's end
     _become_subreaper()
     child = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True)
     print(f"{TAG} started pid {child.pid} on {host}", flush=True)
@@ -228,6 +232,8 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
                 break
             watch.check()
             if received:
+                if said:
+                    print(f"{TAG} {said}; ending pid {child.pid} on {host}", flush=True)
                 _end_group(child)
                 if reraise:
                     _die_of(received[0])
@@ -240,16 +246,21 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
                             data = os.read(stdin, 4096)
                         except OSError as e:  # EIO: the terminal was hung up
                             data = b"" if e.errno == errno.EIO else b"x"
-                        if data:
+                        if TEARDOWN in data:  # as a SIGTERM, said
+                            said = "the launcher tears the job down"
+                            received.append(signal.SIGTERM)
+                        elif data:
                             leased = time.monotonic()
                         else:  # end of file: nobody will write again
                             reading = False
                             leased = -float("inf")
             else:
                 time.sleep(0.2)
-            if time.monotonic() - leased > lease_timeout:
-                print(f"{TAG} launcher connection lost (no word from it for "
-                      f"{lease_timeout:g} s); ending pid {child.pid} on {host}", flush=True)
+            if time.monotonic() - leased > lease_timeout and not received:
+                why = ("its input ended" if leased == -float("inf") else
+                       f"no word from it for {lease_timeout:g} s")
+                print(f"{TAG} launcher connection lost ({why}); ending pid {child.pid} on "
+                      f"{host}", flush=True)
                 _end_group(child)
                 return 1
     finally:
@@ -267,11 +278,13 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
 
 class Lease:
     """Writes :data:`LEASE_BYTE` every :data:`LEASE_EVERY` s to the stdin of each guarded
-    process it was given, until :meth:`close` (which closes those pipes: end of file)."""
+    process it was given, until :meth:`close` (which closes those pipes: end of file);
+    :meth:`tear_down` writes :data:`TEARDOWN` to them."""
 
     def __init__(self) -> None:
         self._pipes: list[object] = []
         self._lock = threading.Lock()
+        self._torn = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
         self._thread.start()
@@ -282,12 +295,24 @@ class Lease:
 
     def _run(self) -> None:
         while not self._stop.wait(LEASE_EVERY):
-            with self._lock:
-                pipes = list(self._pipes)
-            for pipe in pipes:
-                with contextlib.suppress(OSError, ValueError):
-                    pipe.write(LEASE_BYTE)  # type: ignore[attr-defined]
-                    pipe.flush()  # type: ignore[attr-defined]
+            self._write(LEASE_BYTE)
+
+    def _write(self, word: bytes) -> None:
+        with self._lock:
+            pipes = list(self._pipes)
+        for pipe in pipes:
+            with contextlib.suppress(OSError, ValueError):
+                pipe.write(word)  # type: ignore[attr-defined]
+                pipe.flush()  # type: ignore[attr-defined]
+
+    def tear_down(self) -> bool:
+        """Tells every guard, once, that the job is being torn down; returns whether this call
+        told any."""
+        with self._lock:
+            told, self._torn = not self._torn and bool(self._pipes), True
+        if told:
+            self._write(TEARDOWN)
+        return told
 
     def close(self) -> None:
         self._stop.set()

@@ -41,6 +41,9 @@ _KILL_WAIT = 5.0
 TAIL_LINES = 200
 # How long a failure report waits for the failed child's last lines (see failure_message).
 _DRAIN_WAIT = 1.0
+# How long the teardown gives ssh, mpirun and srun to pass the lease's teardown word on to the
+# guards before they are signalled (a lease byte arrives within milliseconds).
+_TEARDOWN_WORD = 0.5
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -322,7 +325,8 @@ class Supervisor:
         return all(c.status is not None for c in self.children if role in (None, c.role))
 
     def teardown(self, grace: float) -> None:
-        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds.
+        """The lease's teardown word to the guards (:meth:`Lease.tear_down`), then SIGTERM to
+        every process group, SIGKILL to what is left after ``grace`` seconds.
 
         Idempotent and bounded: returns after at most ``grace`` + a few seconds.
         """
@@ -332,6 +336,9 @@ class Supervisor:
         live = groups & live_process_groups()
         if not live:
             return
+        if self._lease is not None and self._lease.tear_down():
+            # the guards behind ssh, mpirun and srun say "teardown", not "connection lost"
+            time.sleep(_TEARDOWN_WORD)
         for pgid in live:
             signal_group(pgid, signal.SIGTERM)
             # a stopped process (SIGSTOP, a stalled job) acts on SIGTERM only once continued

@@ -141,6 +141,9 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
         # a stall's failure is "stalled", its message the detail (mxlarge/launch_cli.py)
         said = tags["failure_detail"] if tags["failure"] == "stalled" else tags["failure"]
         assert f"host {h2} unreachable" in said, (b, tags)
+        if tags["failure"] == "stalled":  # named as a death is (issue 56): h2's worker
+            assert tags["failed_role"] == "worker" and tags["failed_host"] == "h2", (b, tags)
+            assert {"failed_kvstore_rank", "failed_pid"} <= set(tags), (b, tags)
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,12 @@ once, 2 workers + 2 servers over h1 and h2 each (``--stall-timeout 10``): no wor
 "suspect a server, the scheduler or the network". The guard of the stopped server says it is
 stopped (mxlarge/launcher/guard.py), and the stall names it, its pid and its host; the MLflow
 run blames it (``failed_role=server``, ``failed_host``, ``failed_pid``). Nothing of either job
-is left on any host afterwards. In the slower cluster tier (``make test-cluster-slow``).
+is left on any host afterwards.
+
+A worker stopped under an ssh, an mpirun and an srun job at once: each run names it as a death
+would (``failed_role=worker``, its kvstore rank, host and pid; issue 56), and at the teardown
+the guards say so, none that the launcher's connection was lost. In the slower cluster tier
+(``make test-cluster-slow``).
 """
 from __future__ import annotations
 
@@ -16,8 +21,16 @@ from pathlib import Path
 
 import pytest
 
+from mxlarge.protocol.heartbeat import read_all
 from mxlarge.testbed import Testbed
-from tests.cluster.test_failures import anything_of, finish, launch, the_run, training
+from tests.cluster.test_failures import (
+    SSH_HOSTS,
+    anything_of,
+    finish,
+    launch,
+    the_run,
+    training,
+)
 
 pytestmark = pytest.mark.slow
 STALL = 10
@@ -82,3 +95,59 @@ def with_cont(pid: int) -> None:
         os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
         pass
+
+
+WORKER_BACKENDS = {"ssh": SSH_HOSTS, **BACKENDS}
+
+
+@pytest.mark.timeout(400)
+def test_a_stopped_worker_is_named_as_a_killed_one_on_every_backend(testbed: Testbed,
+                                                                    work: Path) -> None:
+    jobs = {}
+    stopped: dict[str, tuple[int, int]] = {}  # backend -> (pid, kvstore rank)
+    try:
+        for b, hostfile in WORKER_BACKENDS.items():
+            (work / b).mkdir()
+            jobs[b] = launch(testbed, work / b, b, "--stall-timeout", str(STALL),
+                             hostfile=hostfile)
+        for b, (job, obs) in jobs.items():
+            try:
+                training(obs)
+            except AssertionError as e:
+                raise AssertionError(f"{b}: {e}\n{job.text()[-3000:]}") from None
+        for b in jobs:
+            (beats,) = (work / b).glob(".mxlarge-heartbeat/*")
+            record = next(r for r in read_all(beats).values() if r.host == "h2")
+            os.kill(record.pid, signal.SIGSTOP)
+            stopped[b] = (record.pid, record.rank)
+        for job, _ in jobs.values():
+            job.wait(STALL + 60)
+        gone = {}
+        for b in jobs:
+            deadline = time.monotonic() + 30
+            while anything_of(str(work / b)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            gone[b] = anything_of(str(work / b))
+    finally:
+        for pid, _ in stopped.values():
+            with_cont(pid)
+        for b, (job, obs) in jobs.items():
+            finish(job, obs, work / b)
+    for b, (job, _) in jobs.items():
+        text = job.text()
+        pid, rank = stopped[b]
+        assert job.proc.returncode == 124, (b, text[-3000:])
+        assert re.search(rf"behind: worker rank {rank} at step \d+ on h2 \(pid {pid}\), not "
+                         "responding", text), (b, text[-3000:])
+        tags = the_run(work / b).data.tags
+        assert (tags["failure"], tags["failed_role"], tags["failed_kvstore_rank"],
+                tags["failed_host"], tags["failed_pid"]) == \
+            ("stalled", "worker", str(rank), "h2", str(pid)), (b, tags)
+        # one ssh client per process: its launch index too; mpirun, srun carry every worker
+        assert ("failed_launch_index" in tags) == (b == "ssh"), (b, tags)
+        assert "None" not in tags.values(), tags
+        # the teardown is said as such by the guards, none claims a lost connection
+        assert "connection lost" not in text, (b, text[-3000:])
+        assert "mxlarge-guard: the launcher tears the job down; ending pid" in text, \
+            (b, text[-3000:])
+        assert gone[b] == [], (b, gone)

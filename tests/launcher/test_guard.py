@@ -1,7 +1,8 @@
 """The guard (``python -m mxlarge.launcher.guard guard``) with real processes on this host: its
 stdin a pipe, as under mpirun and srun (no terminal), the lease keeping the command alive,
-its expiry or end of file ending the command's whole process group, and ``--reraise`` dying
-of the command's signal (or of the one it received) so that mpirun and srun report it."""
+its expiry or end of file ending the command's whole process group (the launcher's teardown
+word too, said as such), and ``--reraise`` dying of the command's signal (or of the one it
+received) so that mpirun and srun report it."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mxlarge.launcher.guard import LEASE_BYTE, STOPPED_AFTER, TAG, GuardReport, guard_command
+from mxlarge.launcher.guard import (
+    LEASE_BYTE,
+    STOPPED_AFTER,
+    TAG,
+    TEARDOWN,
+    GuardReport,
+    Lease,
+    guard_command,
+)
 
 # A guard with a 1 s lease (the real one is LEASE_TIMEOUT): the claims are the same.
 _SHORT_LEASE = ("import sys; from mxlarge.launcher.guard import guard; "
@@ -167,9 +176,43 @@ def test_end_of_file_on_the_pipe_ends_the_group_at_once(started):
     closed = time.monotonic()
     out = _ended(proc)
     took = time.monotonic() - closed
-    assert "launcher connection lost" in out, out
+    # an end of file is not "no word for N s": it says what it was
+    assert re.search(rf"^{TAG} launcher connection lost \(its input ended\); ending pid "
+                     rf"{pgid} on \S+$", out, re.M), out
     assert not _group_alive(pgid)
     assert took < 2.0, took
+
+
+@pytest.mark.parametrize("reraise", [False, True])
+def test_the_launchers_teardown_word_ends_the_group_and_says_teardown(started, reraise):
+    """A job torn down on purpose (:meth:`Lease.tear_down` before the launcher signals
+    anything, then the end of file): the guard says teardown, not a lost connection, ends the
+    command's group at once and ends as a SIGTERM would end it."""
+    flag = "reraise=True" if reraise else "reraise=False"
+    proc = started([sys.executable, "-c", _SHORT_LEASE.replace("1.0", "60.0")
+                    .replace("reraise=True", flag), *_GROUP])
+    pgid = _started(proc)
+    assert proc.stdin is not None
+    proc.stdin.write((LEASE_BYTE + TEARDOWN).decode())
+    proc.stdin.flush()
+    told = time.monotonic()
+    out = _ended(proc)
+    assert re.fullmatch(rf"{TAG} the launcher tears the job down; ending pid {pgid} on \S+\n",
+                        out), out
+    assert proc.returncode == (-signal.SIGTERM if reraise else 128 + signal.SIGTERM)
+    assert not _group_alive(pgid) and time.monotonic() - told < 3.0
+
+
+def test_a_lease_tells_its_guards_of_the_teardown_once():
+    r, w = os.pipe()
+    lease = Lease()
+    with os.fdopen(w, "wb") as pipe:
+        lease.add(pipe)
+        assert lease.tear_down() and not lease.tear_down()
+        lease.close()
+    with os.fdopen(r, "rb") as got:
+        assert got.read().replace(LEASE_BYTE, b"") == TEARDOWN
+    assert not Lease().tear_down()  # no guard to tell
 
 
 def test_from_first_byte_waits_for_the_lease_to_begin(started):

@@ -2,8 +2,10 @@
 
 While a job runs, every host of the job gets one table ``mxlarge_<job id>_<guard pid>`` that
 rejects new TCP connections to :data:`SCHEDULER_PORTS`, :data:`PS_LITE_PORTS` and the ephemeral
-range from any address but the job hosts'; a guard process per host (:data:`GUARD`) installs it
-and deletes it when its input ends or its lease stops. ``mode``: ``auto`` where it can, ``on``
+range from any address but the job hosts', and counts those attempts per port, so that a job
+reports the ones at its own ports only (another job's table on a shared host may be the one
+that refused them); a guard process per host (:data:`GUARD`) installs it and deletes it when
+its input ends or its lease stops. ``mode``: ``auto`` where it can, ``on``
 or :class:`FirewallError`, ``off``. The table, its lifetime and the rights it needs: "The
 packet filter" in docs/design/launcher.md. Importing this module does not import MXNet.
 """
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from mxlarge.launcher.guard import LEASE_EVERY
@@ -60,8 +62,9 @@ while :; do  # the launcher's lease: a byte a second; none for 10 s: it or the l
   b=$(timeout 10 head -c 1) || { lost=1; break; }
   [ -n "$b" ] || break
 done
-n=$(nft list table ip "$t" | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
-nft delete table ip "$t" && echo "removed $t rejected ${n:-0}"
+n=$(nft list set ip "$t" refused | tr '\n' ' ' | grep -o '[0-9]* counter packets [0-9]*' |
+  awk '{printf "%s:%s ", $1, $4}')
+nft delete table ip "$t" && echo "removed $t rejected $n"
 # the lease lost over ssh: our sshd session would wait for a client that is gone
 [ -n "$lost" ] && [ "$(cat /proc/$PPID/comm 2>/dev/null)" = sshd ] && kill "$PPID"
 """
@@ -112,18 +115,40 @@ def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def ruleset(table: str, allowed: Sequence[str], ports: Sequence[tuple[int, int]]) -> str:
-    """The nft script of the module docstring for one host."""
+    """The nft script of the module docstring for one host: a chain that counts new
+    connections from outside the job's hosts per port (set ``refused``), before every
+    job's chain that rejects them (a base chain that rejects ends the packet's way through the
+    others: a count there would miss what another job's table refused first)."""
     spans = ", ".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in merge_ranges(ports))
+    outside = ('    iif "lo" accept\n'
+               "    ct state established,related accept\n"
+               "    ip saddr @job_hosts accept\n")
     return (f"table ip {table} {{\n"
             f"  set job_hosts {{ type ipv4_addr; elements = {{ {', '.join(allowed)} }} }}\n"
+            "  set refused { type inet_service; flags dynamic; size 65536; counter; }\n"
+            "  chain count {\n"
+            "    type filter hook input priority filter - 20; policy accept;\n"
+            f"{outside}"
+            f"    tcp dport {{ {spans} }} ct state new add @refused {{ tcp dport }}\n"
+            "  }\n"
             "  chain input {\n"
             "    type filter hook input priority filter - 10; policy accept;\n"
-            '    iif "lo" accept\n'
-            "    ct state established,related accept\n"
-            "    ip saddr @job_hosts accept\n"
-            f"    tcp dport {{ {spans} }} counter reject with tcp reset\n"
+            f"{outside}"
+            f"    tcp dport {{ {spans} }} reject with tcp reset\n"
             "  }\n"
             "}\n")
+
+
+def refusals(said: str, addresses: Collection[str], own: Collection[str]) -> tuple[int, bool]:
+    """The connection attempts a host's guard counted at the job's own ports: ``said`` is its
+    ``port:attempts ...`` (:data:`GUARD`), ``addresses`` the host's, ``own`` the job's
+    processes' ``ip:port``. Returns (the sum, whether the job's ports there were known; if not,
+    the sum over every port)."""
+    counted = {int(p): int(n) for p, _, n in (x.partition(":") for x in said.split()) if n}
+    mine = {int(a.rsplit(":", 1)[1]) for a in own if a.rsplit(":", 1)[0] in addresses}
+    if not mine:
+        return sum(counted.values()), False
+    return sum(n for p, n in counted.items() if p in mine), True
 
 
 class _Guard:
@@ -139,6 +164,7 @@ class _Guard:
                                      start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.said: list[str] = []
+        self.addresses: list[str] = []  # the host's, as its guard reported them
         threading.Thread(target=self._read, daemon=True, name=f"guard {host.name}").start()
 
     def _read(self) -> None:
@@ -183,9 +209,10 @@ class _Guard:
             self.proc.stdin.close()
 
     def finish(self, emit: Callable[[str], None], timeout: float = _REMOVE_TIMEOUT,
-               cut: str | None = None) -> None:
+               cut: str | None = None, own: Collection[str] = ()) -> None:
         """Wait for the guard (after :meth:`end_input`) up to ``timeout`` s, not at all for a
-        host found ``cut`` off (why); report what it removed."""
+        host found ``cut`` off (why); report what it removed and the attempts at the job's
+        own ports (``own``, :func:`refusals`) it refused."""
         try:
             if cut is not None:
                 raise subprocess.TimeoutExpired(self.proc.args, 0)
@@ -200,9 +227,12 @@ class _Guard:
                  "mxlarge.launcher.firewall clean`")
         while (line := self._next()) is not None:
             if line.startswith("removed mxlarge_"):
-                table, _, n = line[len("removed "):].partition(" rejected ")
+                table, _, said = line[len("removed "):].partition(" rejected")
+                n, known = refusals(said, self.addresses, own)
                 emit(f"packet filter removed from {self.host.name} ({table}; {n} connection "
-                     "attempt(s) from outside the job refused)")
+                     "attempt(s) from outside the job refused" + (
+                         "" if known else " at any job's ports there: the job's own were "
+                         "not known") + ")")
         assert self.proc.stdout is not None
         self.proc.stdout.close()
 
@@ -215,11 +245,12 @@ class _Guard:
 
 @contextlib.contextmanager
 def packet_filter(job_id: str, hosts: Sequence[Host], scheduler_ports: tuple[int, int],
-                  emit: Callable[[str], None], cut: Mapping[str, str] | None = None
-                  ) -> Iterator[list[str]]:
+                  emit: Callable[[str], None], cut: Mapping[str, str] | None = None,
+                  own: Collection[str] = ()) -> Iterator[list[str]]:
     """The job's filter on every host of ``hosts`` while the block runs; yields the allowed
     addresses. Removed when the block ends, however it ends (see the module docstring); a host
-    in ``cut`` (found not answering during the job: why) is not waited for.
+    in ``cut`` (found not answering during the job: why) is not waited for; the attempts
+    reported are those at ``own``, the job's processes' ``ip:port`` (filled while it runs).
 
     Raises:
         FirewallError: a host could not take it; then it is on none of them.
@@ -230,6 +261,8 @@ def packet_filter(job_id: str, hosts: Sequence[Host], scheduler_ports: tuple[int
             guards.append(_Guard(host, job_id))
         heads = [(g.expect("table", emit), g.expect("addresses", emit).split(),
                   g.expect("ephemeral", emit).split()) for g in guards]
+        for g, (_, addresses, _) in zip(guards, heads):
+            g.addresses = addresses
         allowed = sorted({a for _, addrs, _ in heads for a in addrs if not a.startswith("127.")},
                          key=lambda a: tuple(map(int, a.split("."))))
         if not allowed:
@@ -256,7 +289,7 @@ def packet_filter(job_id: str, hosts: Sequence[Host], scheduler_ports: tuple[int
     finally:
         stop.set()
         lease.join(LEASE_EVERY + 1)
-        _close(guards, emit, cut or {})
+        _close(guards, emit, cut or {}, own)
 
 
 def _lease(guards: Sequence[_Guard], stop: threading.Event) -> None:
@@ -266,7 +299,7 @@ def _lease(guards: Sequence[_Guard], stop: threading.Event) -> None:
 
 
 def _close(guards: Sequence[_Guard], emit: Callable[[str], None],
-           known: Mapping[str, str] | None = None) -> None:
+           known: Mapping[str, str] | None = None, own: Collection[str] = ()) -> None:
     """End every guard at once (a slow host does not hold up the others); a host ``known``
     not to answer is not waited for, nor is a remote one that has not confirmed within
     :data:`_CONFIRM_FIRST` s and does not answer a probe (it cannot answer: the cut-off host's
@@ -284,20 +317,21 @@ def _close(guards: Sequence[_Guard], emit: Callable[[str], None],
     cut = {**known, **(unreachable_hosts(slow) if slow else {})}
     rest = _REMOVE_TIMEOUT - _CONFIRM_FIRST - (PROBE_TIMEOUT if slow else 0.0)
     for g in guards:
-        g.finish(emit, max(0.0, rest), cut.get(g.host.name))
+        g.finish(emit, max(0.0, rest), cut.get(g.host.name), own)
 
 
 @contextlib.contextmanager
 def job_filter(mode: str, refused: str | None, job_id: str, hosts: Sequence[Host],
                scheduler_ports: tuple[int, int], emit: Callable[[str], None],
-               loopback: bool = False, cut: Mapping[str, str] | None = None
-               ) -> Iterator[list[str] | None]:
+               loopback: bool = False, cut: Mapping[str, str] | None = None,
+               own: Collection[str] = ()) -> Iterator[list[str] | None]:
     """:func:`packet_filter` as ``mode`` asks (see the module docstring); yields the allowed
     addresses, or ``None`` when the job runs without a filter (``auto`` says why in a line).
     ``refused``: why the job's backend is not offered the filter (its
     :meth:`~mxlarge.launcher.backends.base.LaunchBackend.firewall_refusal`); ``loopback``:
-    every process of the job is on 127.0.0.1 (:data:`LOOPBACK_ONLY`, nothing said); ``cut``:
-    the hosts found not answering during the job, as :func:`packet_filter` takes them.
+    every process of the job is on 127.0.0.1 (:data:`LOOPBACK_ONLY`, nothing said); ``cut``
+    and ``own``: the hosts found not answering during the job and the job's processes'
+    addresses, as :func:`packet_filter` takes them.
 
     Raises:
         ValueError: an unknown mode.
@@ -318,7 +352,7 @@ def job_filter(mode: str, refused: str | None, job_id: str, hosts: Sequence[Host
         elif why is None and mode != "off":
             try:
                 allowed = stack.enter_context(packet_filter(job_id, hosts, scheduler_ports,
-                                                            emit, cut))
+                                                            emit, cut, own))
             except FirewallError as e:
                 if mode == "on":
                     raise

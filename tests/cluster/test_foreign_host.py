@@ -237,3 +237,61 @@ def host_netns(tb: Testbed, pid: int) -> str | None:
     from tests.cluster.test_failures import host_of
 
     return host_of(tb, pid)
+
+
+SHARED_FILTER = """
+import os, sys, time
+from mxlarge.launcher.firewall import SCHEDULER_PORTS, Host, packet_filter
+job, host, own, stop = sys.argv[1:5]
+with packet_filter(job, [Host.ssh(host)], SCHEDULER_PORTS, lambda line: print(line, flush=True),
+                   own={own}):
+    print("up", flush=True)
+    while not os.path.exists(stop):
+        time.sleep(0.1)
+"""
+REFUSED = """
+import socket, sys
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+        print("connected", target, flush=True)
+    except ConnectionRefusedError:
+        print("refused", target, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_two_jobs_sharing_a_host_each_count_the_attempts_at_their_own_ports(
+        testbed: Testbed, work: Path) -> None:
+    """Two jobs' filters on h1 at once (job a's process on port 20001, job b's on 20002); h3
+    tries a's port 3 times and b's twice. Whichever table refuses an attempt first, each job
+    reports its own: a 3, b 2 (before issue 56 one reported all 5, the other none)."""
+    before = rulesets(testbed)
+    h1 = testbed.addr("h1")
+    stop = work / "stop"
+    jobs = {name: start(testbed, "h0", [PY, "-c", SHARED_FILTER, f"{name * 4}0000000{i}", h1,
+                                        f"{h1}:{port}", str(stop)], work,
+                        log_name=f"{name}.log")
+            for i, (name, port) in enumerate((("a", 20001), ("b", 20002)))}
+    try:
+        for name, job in jobs.items():
+            wait_for(lambda j=job: "up" in j.text().split(), 60, f"filter {name} ({job.text()})")
+        r = subprocess.run(testbed.on("h3", PY, "-c", REFUSED, *[f"{h1}:20001"] * 3,
+                                      *[f"{h1}:20002"] * 2),
+                           capture_output=True, text=True, timeout=60, cwd=work)
+        assert r.stdout.split().count("refused") == 5, r.stdout + r.stderr
+        stop.write_text("")
+        for job in jobs.values():
+            job.wait(60)
+    finally:
+        stop.write_text("")
+        for job in jobs.values():
+            if job.proc.poll() is None:
+                job.proc.kill()
+    for name, want in (("a", 3), ("b", 2)):
+        text = jobs[name].text()
+        m = re.search(rf"packet filter removed from {re.escape(h1)} \(mxlarge_{name * 4}\w+; "
+                      r"(\d+) connection attempt\(s\) from outside the job refused\)", text)
+        assert m and int(m.group(1)) == want, (name, text)
+    assert rulesets(testbed) == before

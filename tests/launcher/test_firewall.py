@@ -7,7 +7,13 @@ import sys
 import pytest
 
 from mxlarge.launcher import firewall
-from mxlarge.launcher.firewall import FirewallError, job_filter, merge_ranges, ruleset
+from mxlarge.launcher.firewall import (
+    FirewallError,
+    job_filter,
+    merge_ranges,
+    refusals,
+    ruleset,
+)
 from mxlarge.launcher.registry import backend_for
 
 
@@ -22,15 +28,35 @@ def test_the_ruleset_refuses_new_connections_from_outside_the_job_only():
                    [(10000, 49999), (9091, 9998), (32768, 60999)]) == """\
 table ip mxlarge_abc_42 {
   set job_hosts { type ipv4_addr; elements = { 198.18.0.10, 198.18.0.11 } }
+  set refused { type inet_service; flags dynamic; size 65536; counter; }
+  chain count {
+    type filter hook input priority filter - 20; policy accept;
+    iif "lo" accept
+    ct state established,related accept
+    ip saddr @job_hosts accept
+    tcp dport { 9091-9998, 10000-60999 } ct state new add @refused { tcp dport }
+  }
   chain input {
     type filter hook input priority filter - 10; policy accept;
     iif "lo" accept
     ct state established,related accept
     ip saddr @job_hosts accept
-    tcp dport { 9091-9998, 10000-60999 } counter reject with tcp reset
+    tcp dport { 9091-9998, 10000-60999 } reject with tcp reset
   }
 }
 """
+
+
+def test_a_job_reports_the_attempts_at_its_own_ports():
+    """A host's guard counts every port's attempts (another job's table there may have refused
+    some at this job's ports first); the job sums its own processes' ports on that host, or
+    every port while it knows none there."""
+    said = "9091:3 41234:5 41300:2 "
+    own = {"198.18.0.11:9091", "198.18.0.11:41234", "198.18.0.12:41300"}
+    assert refusals(said, ["198.18.0.11", "127.0.0.1"], own) == (8, True)
+    assert refusals(said, ["198.18.0.12"], own) == (2, True)
+    assert refusals(said, ["198.18.0.13"], own) == (10, False)
+    assert refusals("", ["198.18.0.11"], own) == (0, True)
 
 
 def test_refused_where_it_cannot_apply_with_the_reason(monkeypatch):

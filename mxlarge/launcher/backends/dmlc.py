@@ -123,14 +123,15 @@ class DmlcBackend(LaunchBackend):
                     stack.callback(remove_if_empty, os.path.dirname(beats))
                     stack.callback(shutil.rmtree, beats, True)
                 cut: dict[str, str] = {}  # hosts found not answering during the job, and why
+                own: set[str] = set()  # the job's processes' ip:port, once it ran
                 stack.enter_context(self._job_filter(spec, args.host_ip, entries, hosts, env,
-                                                     output, cut))
+                                                     output, cut, own))
                 job = Submission(
                     spec, env["MXLARGE_JOB_ID"], args, hosts, beats, hide_ps_verbose,
                     {e.host: int(e.port) for e in entries or () if e.port},
                     self.layout(entries, servers, workers, args.host_ip), cut,
                     self.shutdown_timeout if spec.shutdown_timeout is None
-                    else spec.shutdown_timeout)
+                    else spec.shutdown_timeout, own)
                 outcome, contacted = _submit(self, job, sys.stdout if output is None else output)
         finally:
             _submit_lock.release()
@@ -182,9 +183,11 @@ class DmlcBackend(LaunchBackend):
 
     def _job_filter(self, spec: Spec, host_ip: str, entries: list[HostEntry] | None,
                     hosts: list[str], env: Mapping[str, str], output: IO[str] | Any,
-                    cut: dict[str, str]) -> contextlib.AbstractContextManager[Any]:
+                    cut: dict[str, str], own: set[str]
+                    ) -> contextlib.AbstractContextManager[Any]:
         """The job's packet filter (:func:`~mxlarge.launcher.firewall.job_filter`), guards
-        here (the scheduler), then each other host once, as the backend reaches it."""
+        here (the scheduler), then each other host once, as the backend reaches it; it counts
+        the attempts at ``own``, the job's processes' addresses."""
         guarded = [Host(f"{host_ip} (here)")] + list({
             e.host: Host.ssh(e.host, e.port) for e in entries or () if e.host != host_ip
         }.values())
@@ -193,7 +196,7 @@ class DmlcBackend(LaunchBackend):
         sink = supervisor.LineSink(sys.stdout if output is None else output)
         return job_filter(spec.firewall, self.firewall_refusal(), env["MXLARGE_JOB_ID"],
                           guarded, SCHEDULER_PORTS, lambda line: sink.emit("launcher", line),
-                          loopback=loopback, cut=cut)
+                          loopback=loopback, cut=cut, own=own)
 
 
 
@@ -362,6 +365,9 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
             thread.join(timeout=grace + 10)
     finally:
         sup.close(grace)
+        for child in sup.children:  # the scheduler bound its address and assigned the others'
+            if child.role == "scheduler":
+                job.own.update(child.pslog.bound, child.pslog.assigned)
     if outcome is _TRACKER_FAILED:
         err = errors[0]
         raise RuntimeError(f"dmlc_tracker {backend.name}.submit failed: {err!r}") from err

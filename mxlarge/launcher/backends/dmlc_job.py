@@ -9,7 +9,7 @@ import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mxlarge.launcher.backends.base import Spec
@@ -55,7 +55,8 @@ class Submission:
     """One job as dmlc submits it: the spec, the job id, dmlc's ``args``, the hosts it may run
     on, the heartbeat directory (None: no watchdog), whether ps-lite's verbose lines are the
     launcher's, the hosts' ssh ports, the layout, the hosts found cut off (filled during the
-    job) and the seconds the rest may take once the scheduler exited."""
+    job), the seconds the rest may take once the scheduler exited and the ``ip:port`` of the
+    job's processes (filled when it ends: the packet filter's count)."""
 
     spec: Spec
     job_id: str
@@ -67,6 +68,7 @@ class Submission:
     layout: Layout
     cut: dict[str, str]
     shutdown_timeout: float
+    own: set[str] = field(default_factory=set)
 
 
 def job_env(spec: Spec, entries: list[HostEntry] | None) -> tuple[dict[str, str], bool]:

@@ -19,12 +19,15 @@ every rank sampled,
 push that much; exchange durations are the same on every rank, docs/design/launcher.md).
 
 Each heartbeat of r that has advanced is one :class:`Look`. r is slow in p when, over its looks
-of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the median ratio >=
-:attr:`Rules.onset` and the median excess >= :attr:`Rules.min_ms`: an episode
-(:class:`Episode`) begins, named with those medians. It ends when the median ratio falls below
-:attr:`Rules.recover` or the median excess below min_ms / 2. Only windows of at least
-:attr:`Rules.samples` sampled steps are judged, only while every worker trains. Why these
-rules, with the noise they are set against: "Stragglers" in docs/design/launcher.md.
+of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the medians say it
+holds the others back: ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms` and >=
+:attr:`Rules.min_share` of m(step), wait >= :attr:`Rules.min_wait`. An episode
+(:class:`Episode`) begins, named for the first such part in the order of :data:`PARTS` (a busy
+host slows every part: it is named for its forward+backward), with those medians. It ends when
+one of the four medians falls below half its floor (the ratio: below :attr:`Rules.recover`).
+Only windows of at least :attr:`Rules.samples` sampled steps are judged, only while every
+worker trains. Why these rules, with the noise they are set against: "Stragglers" in
+docs/design/launcher.md.
 
 :func:`judge` is the pure rule; :class:`Stragglers` is the supervision loop's keeper of it.
 """
@@ -64,8 +67,10 @@ class Rules:
 
     Attributes:
         onset: the median of its part ÷ the others' median that makes it slow.
-        recover: below this median ratio (or half ``min_ms`` of excess) it is back.
-        min_ms: the smallest excess over the others' median that counts, in ms.
+        recover: below this median ratio it is back.
+        min_ms: the smallest excess over the others' median that counts, in ms ...
+        min_share: ... and as a share of the others' step.
+        min_wait: the smallest share of their step the others must wait for it.
         samples: sampled steps a window needs to be judged.
         hold: the fewest looks (new windows) a rank is judged over ...
         seconds: ... spanning this many seconds.
@@ -74,6 +79,8 @@ class Rules:
     onset: float = 1.2
     recover: float = 1.1
     min_ms: float = 2.0
+    min_share: float = 0.1
+    min_wait: float = 0.05
     samples: int = 10
     hold: int = 3
     seconds: float = 20.0
@@ -132,10 +139,11 @@ class Episode:
 @dataclass(frozen=True)
 class Look:
     """One new window of one rank against the other ranks' (module docstring): at time ``t``,
-    ``(ratio, excess, wait)`` of each part of :data:`PARTS` it could be compared in."""
+    ``(ratio, excess, share, wait)`` of each part of :data:`PARTS` it could be compared in
+    (``share``: the excess ÷ the others' median step)."""
 
     t: float
-    parts: Mapping[str, tuple[float, float, float]]
+    parts: Mapping[str, tuple[float, float, float, float]]
 
 
 def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: float,
@@ -146,10 +154,10 @@ def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: fl
            for k in ("data", "compute", "update", "exchange", "step")}
     step = ref["step"] if ref["step"] > 0 else float("inf")
     wait = max(0.0, ref["exchange"] - mine["exchange"]) / step
-    parts = {p: (mine[p] / ref[p] if ref[p] > 0 else 1.0, mine[p] - ref[p], wait)
-             for p in ("data", "compute", "update")}
+    parts = {p: (mine[p] / ref[p] if ref[p] > 0 else 1.0, mine[p] - ref[p],
+                 (mine[p] - ref[p]) / step, wait) for p in ("data", "compute", "update")}
     if lag is not None:
-        parts["link"] = (1 + lag / step, lag, max(0.0, lag) / step)
+        parts["link"] = (1 + lag / step, lag, lag / step, max(0.0, lag) / step)
     return Look(t, parts)
 
 
@@ -163,29 +171,40 @@ def lag(ends: Mapping[int, Mapping[int, float]], rank: int) -> float | None:
     return 1000 * (ends[rank][s] - statistics.median(e[s] for r, e in ends.items() if r != rank))
 
 
+def medians(looks: Sequence[Look], part: str) -> tuple[float, float, float, float] | None:
+    """The medians of ``(ratio, excess, share, wait)`` in ``part`` over ``looks``; None when
+    none of them has it."""
+    seen = [lk.parts[part] for lk in looks if part in lk.parts]
+    if not seen:
+        return None
+    ratio, excess, share, wait = (statistics.median(x[i] for x in seen) for i in range(4))
+    return ratio, excess, share, wait
+
+
 def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float, float] | None:
-    """The part with the largest median excess among those the median of ``looks`` is slow in
-    (ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms`, over at least
-    :attr:`Rules.hold` looks), as ``(part, ratio, excess, wait)`` (medians over ``looks``);
-    None when it is slow in none."""
-    found = None
+    """The first part of :data:`PARTS` the medians of ``looks`` say is slow (module docstring)
+    over at least :attr:`Rules.hold` looks, as ``(part, ratio, excess, wait)``; None when
+    none is."""
     for part in PARTS:
-        seen = [lk.parts[part] for lk in looks if part in lk.parts]
-        if len(seen) < rules.hold:
+        found = medians(looks, part)
+        if found is None or sum(part in lk.parts for lk in looks) < rules.hold:
             continue
-        ratio, excess, wait = (statistics.median(x[i] for x in seen) for i in range(3))
-        if ratio >= rules.onset and excess >= rules.min_ms and (found is None
-                                                                 or excess > found[2]):
-            found = (part, ratio, excess, wait)
-    return found
+        ratio, excess, share, wait = found
+        if ratio >= rules.onset and excess >= rules.min_ms and share >= rules.min_share \
+                and wait >= rules.min_wait:
+            return part, ratio, excess, wait
+    return None
 
 
 def recovered(looks: Sequence[Look], part: str, rules: Rules) -> bool:
-    """Whether the median of ``looks`` in ``part`` is back: ratio < :attr:`Rules.recover` or
-    excess < min_ms / 2."""
-    seen = [lk.parts[part] for lk in looks if part in lk.parts]
-    return bool(seen) and (statistics.median(x[0] for x in seen) < rules.recover
-                           or statistics.median(x[1] for x in seen) < rules.min_ms / 2)
+    """Whether the medians of ``looks`` in ``part`` are back: ratio < :attr:`Rules.recover`,
+    or the excess, its share or the wait below half its floor."""
+    found = medians(looks, part)
+    if found is None:
+        return False
+    ratio, excess, share, wait = found
+    return ratio < rules.recover or excess < rules.min_ms / 2 or \
+        share < rules.min_share / 2 or wait < rules.min_wait / 2
 
 
 @dataclass(frozen=True)

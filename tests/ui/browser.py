@@ -29,6 +29,7 @@ async def _evaluate(url: str, script: str, timeout: float) -> Any:
         "--disable-dev-shm-usage", f"--window-size={WINDOW}", "--remote-debugging-port=0",
         "about:blank", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
+    drain = None
     try:
         port = await asyncio.wait_for(_devtools_port(proc.stderr), 60)
         drain = asyncio.ensure_future(proc.stderr.read())  # a full pipe would stall it
@@ -55,11 +56,12 @@ async def _evaluate(url: str, script: str, timeout: float) -> Any:
                     if value or time.monotonic() > deadline:
                         return value
                     await asyncio.sleep(0.5)
-        drain.cancel()
     finally:
         if proc.returncode is None:
             proc.kill()
         await proc.wait()
+        if drain is not None:
+            await drain
 
 
 async def _devtools_port(stderr: asyncio.StreamReader) -> int:

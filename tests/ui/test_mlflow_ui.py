@@ -206,7 +206,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     assert "You're viewing a shared view" in listed
     assert ("Metrics Duration perf/images_per_sec_median train/loss val/best_accuracy "
             "val/final_error") in listed  # the columns' header (MLflow sorts them by name)
-    shown = evaluate(f"http://127.0.0.1:{port}/#/{listed_route}", NAMES_SHOWN)
+    shown = evaluate(f"http://127.0.0.1:{port}/#/{listed_route}", NAMES_SHOWN, 120)
     assert shown and {name: whole for name, whole in shown if name in names} == \
         dict.fromkeys(names, True), shown
     assert "sweep ui" in dict(shown)
@@ -218,8 +218,16 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
 
 
 # [name, whether it shows whole] of every run in the runs list (MLflow cuts a name with an
-# ellipsis: its element's content is then wider than the element)
+# ellipsis: its element's content is then wider than the element), once the Run Name column's
+# width has stayed the same for 2 s (the view's width is applied after the first render)
 NAMES_SHOWN = """(() => {
+  const head = document.querySelector('.ag-header-cell[col-id="attributes.`Run Name`"]');
+  if (!head) return null;
+  if (window.mxWidth !== head.style.width) {
+    [window.mxWidth, window.mxSince] = [head.style.width, Date.now()];
+    return null;
+  }
+  if (Date.now() - window.mxSince < 2000) return null;
   const cells = [...document.querySelectorAll('.ag-cell[col-id="attributes.`Run Name`"]')];
   const names = cells.map(c => [...c.querySelectorAll('*')].find(
       e => e.children.length === 0 && getComputedStyle(e).textOverflow === 'ellipsis'))
@@ -228,10 +236,12 @@ NAMES_SHOWN = """(() => {
                       : null;
 })()"""
 
-# [the page's route, its text] once the experiment's page has rendered
+# [the page's route, its text] once the experiment's page has landed on a view: the GenAI
+# overview, or the runs list with its table
 LANDED = """(() => {
-  const t = document.body.innerText;
-  return t.includes('Loading') || t.length < 300 ? null : [location.hash, t];
+  const h = location.hash, t = document.body.innerText;
+  return h.includes('/overview/') || (h.includes('/runs') && t.includes('Run Name'))
+    ? [h, t] : null;
 })()"""
 
 
@@ -244,12 +254,11 @@ def test_the_experiment_opens_on_its_runs(served):
     port, c, ids, _ = served
     exp = ids["exp"]
     assert c.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
-    route, text = evaluate(f"http://127.0.0.1:{port}/#/experiments/{exp}?{VIEW}", LANDED)
+    route, text = evaluate(f"http://127.0.0.1:{port}/#/experiments/{exp}?{VIEW}", LANDED, 120)
     assert route.startswith(f"#/experiments/{exp}/runs?"), route
-    assert "Run Name" in text and "digits-largebatch 3ep s0" in text
     assert "Token Usage" not in text and "Detect Issues" not in text
-    route, text = evaluate(f"http://127.0.0.1:{port}/#/experiments/{exp}", LANDED)
-    assert route.startswith(f"#/experiments/{exp}/overview") and "Token Usage" in text, route
+    route, _ = evaluate(f"http://127.0.0.1:{port}/#/experiments/{exp}", LANDED, 120)
+    assert route.startswith(f"#/experiments/{exp}/overview/") and "workflowType=genai" in route
 
 
 @pytest.mark.timeout(900)
@@ -279,7 +288,7 @@ def test_the_sweep_parent_compares_its_labels_in_one_picture(served):
         assert f" {label} {workers} {batch} {100 * finals[label]:.2f} ± n/a " in page, label
     # the comparison: one picture with both labels, the first image of the description, then
     # the report's plots: each loaded by the browser from the run's artifacts
-    shown = evaluate(f"http://127.0.0.1:{port}/#/{route}?{VIEW}", IMAGES_SHOWN)
+    shown = evaluate(f"http://127.0.0.1:{port}/#/{route}?{VIEW}", IMAGES_SHOWN, 120)
     assert shown and [(caption, path) for caption, path, _ in shown] == [
         ("the labels side by side: base, big", "compare.png"),
         ("validation error by epoch", "val_error.png"),

@@ -23,7 +23,8 @@ of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the med
 holds the others back: ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms` and >=
 :attr:`Rules.min_share` of m(step), wait >= :attr:`Rules.min_wait`. An episode
 (:class:`Episode`) begins, named for the first such part in the order of :data:`PARTS` (a busy
-host slows every part: it is named for its forward+backward), with those medians. It ends when
+host slows every part: it is named for its forward+backward), with the medians of its looks
+of the last quarter of that span (how slow it is now). It ends when
 one of the four medians falls below half its floor (the ratio: below :attr:`Rules.recover`).
 Only windows of at least :attr:`Rules.samples` sampled steps are judged, only while every
 worker trains. Why these rules, with the noise they are set against: "Stragglers" in
@@ -249,8 +250,11 @@ def judge(state: State, beats: Iterable[Beat], now: float, rules: Rules = Rules(
             if recovered(looks, episodes[rank].part, rules):
                 changes.append(dataclasses.replace(episodes.pop(rank), ended=step))
         elif (found := slowest(looks, rules)) is not None:
+            # named with how slow it is now: the span's medians only just crossed the floors
+            recent = [lk for lk in looks if lk.t >= now - rules.seconds / 4]
+            ratio, excess, _, wait = medians(recent, found[0]) or found
             b = by_rank[rank]
-            episodes[rank] = Episode(rank, b.host, b.pid, *found, step)
+            episodes[rank] = Episode(rank, b.host, b.pid, found[0], ratio, excess, wait, step)
             changes.append(episodes[rank])
     done = {**state.done, **{r: by_rank[r].done for r in windows}}
     return State(done, history, {**state.ends, **ends}, episodes), tuple(changes)

@@ -225,8 +225,8 @@ def linked(i, late=26.0, behind=0):
 def test_a_rank_whose_exchange_ends_late_is_named_for_its_link():
     _, changes = run([linked(i) for i in range(6)])
     step = 1 + 18 + 54 + 5
-    assert changes[4] == (Episode(1, "h1", 1001, "link", 1 + 26 / step, pytest.approx(26.0),
-                                  pytest.approx(26 / step), 40),)
+    assert changes[4] == (Episode(1, "h1", 1001, "link", pytest.approx(1 + 26 / step),
+                                  pytest.approx(26.0), pytest.approx(26 / step), 40),)
     assert not any(changes[:4]) and not any(changes[5:])
 
 
@@ -247,3 +247,10 @@ def test_the_lines_docs_show_are_the_lines_printed():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
     e = Episode(1, "node07", 48213, "compute", 2.1, 30.0, 0.38, 4210, ended=5170)
     assert f"[launcher] {e.line()}\n[launcher] {e.recovered_line()}\n" in doc
+
+
+def test_named_with_how_slow_it_is_now_not_where_the_span_crossed():
+    healthy = [[parts(n=20 + i % 2) for _ in range(3)] for i in range(15)]
+    _, changes = run(healthy + [slowed(i) for i in range(15)], every=1.0)
+    began = [e for look_ in changes for e in look_]
+    assert [(e.rank, e.ratio, e.wait) for e in began] == [(1, 70 / 40, 30 / 86)]

@@ -55,6 +55,15 @@ class Record:
         phase: ``train``, or what the worker says it is busy with (``evaluating``, ...), or
             :data:`FINISHED`.
         tick: the writer's counter, +1 per write.
+        parts: the worker's step breakdown, None until it has one: the medians (ms) of its
+            recent sampled steps (``data``: waiting for data, ``compute``: forward+backward
+            from an engine sync, so without the wait for the previous step's exchange a rank
+            that runs ahead has, ``exchange``: waiting for the exchange after compute,
+            ``update``, ``step``), ``n``
+            sampled steps in that window, and of the newest sampled step its number ``at``
+            and the wall-clock time (``time.time()``) ``end`` its exchange ended; every rank
+            samples the same step numbers (the launcher compares ranks at one step:
+            :mod:`mxlarge.launcher.straggler`).
     """
 
     rank: int
@@ -65,6 +74,7 @@ class Record:
     here: int
     phase: str
     tick: int
+    parts: dict[str, float] | None = None
 
     def encode(self) -> bytes:
         data = json.dumps(asdict(self), separators=(",", ":")).encode()

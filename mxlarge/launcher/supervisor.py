@@ -11,6 +11,7 @@ process groups: ``docs/design/launcher.md`` (Supervision).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from mxlarge.launcher.guard import GuardReport, Lease
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.pgroups import live_process_groups, parent_death_signal, signal_group
 from mxlarge.launcher.pslog import PsLog
+from mxlarge.launcher.straggler import Stragglers
 from mxlarge.launcher.verdict import evidence, exit_outcome, stall_outcome
 from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import read_all
@@ -401,20 +403,25 @@ def supervise(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Outcome:
     """The one supervision loop of every backend (:func:`_supervise_loop`), its failed outcome
-    with the launcher's :func:`evidence`."""
-    return evidence(_supervise_loop(sup, backend, watchdog, stop, received, clock=clock,
-                                    sleep=sleep), sup.children, watchdog)
+    with the launcher's :func:`evidence`, and the stragglers named while it ran
+    (:class:`~mxlarge.launcher.straggler.Stragglers`, their lines the launcher's)."""
+    stragglers = Stragglers(lambda line: sup.sink.emit("launcher", line), clock=clock)
+    outcome = _supervise_loop(sup, backend, watchdog, stop, received, stragglers, clock=clock,
+                              sleep=sleep)
+    return evidence(dataclasses.replace(outcome, stragglers=stragglers.episodes), sup.children,
+                    watchdog)
 
 
 def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
-                    stop: threading.Event, received: Sequence[int], *,
+                    stop: threading.Event, received: Sequence[int], stragglers: Stragglers, *,
                     clock: Callable[[], float], sleep: Callable[[float], None]) -> Outcome:
     """Polls the children every :data:`POLL_INTERVAL` until the job has an outcome.
 
     At each poll, in this order (the first that applies ends the loop): the launcher was
     signalled (``stop``; ``received[0]`` names the signal, SIGTERM if none) →
     ``backend.terminated``; a child failed (the first seen, :meth:`Supervisor.first_failure`)
-    → ``backend.explain``; the watchdog sees a stall (:func:`stall_outcome`); the job is not
+    → ``backend.explain``; the watchdog sees a stall (:func:`stall_outcome`), else
+    ``stragglers`` sees the records it read; the job is not
     ending but its work is done and a worker is stuck in its exit (:func:`exit_outcome`); it is
     ending and ``backend.ended(seconds since it began ending)`` has the outcome. Nothing is torn
     down here: the caller tears down after the outcome's line is out.
@@ -430,6 +437,8 @@ def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | N
         stalled = stall_outcome(watchdog, sup.children)
         if stalled is not None:
             return stalled
+        if watchdog is not None:
+            stragglers.see([s.record for s in watchdog.seen.values()])
         if backend.ending():
             now = clock()
             if ending_since is None:

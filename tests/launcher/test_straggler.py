@@ -3,13 +3,16 @@ named, for what, with which ratio and wait (closed forms), when an episode begin
 no episode from noise inside the band. Real jobs: tests/e2e/test_straggler.py."""
 from __future__ import annotations
 
+import io
 import random
 import statistics
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.straggler import Episode, Look, State, Stragglers, judge, lag, look
 
 
@@ -254,3 +257,30 @@ def test_named_with_how_slow_it_is_now_not_where_the_span_crossed():
     _, changes = run(healthy + [slowed(i) for i in range(15)], every=1.0)
     began = [e for look_ in changes for e in look_]
     assert [(e.rank, e.ratio, e.wait) for e in began] == [(1, 70 / 40, 30 / 86)]
+
+
+def test_the_supervision_loop_names_a_straggler_from_the_heartbeat_files(tmp_path):
+    """The loop of every backend, a real watchdog reading real heartbeat files on a test
+    clock: rank 1 (pid 101) computes 70 ms against 40 for a minute; its line is the launcher's
+    and the outcome carries the episode."""
+    from mxlarge.launcher.supervisor import Supervisor, supervise
+    from mxlarge.launcher.watchdog import Watchdog
+    from mxlarge.protocol.heartbeat import Record, path_for
+    from tests.launcher.test_supervisor import _Job, _Kid, _Run
+
+    def write(i):  # both workers' records, a new window each every 0.5 s of the test clock
+        for r, w in enumerate(slowed(i)[:2]):
+            rec = Record(r, "hostA", 100 + r, 10 * i, 10 * i, 10 * i, "train", i, w)
+            path_for(tmp_path, r).write_bytes(rec.encode())
+
+    write(0)
+    run = _Run({n: (lambda n=n: write(n // 10)) for n in range(10, 1200, 10)})
+    dog = Watchdog(tmp_path, 2, None, lambda line: None, run.clock)
+    job = _Job([], lambda: run.t >= 60, lambda s: Outcome(0, "done"))
+    lines = io.StringIO()
+    sup = Supervisor(lines)
+    sup.children = [_Kid("worker", 0, 100), _Kid("worker", 1, 101)]
+    out = supervise(sup, job, dog, threading.Event(), [], clock=run.clock, sleep=run.sleep)
+    assert [(e.rank, e.pid, e.host, e.part, e.ratio, e.ended) for e in out.stragglers] == [
+        (1, 101, "hostA", "compute", 70 / 40, None)]
+    assert lines.getvalue() == f"[launcher] {out.stragglers[0].line()}\n"

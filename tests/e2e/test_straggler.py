@@ -1,0 +1,174 @@
+"""Stragglers named on real jobs: `mxlarge launch` of the digits config, 2 workers + 1 server on
+loopback, one worker slowed by SIGSTOP/SIGCONT in a duty cycle (the rule with heartbeats
+written by hand: tests/launcher/test_straggler.py; across hosts: tests/cluster/)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mxlarge.protocol import heartbeat
+from tests.helpers import dmlc_processes
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "experiments" / "proxy" / "digits-largebatch.yaml"
+# as written but for its epochs: 5 steps of 2 x 128 images an epoch, about 40 ms a step on 2
+# cores, forward+backward about 20 ms of it
+NAMED_WITHIN = 60.0
+
+
+class Lines:
+    """The launcher's output, each line with the time it arrived, read in a thread."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._proc = proc
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, pattern: str, timeout: float) -> tuple[float, str] | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = next(((t, x) for t, x in list(self.lines) if re.search(pattern, x)), None)
+            if found is not None:
+                return found
+            time.sleep(0.2)
+        return None
+
+    def text(self) -> str:
+        return "\n".join(x for _, x in self.lines)
+
+    def close(self) -> None:
+        """After the launcher exited: the rest of its output read, its pipe closed."""
+        self._thread.join(10)
+        assert self._proc.stdout is not None
+        self._proc.stdout.close()
+
+
+def launch(tmp_path: Path, epochs: int) -> tuple[subprocess.Popen[str], Lines]:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db"}
+    proc = subprocess.Popen([sys.executable, "-m", "mxlarge.cli", "launch", str(CONFIG), "-n",
+                             "2", "-s", "1", f"train.epochs={epochs}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    return proc, Lines(proc)
+
+
+def worker_of_rank(marker: str, rank: int, timeout: float) -> heartbeat.Record:
+    """The heartbeat of kvstore rank ``rank`` once both workers report a window of sampled
+    steps (``parts``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in dmlc_processes(marker, "worker"):
+            try:
+                env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text()
+                           .split("\0") if "=" in kv)
+            except OSError:
+                continue
+            records = heartbeat.read_all(env[heartbeat.ENV])
+            if len(records) == 2 and all(r.parts for r in records.values()):
+                return records[rank]
+        time.sleep(0.2)
+    raise AssertionError("the workers never reported their step breakdown")
+
+
+class DutyCycle:
+    """SIGSTOP for ``off`` seconds, SIGCONT for ``on`` seconds, repeatedly, until stopped: a
+    process that gets ``on / (on + off)`` of the time it would."""
+
+    def __init__(self, pid: int, off: float = 0.01, on: float = 0.01) -> None:
+        self.pid, self.off, self.on = pid, off, on
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+                time.sleep(self.off)
+                os.kill(self.pid, signal.SIGCONT)
+                time.sleep(self.on)
+        except ProcessLookupError:
+            pass
+        finally:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def the_run(tmp_path: Path):  # type: ignore[no-untyped-def]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1, runs
+    return client, runs[0]
+
+
+@pytest.mark.timeout(400)
+def test_a_slowed_worker_is_named_with_its_pid_and_rank_then_its_recovery(tmp_path):
+    proc, out = launch(tmp_path, epochs=5000)
+    cycle = None
+    try:
+        victim = worker_of_rank(str(tmp_path), 1, 150)
+        cycle = DutyCycle(victim.pid)
+        slowed = time.monotonic()
+        named = out.wait_for(r"^\[launcher\] straggler:", NAMED_WITHIN + 30)
+        cycle.stop()
+        assert named is not None, out.text()[-4000:]
+        back = out.wait_for(r"^\[launcher\] straggler recovered:", 90)
+    finally:
+        if cycle is not None:
+            cycle.stop()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        out.close()
+    took, line = named
+    print(f"named {took - slowed:.1f} s after the slowdown began: {line}")
+    m = re.fullmatch(rf"\[launcher\] straggler: worker rank 1 \(pid {victim.pid}\) on "
+                     rf"{re.escape(socket.gethostname())}: forward\+backward ([\d.]+)× the "
+                     r"median; the other ranks wait (\d+)% of each step for it", line)
+    assert m, line
+    assert took - slowed < NAMED_WITHIN, (took - slowed, out.text()[-4000:])
+    # half the time stopped: about twice the forward+backward, the other rank waiting for it
+    assert 1.2 <= float(m.group(1)) <= 4.0 and 5 <= int(m.group(2)) <= 90, line
+    assert back is not None, out.text()[-4000:]
+    assert back[1].startswith(f"[launcher] straggler recovered: worker rank 1 (pid {victim.pid})")
+    assert out.text().count("] straggler") == 2, out.text()[-4000:]
+    client, run = the_run(tmp_path)
+    tag = run.data.tags["straggler"]
+    assert tag.startswith(f"worker rank 1 on {socket.gethostname()} (pid {victim.pid}): "
+                          "forward+backward "), tag
+    ratio = client.get_metric_history(run.info.run_id, "straggler/ratio")
+    assert [m.value for m in sorted(ratio, key=lambda m: m.step)][-1] == 1.0, ratio
+    assert max(m.value for m in ratio) >= 1.2, ratio
+
+
+@pytest.mark.timeout(300)
+def test_the_same_job_unslowed_names_nobody(tmp_path):
+    proc, out = launch(tmp_path, epochs=200)
+    code = proc.wait(240)
+    out.close()
+    assert code == 0, out.text()[-4000:]
+    assert "straggler" not in out.text(), out.text()[-4000:]
+    _, run = the_run(tmp_path)
+    assert "straggler" not in run.data.tags

@@ -118,9 +118,11 @@ class Episode:
 
     def recovered_line(self) -> str:
         """``straggler recovered: worker rank 1 (pid 7) on h2: forward+backward back near the
-        median at step 900 (slow from step 300)``."""
-        return (f"straggler recovered: {self._who()}: {PARTS[self.part]} back near the median "
-                f"at step {self.ended} (slow from step {self.step})")
+        median at step 900 (slow from step 300)`` (a link: ``its exchange ends with the
+        others' again``)."""
+        back = "ends with the others' again" if self.part == "link" else "back near the median"
+        return (f"straggler recovered: {self._who()}: {PARTS[self.part]} {back} at step "
+                f"{self.ended} (slow from step {self.step})")
 
     def describe(self) -> str:
         """The run's ``straggler`` tag for it: who, what, how much, which steps."""

@@ -82,6 +82,9 @@ def test_the_line_names_rank_pid_host_ratio_and_wait():
     assert Episode(1, "h2", 4242, "link", 1.35, 26.4, 0.35, 20).line() == (
         "straggler: worker rank 1 (pid 4242) on h2: its exchange ends 26 ms after the others' "
         "(a slow link); the other ranks wait 35% of each step for it")
+    assert Episode(1, "h2", 4242, "link", 1.35, 26.4, 0.35, 20, 90).recovered_line() == (
+        "straggler recovered: worker rank 1 (pid 4242) on h2: its exchange ends with the others' "
+        "again at step 90 (slow from step 20)")
     assert Episode(1, "h2", 4242, "data", 3.0, 20.0, 0.5, 20, ended=90).recovered_line() == (
         "straggler recovered: worker rank 1 (pid 4242) on h2: waiting for data back near the "
         "median at step 90 (slow from step 20)")

@@ -60,3 +60,4 @@ class StepOutput:
     images: int             # images this worker processed
     metrics: dict[str, float] = field(default_factory=dict)  # declared keys: module docstring
     skipped: bool = False   # AMP found the summed gradients overflowed: no update was applied
+    sample: Any = None      # a sampled step's mxlarge.breakdown.Sample (loop.timed), else None

@@ -18,6 +18,7 @@ from typing import Any
 import mxnet as mx
 from mxnet import autograd
 
+from mxlarge import breakdown
 from mxlarge import hooks as H
 from mxlarge.bnstats import save_device_params
 from mxlarge.errors import DivergenceError
@@ -52,6 +53,8 @@ class TrainLoop:
     epoch: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
+    timed: bool = False      # time sampled steps part by part (mxlarge.breakdown)
+    _data_wait: float = 0.0  # seconds the current step waited for its batch
 
     def __post_init__(self) -> None:
         self.hooks = sorted(self.hooks, key=lambda h: h.stage)  # stable: equal stages keep order
@@ -66,6 +69,10 @@ class TrainLoop:
         t = self.trainer
         measure = (self.gns is not None and self.gns_every > 0
                    and self.step % self.gns_every == 0)
+        timed = self.timed and breakdown.sampled(self.step)
+        if timed:
+            mx.nd.waitall()  # the previous step's work is not this step's
+            t0 = time.perf_counter()
         small: list[float] = []  # |g|² of each small-batch gradient (sums, not yet normalised)
         k = t.simulated_workers
         if k == 1:
@@ -95,7 +102,14 @@ class TrainLoop:
                     small.append(gns_sum_sq(t.grads(0), minus=before))
                 parts.append(part)
             loss = mx.nd.concat(*parts, dim=0)
+        if timed:
+            mx.nd.waitall()
+            t1 = time.perf_counter()
         t.allreduce_grads()
+        if timed:
+            for g in t.grads(0):
+                g.wait_to_read()
+            t2, end = time.perf_counter(), time.time()
         metrics: dict[str, float] = {}
         if measure:
             total, count = t.collectives.sum_scalars([sum(small), len(small)])
@@ -110,8 +124,13 @@ class TrainLoop:
         else:
             lr = t.lr_at(self.step)
             applied = t.update(data.shape[0], self.step)
+        sample = None
+        if timed:
+            mx.nd.waitall()
+            sample = breakdown.Sample(self.step, self._data_wait, t1 - t0, t2 - t1,
+                                      time.perf_counter() - t2, end)
         return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics,
-                          skipped=not applied)
+                          skipped=not applied, sample=sample)
 
     def _scaled(self, losses: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
         """The losses to differentiate (inside ``autograd.record()``): AMP's loss-scaled ones
@@ -129,8 +148,14 @@ class TrainLoop:
                 h.before_train(self)
             for epoch in range(start_epoch, self.epochs):
                 self.epoch = epoch
-                for data, label in self.train_source.epoch(epoch):
-                    out = self.train_step(data, label)
+                batches = iter(self.train_source.epoch(epoch))
+                while True:
+                    t0 = time.perf_counter()
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    self._data_wait = time.perf_counter() - t0
+                    out = self.train_step(*batch)
                     self.step += 1
                     for h in self.hooks:
                         h.after_step(self, out)

@@ -191,6 +191,11 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
                                     cfg.train.log_every, bar=cfg.train.progress))
     tmpdir = tempfile.TemporaryDirectory(prefix="mxlarge-")
     hooks.append(L.FinalParamsHook(rank, cfg.train.save_params, tmpdir.name))
+    if trainer.collectives.distributed:  # every rank: its heartbeat and a collective
+        from mxlarge.breakdown import BreakdownHook
+        from mxlarge.reporting.plots import plot_breakdown
+        hooks.append(BreakdownHook(plot_breakdown if rank == 0 and run is not None else None,
+                                   tmpdir.name))
     if cfg.train.checkpoint_every:
         hooks.append(L.CheckpointHook(ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last,
                                       cfg, p.world, run.run_id if run else None, rank))

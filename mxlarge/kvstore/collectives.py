@@ -77,6 +77,16 @@ class Collectives:
         rows = self.gather(AUX_KEY + 1, buf).astype(np.float64)
         return [float(x) for x in rows.sum(axis=0)[:len(values)]]
 
+    def each_rank(self, values: Sequence[float]) -> list[list[float]]:
+        """Every worker's few floats (≤ 8, as float32), by rank, the same on every rank."""
+        if len(values) > SCALARS:
+            raise ValueError(f"at most {SCALARS} scalars per call")
+        if not self.distributed:
+            return [[float(np.float32(v)) for v in values]]
+        buf = np.zeros(SCALARS, np.float32)
+        buf[:len(values)] = values
+        return [[float(x) for x in row[:len(values)]] for row in self.gather(AUX_KEY + 1, buf)]
+
     def median_scalar(self, value: float) -> float:
         """The median over workers of one float each (as float32), the same on every rank."""
         if not self.distributed:

@@ -157,6 +157,7 @@ class Beat:
         self.issued = -1
         self.here = 0
         self.phase = "train"
+        self._parts: dict[str, float] | None = None
         self._first: int | None = None
         self._tick = 0
         self._interval = interval
@@ -187,6 +188,10 @@ class Beat:
             self.done, self.issued, self.here = done, issued, done - self._first
             if advanced:
                 self._write()
+
+    def set_parts(self, parts: dict[str, float]) -> None:
+        """The step breakdown the next write carries (:attr:`Record.parts`)."""
+        self._parts = parts
 
     def issue(self, step: int) -> None:
         """Record that update ``step`` is on its way (its gradients are pushed)."""
@@ -277,7 +282,7 @@ class Beat:
         with self._lock:  # the step and the writer thread: ticks stay in order
             self._tick += 1
             record = Record(self.rank, self._host, os.getpid(), self.done, self.issued,
-                            self.here, self.phase, self._tick)
+                            self.here, self.phase, self._tick, self._parts)
             with contextlib.suppress(OSError):  # a full or vanished disk must not stop training
                 os.pwrite(self._fd, record.encode(), 0)
 

@@ -60,6 +60,25 @@ def plot_training_curves(history: list[dict[str, float]], path: str | Path,
     save(fig, path, title)
 
 
+def plot_breakdown(ranks: Sequence[dict[str, float]], path: str | Path, title: str = "") -> None:
+    """PNG: per worker rank, a stacked bar of its step's medians in ms (mxlarge.breakdown:
+    data, forward+backward, waiting for the exchange, update)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(ranks) + 2), 3.6))
+    labels = {"data": "waiting for data", "compute": "forward+backward",
+              "exchange": "waiting for the exchange", "update": "update"}
+    bottom = [0.0] * len(ranks)
+    xs = [f"rank {r}" for r in range(len(ranks))]
+    for part, label in labels.items():
+        values = [r[part] for r in ranks]
+        ax.bar(xs, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("ms per step (median of sampled steps)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    save(fig, path, title or "where each rank's step goes")
+
+
 def _log_panel(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
     """The finish of a one-panel sweep plot: log y axis, labels, grid, legend, title."""
     ax.set_yscale("log")

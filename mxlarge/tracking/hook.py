@@ -122,7 +122,8 @@ class MLflowHook(Hook):
 
 
 class RankThroughputHook(Hook):
-    """Ranks other than 0 log their own ``perf/images_per_sec_rank{r}`` to the job's run
+    """Ranks other than 0 log their own ``perf/images_per_sec_rank{r}`` and step breakdown
+    (``breakdown/rank{r}/*``, :mod:`mxlarge.breakdown`) to the job's run
     (rank 0's comes with its :class:`MLflowHook`)."""
 
     stage = REPORT
@@ -131,6 +132,7 @@ class RankThroughputHook(Hook):
         self.run = run
 
     def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
-        own = {k: v for k, v in metrics.items() if k.startswith("perf/images_per_sec_rank")}
+        own = {k: v for k, v in metrics.items()
+               if k.startswith(("perf/images_per_sec_rank", "breakdown/rank"))}
         if own:
             self.run.log_metrics(own, loop.step)

@@ -44,6 +44,7 @@ TITLES = {
     "amp_cost": "12. A bfloat16 AMP step vs a float32 step on this CPU",
     "wire16": "13. The 16-bit wire's exchange vs float32's on a shaped testbed link",
     "fwd_bwd": "14. Forward+backward of the same graph: mxlarge.Trainer vs gluon.Trainer",
+    "breakdown_cost": "15. Cost of the per-rank step breakdown",
 }
 #: Run only when named in ``--only`` (``make bench-cluster``): needs root and the testbed.
 ON_REQUEST = frozenset({"cluster_link", "wire16"})
@@ -54,6 +55,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
     from benchmarks import (
         amp_cost,
         bandwidth,
+        breakdown_cost,
         cluster_link,
         compression,
         dist_step,
@@ -92,6 +94,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "wire16": (2 * len(wire16.CONFIGS) * rt, lambda log, bar: wire16.run(
             reps=rt, log=log, bar=bar)),
         "fwd_bwd": (len(fwd_bwd.NETS) * r1, lambda log, bar: fwd_bwd.run(
+            reps=r1, log=log, bar=bar)),
+        "breakdown_cost": (2 * r1, lambda log, bar: breakdown_cost.run(
             reps=r1, log=log, bar=bar)),
     }
 

@@ -45,6 +45,25 @@ def test_a_record_reads_back_and_a_torn_one_is_none():
     assert heartbeat.Record.decode(b"") is None
 
 
+def test_a_beat_carries_the_step_breakdown_and_old_records_still_read(tmp_path):
+    """Record.parts: None until the worker sets it, then at the next write; a record written
+    before the field existed decodes with None; the widest breakdown fits in SIZE bytes."""
+    beat = heartbeat.Beat(tmp_path, rank=1, interval=0.05)
+    assert heartbeat.read_all(tmp_path)[1].parts is None
+    parts = {"data": 0.8, "compute": 17.6, "exchange": 4.8, "update": 0.8, "step": 27.7,
+             "n": 20.0, "at": 190.0, "end": 1764900000.1234}
+    beat.set_parts(parts)
+    time.sleep(0.3)
+    assert heartbeat.read_all(tmp_path)[1].parts == parts
+    old = b'{"rank":2,"host":"h","pid":7,"done":5,"issued":6,"here":1,"phase":"train","tick":3}'
+    assert heartbeat.Record.decode(old.ljust(heartbeat.SIZE - 1) + b"\n") == \
+        heartbeat.Record(2, "h", 7, 5, 6, 1, "train", 3, None)
+    widest = heartbeat.Record(2 ** 31, "h" * 64, 2 ** 22, 10 ** 12, 10 ** 12, 10 ** 12,
+                              "evaluating/checkpointing", 10 ** 12,
+                              {**{k: 99999.9 for k in parts}, "at": 1e12, "end": 9.9e9 + 0.1234})
+    assert heartbeat.Record.decode(widest.encode()) == widest
+
+
 def test_finish_marks_every_issued_update_done_and_the_phase_finished(tmp_path):
     """At exit (after waitall and the last barrier) every Beat of the process says finished,
     with the updates it issued counted as done; the writer thread keeps saying it."""

@@ -2,30 +2,35 @@
 update (issue 55; how to read it: docs/breakdown.md).
 
 MXNet's engine is asynchronous, so a wall-clock stamp around a call measures when it was
-issued, not when its work ran. The loop therefore times only *sampled* steps (t with
-t mod :data:`EVERY` = 0, the same step numbers on every rank) with an engine sync between the
-parts: ``waitall`` before the forward (the previous step's work is not counted), after the
-backward (``compute``), on the summed gradients (``exchange``: waiting for the other ranks and
-the servers), after the update (``update``); ``data`` is the wait for the batch, ``step`` the
-sum. A sampled step loses its overlap, so the cost is about 1/EVERY of what overlap saves
-(``breakdown_cost`` in ``make bench``).
+issued, not when its work ran. Only *sampled* steps (t with t mod :data:`EVERY` = 0, the same
+step numbers on every rank) are timed, with an engine sync between the parts: ``waitall``
+before the forward (the previous step's work is not counted), after the backward
+(``compute``; with simulated workers after each micro-batch too, ``micro``), on the summed
+gradients (``exchange``: the servers, and through them every other rank), after the update
+(``update``); ``data`` is the wait for the batch, ``step`` the sum. A sampled step loses its
+overlap, so the cost is about 1/EVERY of what overlap saves (``breakdown_cost`` in
+``make bench``). The loop's steps are timed by :class:`BreakdownHook`.
 """
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from mxlarge.hooks import MEASURE, Hook
 
 #: A step t is sampled when t mod EVERY = 0 (the same steps on every rank).
 EVERY = 10
-#: Sampled steps in the heartbeat's window (the launcher's straggler rule reads its medians).
+#: Sampled steps in the window (the heartbeat's medians, which the launcher's straggler rule
+#: reads, and the run's at each epoch's end).
 WINDOW = 20
 #: The parts of a step, in the order a step runs them.
 PARTS = ("data", "compute", "exchange", "update")
+#: A host name travels between ranks as this many floats of 3 bytes (48 characters).
+HOST_FLOATS = 16
 
 
 def sampled(step: int) -> bool:
@@ -35,8 +40,9 @@ def sampled(step: int) -> bool:
 
 @dataclass(frozen=True)
 class Sample:
-    """One sampled step, seconds: ``step`` = data + compute + exchange + update; ``end`` the
-    wall-clock time (``time.time()``) its exchange ended."""
+    """One sampled step ``at``, seconds: ``step`` = data + compute + exchange + update;
+    ``end`` the wall-clock time (``time.time()``) its exchange ended; ``micro`` each simulated
+    worker's forward+backward in turn (together about ``compute``), empty without them."""
 
     at: int
     data: float
@@ -44,6 +50,7 @@ class Sample:
     exchange: float
     update: float
     end: float
+    micro: tuple[float, ...] = ()
 
     @property
     def step(self) -> float:
@@ -51,9 +58,14 @@ class Sample:
 
 
 def medians_ms(samples: Sequence[Sample]) -> dict[str, float]:
-    """Per part (and ``step``), the median over ``samples`` in ms, rounded to 0.1 ms."""
-    return {p: round(1e3 * statistics.median(getattr(s, p) for s in samples), 1)
-            for p in (*PARTS, "step")}
+    """Per part (and ``step``), the median over ``samples`` in ms, rounded to 0.1 ms; with
+    simulated workers also ``micro``, the median over every micro-batch of every sample."""
+    out = {p: round(1e3 * statistics.median(getattr(s, p) for s in samples), 1)
+           for p in (*PARTS, "step")}
+    micro = [m for s in samples for m in s.micro]
+    if micro:
+        out["micro"] = round(1e3 * statistics.median(micro), 1)
+    return out
 
 
 class Window:
@@ -67,74 +79,133 @@ class Window:
         self.samples.append(s)
 
     def record(self) -> dict[str, float]:
+        """The medians of the parts and ``step`` (ms), ``n`` samples, the newest one's step
+        ``at`` and exchange ``end``."""
         newest = self.samples[-1]
-        return {**medians_ms(self.samples), "n": float(len(self.samples)),
+        medians = medians_ms(self.samples)
+        return {**{p: medians[p] for p in (*PARTS, "step")}, "n": float(len(self.samples)),
                 "at": float(newest.at), "end": round(newest.end, 4)}
 
 
 def summary(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Across ranks (``ranks[r]``: rank r's medians in ms, :func:`medians_ms`): the slowest rank
-    by forward+backward, ``spread`` = its forward+backward ÷ the fastest's, and ``wait_share``
-    = the median over ranks of exchange ÷ step (the share of a step spent waiting for the
-    exchange, and so for the other ranks)."""
-    compute = [r["compute"] for r in ranks]
-    slowest = max(range(len(ranks)), key=compute.__getitem__)
-    fastest = min(compute)
+    """Across ranks (``ranks[r]``: rank r's medians in ms, :func:`medians_ms`), with
+    w_r = data + compute + update (rank r's own work in a step) and x_r its exchange:
+
+    * ``slowest_rank`` = argmax_r w_r; ``spread`` = max w ÷ min w;
+    * ``wait_share`` = Σ x_r ÷ Σ step_r: the share of the ranks' steps spent waiting for the
+      exchange;
+    * ``wait_others_share`` = Σ (x_r − min x) ÷ Σ step_r: the part of it spent waiting for the
+      other ranks (on dist_sync the rank that waits least waits only for the transfer and the
+      servers; every other rank waits that much and for the slower ranks' pushes).
+    """
+    work = [r["data"] + r["compute"] + r["update"] for r in ranks]
+    exchange = [r["exchange"] for r in ranks]
+    steps = sum(r["step"] for r in ranks)
+    fastest = min(work)
+    slowest = max(range(len(ranks)), key=work.__getitem__)
     return {"slowest_rank": float(slowest),
-            "spread": compute[slowest] / fastest if fastest > 0 else 1.0,
-            "wait_share": statistics.median(r["exchange"] / r["step"] if r["step"] > 0 else 0.0
-                                            for r in ranks)}
+            "spread": work[slowest] / fastest if fastest > 0 else 1.0,
+            "wait_share": sum(exchange) / steps if steps > 0 else 0.0,
+            "wait_others_share": (sum(exchange) - len(ranks) * min(exchange)) / steps
+            if steps > 0 else 0.0}
+
+
+def describe(ranks: Sequence[Mapping[str, float]], hosts: Sequence[str]) -> str:
+    """The run's ``breakdown`` tag: ``worker rank 1 on h2 is the slowest: 24.1 ms of its own
+    work a step (forward+backward 21.0), 1.31x the fastest rank's; the ranks wait 18% of a
+    step for the exchange (7% for each other)`` (:func:`summary`)."""
+    s = summary(ranks)
+    r = int(s["slowest_rank"])
+    work = ranks[r]["data"] + ranks[r]["compute"] + ranks[r]["update"]
+    return (f"worker rank {r} on {hosts[r]} is the slowest: {work:.1f} ms of its own work a step "
+            f"(forward+backward {ranks[r]['compute']:.1f}), {s['spread']:.2f}x the fastest "
+            f"rank's; the ranks wait {100 * s['wait_share']:.0f}% of a step for the exchange "
+            f"({100 * s['wait_others_share']:.0f}% for each other)")
+
+
+def encode_host(name: str) -> list[float]:
+    """``name`` as :data:`HOST_FLOATS` floats, each an integer < 2²⁴ holding 3 of its UTF-8
+    bytes (exact in float32, so an exact gather returns them unchanged); longer names are cut."""
+    data = name.encode()[:3 * HOST_FLOATS].ljust(3 * HOST_FLOATS, b"\0")
+    return [float(int.from_bytes(data[i:i + 3], "big")) for i in range(0, len(data), 3)]
+
+
+def decode_host(floats: Iterable[float]) -> str:
+    """The name :func:`encode_host` encoded."""
+    data = b"".join(int(f).to_bytes(3, "big") for f in floats)
+    return data.rstrip(b"\0").decode(errors="replace")
+
+
+class Gather(Protocol):
+    """What the hook gathers through (:class:`mxlarge.kvstore.collectives.Collectives`)."""
+
+    def each_rank(self, values: Sequence[float]) -> list[list[float]]: ...
+
+
+def gather_hosts(collectives: Gather, name: str) -> list[str]:
+    """Every rank's host name, by rank (collective: :data:`HOST_FLOATS` / 8 exact gathers)."""
+    mine = encode_host(name)
+    rows = [collectives.each_rank(mine[i:i + 8]) for i in range(0, HOST_FLOATS, 8)]
+    return [decode_host(x for part in rows for x in part[r]) for r in range(len(rows[0]))]
 
 
 class BreakdownHook(Hook):
-    """Collects the loop's sampled steps (``StepOutput.sample``), hands the window to the
-    heartbeat (the launcher's straggler rule), and at each epoch's end puts this rank's medians
-    over the epoch's samples in the epoch's metrics (``breakdown/rank{r}/{part}_ms``) and, on
-    every rank through the store's exact gather (``each_rank``), the summary across ranks
-    (``breakdown/slowest_rank``, ``breakdown/spread``, ``breakdown/wait_share``:
-    :func:`summary`). Rank 0 draws the last epoch's ranks as a stacked bar
-    (``loop.artifacts['breakdown']``) with ``plot(ranks, path)`` if given. A collective:
-    registered on every rank."""
+    """Collects the loop's sampled steps (``StepOutput.sample``; not the process's first step,
+    whose time is the warm-up's) and hands the window's record to the heartbeat (the launcher's
+    straggler rule). At each epoch's end it puts this rank's window medians in the epoch's
+    metrics (``breakdown/rank{r}/{part}_ms``) and, through the store's exact gather on every
+    rank, the :func:`summary` across ranks (``breakdown/slowest_rank``, ``spread``,
+    ``wait_share``, ``wait_others_share``), and tags the run through ``tag`` (rank 0's, if
+    given) with :func:`describe`. After training rank 0 draws the ranks' last medians with
+    ``plot(ranks, hosts, path)`` into ``tmpdir/breakdown/ranks.png``
+    (``loop.artifacts['breakdown']``: the directory). A collective: registered on every rank."""
 
     stage = MEASURE
 
-    def __init__(self, plot: Any = None, tmpdir: str | None = None) -> None:
+    def __init__(self, host: str, plot: Callable[..., None] | None = None,
+                 tmpdir: str | None = None,
+                 tag: Callable[[dict[str, str]], None] | None = None) -> None:
+        self.host = host
         self.plot = plot
         self.tmpdir = tmpdir
+        self.tag = tag
         self.window = Window()
-        self.epoch: list[Sample] = []
+        self.first = 0
+        self.hosts: list[str] = []
         self.ranks: list[dict[str, float]] = []
 
     def before_train(self, loop: Any) -> None:
         loop.timed = True
+        self.first = loop.step
 
     def after_step(self, loop: Any, out: Any) -> None:
-        if out.sample is None:
+        if out.sample is None or out.step == self.first:
             return
         self.window.add(out.sample)
-        self.epoch.append(out.sample)
         beat = loop.trainer.heartbeat
         if beat is not None:
             beat.set_parts(self.window.record())
 
     def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
         t = loop.trainer
-        r = t.rank
-        own = medians_ms(self.epoch or list(self.window.samples)) \
-            if (self.epoch or self.window.samples) else None
-        self.epoch = []
-        keys = (*PARTS, "step")
+        if not self.hosts:
+            self.hosts = gather_hosts(t.collectives, self.host)
+        own = medians_ms(self.window.samples) if self.window.samples else None
         if own is not None:
-            metrics.update({f"breakdown/rank{r}/{p}_ms": own[p] for p in keys})
+            metrics.update({f"breakdown/rank{t.rank}/{p}_ms": v for p, v in own.items()})
+        keys = (*PARTS, "step")
         rows = t.collectives.each_rank([own[p] for p in keys] if own else [0.0] * len(keys))
         ranks = [dict(zip(keys, row)) for row in rows]
         if all(x["step"] > 0 for x in ranks):
             self.ranks = ranks
             metrics.update({f"breakdown/{n}": v for n, v in summary(ranks).items()})
+            if self.tag is not None:
+                self.tag({"breakdown": describe(ranks, self.hosts)})
 
     def after_train(self, loop: Any, error: BaseException | None) -> None:
         if loop.trainer.rank != 0 or not self.ranks or self.plot is None or self.tmpdir is None:
             return
-        path = f"{self.tmpdir}/breakdown.png"
-        self.plot(self.ranks, path)
-        loop.artifacts["breakdown"] = path
+        folder = Path(self.tmpdir) / "breakdown"
+        folder.mkdir(exist_ok=True)
+        self.plot(self.ranks, self.hosts, folder / "ranks.png")
+        loop.artifacts["breakdown"] = str(folder)

@@ -89,7 +89,7 @@ class TrainLoop:
             for g in t.grads(0):  # accumulated (grad_req='add') over the micro-batches
                 g[:] = 0
             n = data.shape[0] // k
-            parts = []
+            parts, ends = [], []  # ends: when each micro-batch's backward ran (sampled steps)
             for j in range(k):
                 x, y = data[j * n:(j + 1) * n], label[j * n:(j + 1) * n]
                 before = [g.copy() for g in t.grads(0)] if measure else None
@@ -98,6 +98,9 @@ class TrainLoop:
                         part = self.loss_fn(self.net(x), y)
                         scaled = self._scaled([part])
                     autograd.backward(scaled)
+                if timed:
+                    mx.nd.waitall()
+                    ends.append(time.perf_counter())
                 if measure:
                     small.append(gns_sum_sq(t.grads(0), minus=before))
                 parts.append(part)
@@ -127,8 +130,9 @@ class TrainLoop:
         sample = None
         if timed:
             mx.nd.waitall()
+            micro = tuple(b - a for a, b in zip((t0, *ends), ends)) if k > 1 else ()
             sample = breakdown.Sample(self.step, self._data_wait, t1 - t0, t2 - t1,
-                                      time.perf_counter() - t2, end)
+                                      time.perf_counter() - t2, end, micro)
         return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics,
                           skipped=not applied, sample=sample)
 

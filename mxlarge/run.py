@@ -9,6 +9,7 @@ used to re-derive it.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import sys
 import tempfile
 import time
@@ -194,8 +195,9 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     if trainer.collectives.distributed:  # every rank: its heartbeat and a collective
         from mxlarge.breakdown import BreakdownHook
         from mxlarge.reporting.plots import plot_breakdown
-        hooks.append(BreakdownHook(plot_breakdown if rank == 0 and run is not None else None,
-                                   tmpdir.name))
+        reports = rank == 0 and run is not None
+        hooks.append(BreakdownHook(socket.gethostname(), plot_breakdown if reports else None,
+                                   tmpdir.name, run.tag if reports else None))
     if cfg.train.checkpoint_every:
         hooks.append(L.CheckpointHook(ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last,
                                       cfg, p.world, run.run_id if run else None, rank))

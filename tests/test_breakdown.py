@@ -1,15 +1,21 @@
-"""mxlarge.breakdown: the pure parts against closed forms; a launched job's run carries the
-per-rank breakdown (tests/e2e/test_breakdown.py)."""
+"""mxlarge.breakdown: the pure parts against closed forms, and the loop's sampled steps; a
+launched job's run carries the per-rank breakdown (tests/e2e/test_breakdown.py)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mxlarge import breakdown as B
 from mxlarge.protocol.heartbeat import SIZE, Record
 
 
-def sample(at: int, data=0.001, compute=0.02, exchange=0.005, update=0.002, end=1.0e9):
-    return B.Sample(at, data, compute, exchange, update, end)
+def sample(at: int, data=0.001, compute=0.02, exchange=0.005, update=0.002, end=1.0e9,
+           micro=()):
+    return B.Sample(at, data, compute, exchange, update, end, micro)
+
+
+def ranks_ms(*rows):
+    return [dict(zip(("data", "compute", "exchange", "update", "step"), r)) for r in rows]
 
 
 def test_sampled_steps_are_the_same_numbers_on_every_rank():
@@ -17,18 +23,23 @@ def test_sampled_steps_are_the_same_numbers_on_every_rank():
 
 
 def test_a_step_is_the_sum_of_its_parts_and_medians_are_in_ms():
-    s = sample(0)
-    assert s.step == pytest.approx(0.028)
+    assert sample(0).step == pytest.approx(0.028)
     m = B.medians_ms([sample(0, compute=0.010), sample(10, compute=0.030),
                       sample(20, compute=0.020)])
     assert m == {"data": 1.0, "compute": 20.0, "exchange": 5.0, "update": 2.0, "step": 28.0}
 
 
+def test_micro_batches_have_one_median_over_every_micro_batch():
+    m = B.medians_ms([sample(0, micro=(0.004, 0.006)), sample(10, micro=(0.010, 0.002, 0.003))])
+    assert m["micro"] == 4.0  # median of 2, 3, 4, 6, 10 ms
+
+
 def test_the_window_keeps_the_last_samples_and_fits_a_heartbeat_record():
     w = B.Window(size=3)
     for t in range(5):
-        w.add(sample(10 * t, compute=0.001 * (t + 1), end=1.7e9 + t))
+        w.add(sample(10 * t, compute=0.001 * (t + 1), end=1.7e9 + t, micro=(0.001,)))
     rec = w.record()
+    assert set(rec) == {*B.PARTS, "step", "n", "at", "end"}  # the launcher's keys, no micro
     assert rec["n"] == 3.0 and rec["at"] == 40.0 and rec["end"] == 1.7e9 + 4
     assert rec["compute"] == 4.0  # median of 3, 4, 5 ms
     r = Record(127, "h" * 40, 4194304, 10 ** 9, 10 ** 9, 10 ** 9, "evaluating", 10 ** 9,
@@ -36,11 +47,62 @@ def test_the_window_keeps_the_last_samples_and_fits_a_heartbeat_record():
     assert len(r.encode()) == SIZE and Record.decode(r.encode()) == r
 
 
-def test_summary_names_the_slowest_rank_its_spread_and_the_wait():
-    ranks = [{"data": 1, "compute": 20, "exchange": 30, "update": 2, "step": 53},
-             {"data": 1, "compute": 40, "exchange": 8, "update": 2, "step": 51},
-             {"data": 1, "compute": 20, "exchange": 29, "update": 2, "step": 52}]
+def test_summary_names_the_rank_with_the_most_own_work_and_the_shares_waiting():
+    # own work w = data + compute + update: 23, 43, 24; exchange 30, 8, 29; steps 53, 51, 53
+    ranks = ranks_ms((1, 20, 30, 2, 53), (1, 40, 8, 2, 51), (1, 20, 29, 3, 53))
     s = B.summary(ranks)
     assert s["slowest_rank"] == 1.0
-    assert s["spread"] == pytest.approx(2.0)
-    assert s["wait_share"] == pytest.approx(29 / 52)
+    assert s["spread"] == pytest.approx(43 / 23)
+    assert s["wait_share"] == pytest.approx((30 + 8 + 29) / (53 + 51 + 53))
+    assert s["wait_others_share"] == pytest.approx((22 + 0 + 21) / (53 + 51 + 53))
+    even = B.summary(ranks_ms((1, 20, 5, 2, 28), (1, 20, 5, 2, 28)))
+    assert even["spread"] == 1.0 and even["wait_others_share"] == 0.0
+
+
+def test_the_runs_tag_names_the_slowest_rank_and_its_host():
+    text = B.describe(ranks_ms((1, 20, 30, 2, 53), (1, 40, 8, 2, 51)), ["h1", "h2"])
+    assert text == ("worker rank 1 on h2 is the slowest: 43.0 ms of its own work a step "
+                    "(forward+backward 40.0), 1.87x the fastest rank's; the ranks wait 37% of "
+                    "a step for the exchange (21% for each other)")
+
+
+@pytest.mark.parametrize("name", ["h2", "ip-172-31-22-117.eu-west-1.compute.internal",
+                                  "höst-ü", ""])
+def test_a_host_name_survives_float32(name):
+    floats = B.encode_host(name)
+    assert len(floats) == B.HOST_FLOATS and all(f < 2 ** 24 for f in floats)
+    back = B.decode_host(np.asarray(floats, np.float32).tolist())
+    assert back == name.encode()[:3 * B.HOST_FLOATS].decode(errors="replace")
+
+
+def test_the_loop_times_sampled_steps_part_by_part_and_each_simulated_worker():
+    """One process, 2 simulated workers, the loop timed: steps 0 and 10 carry a sample whose
+    parts add up to its step and whose 2 micro-batches fit inside its forward+backward; the
+    others carry none."""
+    import mxnet as mx
+
+    from mxlarge import loop as L
+    from mxlarge.config import config_from_dict
+    from mxlarge.run import build
+
+    cfg = config_from_dict({
+        "data": {"dataset": "digits", "batch_size": 64},
+        "model": {"name": "small_plain", "width": 4},
+        "optim": {"base_lr": 0.05, "reference_batch": 16, "warmup": "none", "decay": "none"},
+        "dist": {"simulate_workers": 2},
+        "train": {"epochs": 1, "max_steps": 12, "progress": False},
+        "tracking": {"enabled": False}})
+    b = build(cfg)
+    loop = L.TrainLoop(net=b.net, trainer=b.trainer, train_source=b.data.train,
+                       loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=1, ctx=b.ctx,
+                       timed=True)
+    batches = list(b.data.train.epoch(0))
+    samples = []
+    for t in range(12):
+        samples.append(loop.train_step(*batches[t % len(batches)]).sample)
+        loop.step += 1
+    assert [t for t, s in enumerate(samples) if s is not None] == [0, 10]
+    for s in (samples[0], samples[10]):
+        assert s.at in (0, 10) and len(s.micro) == 2 and all(m > 0 for m in s.micro)
+        assert sum(s.micro) <= s.compute
+        assert s.step == pytest.approx(s.data + s.compute + s.exchange + s.update)

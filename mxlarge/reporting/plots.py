@@ -9,10 +9,12 @@ bytes.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mxlarge.breakdown import describe
 from mxlarge.reporting.runs import RunData, by_label
 from mxlarge.reporting.study import StudyRow
 from mxlarge.reporting.summary import (
@@ -60,23 +62,28 @@ def plot_training_curves(history: list[dict[str, float]], path: str | Path,
     save(fig, path, title)
 
 
-def plot_breakdown(ranks: Sequence[dict[str, float]], path: str | Path, title: str = "") -> None:
-    """PNG: per worker rank, a stacked bar of its step's medians in ms (mxlarge.breakdown:
-    data, forward+backward, waiting for the exchange, update)."""
+def plot_breakdown(ranks: Sequence[dict[str, float]], hosts: Sequence[str], path: str | Path,
+                   title: str = "") -> None:
+    """PNG: per worker rank (labelled with its host), a stacked bar of its parts' medians in ms
+    (:mod:`mxlarge.breakdown`: waiting for data, forward+backward, waiting for the exchange,
+    update) and a mark at its whole step's median; :func:`~mxlarge.breakdown.describe` above."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(ranks) + 2), 3.6))
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.2 * len(ranks) + 5), 4.2))
     labels = {"data": "waiting for data", "compute": "forward+backward",
               "exchange": "waiting for the exchange", "update": "update"}
     bottom = [0.0] * len(ranks)
-    xs = [f"rank {r}" for r in range(len(ranks))]
+    xs = [f"rank {r}\n{host}" for r, host in enumerate(hosts)]
     for part, label in labels.items():
         values = [r[part] for r in ranks]
         ax.bar(xs, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("ms per step (median of sampled steps)")
-    ax.legend(fontsize=8)
+    ax.scatter(xs, [r["step"] for r in ranks], marker="_", s=900, color="black",
+               label="whole step")
+    ax.set_ylabel("ms per step (median of the last sampled steps)", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=0.4)
     ax.grid(alpha=0.3, axis="y")
-    save(fig, path, title or "where each rank's step goes")
+    ax.set_title(textwrap.fill(describe(ranks, hosts), 90), fontsize=8)
+    save(fig, path, title or "where each worker rank's step goes")
 
 
 def _log_panel(ax: Any, xlabel: str, ylabel: str, title: str) -> None:

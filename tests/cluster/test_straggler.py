@@ -25,11 +25,12 @@ from tests.cluster.test_failures import PY, finish, the_run
 
 NAMED_WITHIN = 60.0
 CPU = Path("/sys/fs/cgroup/cpu")
-# The digits recipe's net and batch (about 20 ms of forward+backward a step here, 79 kB of
-# gradients), stopped by the test.
+# The digits recipe's net (79 kB of gradients) at half its batch: 11 steps an epoch, so that
+# most sampled steps (every 10th) are not an epoch's first, which follows the epoch's end
+# (evaluation, rank 0's logging) rather than another step. Stopped by the test.
 CONFIG = """
 name: straggler
-data: {{dataset: digits, batch_size: 128}}
+data: {{dataset: digits, batch_size: 64}}
 model: {{name: small_resnet, width: 16}}
 optim: {{base_lr: 0.05, reference_batch: 16, warmup: none, decay: none}}
 train: {{epochs: 5000, progress: false}}
@@ -49,17 +50,18 @@ def launch(tb: Testbed, work: Path, hosts: list[str]) -> tuple[Job, Observer]:
                             str(work / "hosts")], work), obs
 
 
-def worker_on(work: Path, host: str, timeout: float) -> Record:
+def worker_on(job: Job, work: Path, host: str, timeout: float) -> Record:
     """The heartbeat of the worker on ``host`` once both workers report their step
     breakdown."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and job.proc.poll() is None:
         for d in work.glob(".mxlarge-heartbeat/*"):
             records = read_all(d)
             if len(records) == 2 and all(r.parts for r in records.values()):
                 return next(r for r in records.values() if r.host == host)
         time.sleep(0.2)
-    raise AssertionError(f"the workers never reported their step breakdown under {work}")
+    raise AssertionError(f"the workers never reported their step breakdown under {work}:\n"
+                         f"{job.text()[-4000:]}")
 
 
 def named(job: Job, pattern: str, since: float, timeout: float) -> str:
@@ -118,7 +120,7 @@ def stop(job: Job) -> None:
 def test_a_slowed_worker_on_h2_is_named_for_its_compute(testbed: Testbed, work: Path) -> None:
     job, obs = launch(testbed, work, [testbed.addr("h1"), testbed.addr("h2")])
     try:
-        victim = worker_on(work, "h2", 150)
+        victim = worker_on(job, work, "h2", 150)
         with cpu_quota(victim.pid, 0.3):
             since = time.monotonic()
             line = named(job, r"^\[launcher\] straggler: .*$", since, NAMED_WITHIN)
@@ -140,7 +142,7 @@ def test_a_slow_link_to_h2_is_named_for_its_exchange(testbed: Testbed, work: Pat
     job, obs = launch(testbed, work, [f"{testbed.addr('h0')} role=server", testbed.addr("h1"),
                                       testbed.addr("h2")])
     try:
-        victim = worker_on(work, "h2", 150)
+        victim = worker_on(job, work, "h2", 150)
         with slow_link(testbed, "h2", "20mbit"):
             since = time.monotonic()
             line = named(job, r"^\[launcher\] straggler: .*$", since, NAMED_WITHIN)
@@ -150,10 +152,9 @@ def test_a_slow_link_to_h2_is_named_for_its_exchange(testbed: Testbed, work: Pat
         stop(job)
     finally:
         finish(job, obs, work)
+    # how long each rank's exchange lasted (docs/design/launcher.md: not what names the link)
     print(f"slow link to h2 named {took:.1f} s after tc: {line}; exchange medians (ms): "
           f"{exchange}")
-    # what the lag is for: the exchange lasts as long on both ranks (docs/design/launcher.md)
-    assert max(exchange.values()) <= 1.25 * min(exchange.values()), exchange
     assert re.fullmatch(rf"\[launcher\] straggler: worker rank {victim.rank} \(pid "
                         rf"{victim.pid}\) on h2: its exchange ends \d+ ms after the others' \(a "
                         r"slow link\); the other ranks wait \d+% of each step for it", line), line

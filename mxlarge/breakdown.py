@@ -2,18 +2,20 @@
 update (issue 55; how to read it: docs/breakdown.md).
 
 MXNet's engine is asynchronous, so a wall-clock stamp around a call measures when it was
-issued, not when its work ran. Only *sampled* steps (t with t mod :data:`EVERY` = 0, the same
-step numbers on every rank) are timed, with an engine sync between the parts: ``waitall``
+issued, not when its work ran. Only *sampled* steps (t with t mod :data:`EVERY` = 1, the same
+step numbers on every rank, the first one right after step 0's warm-up) are timed, with an engine sync between the parts: ``waitall``
 before the forward (the previous step's work is not counted), after the backward
 (``compute``; with simulated workers after each micro-batch too, ``micro``), on the summed
 gradients (``exchange``: the servers, and through them every other rank), after the update
 (``update``); ``data`` is the wait for the batch, ``step`` the sum. A sampled step loses its
 overlap, so the cost is about 1/EVERY of what overlap saves (``breakdown_cost`` in
-``make bench``). The loop's steps are timed by :class:`BreakdownHook`.
+``make bench``). The loop's steps are timed by :class:`BreakdownHook`; a script of one's own
+that calls ``mxlarge.Trainer.step`` under the launcher by :class:`StepClock` (coarser).
 """
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 
 from mxlarge.hooks import MEASURE, Hook
 
-#: A step t is sampled when t mod EVERY = 0 (the same steps on every rank).
+#: A step t is sampled when t mod EVERY = 1 (the same steps on every rank).
 EVERY = 10
 #: Sampled steps in the window (the heartbeat's medians, which the launcher's straggler rule
 #: reads, and the run's at each epoch's end).
@@ -35,7 +37,7 @@ HOST_FLOATS = 16
 
 def sampled(step: int) -> bool:
     """Whether step ``step`` is timed with engine syncs."""
-    return step % EVERY == 0
+    return step % EVERY == 1
 
 
 @dataclass(frozen=True)
@@ -209,3 +211,56 @@ class BreakdownHook(Hook):
         folder.mkdir(exist_ok=True)
         self.plot(self.ranks, self.hosts, folder / "ranks.png")
         loop.artifacts["breakdown"] = str(folder)
+
+
+class Beat(Protocol):
+    """Where :class:`StepClock` puts its window (:class:`mxlarge.protocol.heartbeat.Beat`)."""
+
+    def set_parts(self, parts: dict[str, float]) -> None: ...
+
+
+class Ready(Protocol):
+    def wait_to_read(self) -> None: ...
+
+
+class StepClock:
+    """The breakdown of a script of one's own: ``mxlarge.Trainer.step`` under the launcher
+    (:meth:`step`). It sees only the calls, so it is coarser than the loop's: ``data`` is 0 and
+    ``compute`` is the time from the end of the previous ``step()`` (synced when the next is
+    sampled) to the start of this one: the script's forward+backward, its wait for data and
+    whatever else it does between the calls. The window's record goes to ``beat``.
+
+    Args:
+        beat: the worker's heartbeat.
+        sync: the engine's ``waitall``.
+    """
+
+    def __init__(self, beat: Beat, sync: Callable[[], None]) -> None:
+        self.beat = beat
+        self.sync = sync
+        self.window = Window()
+        self._mark: tuple[int, float] | None = None  # (the next step, when this one ended)
+
+    def step(self, t: int, exchange: Callable[[], None],
+             grads: Callable[[], Sequence[Ready]], update: Callable[[], bool]) -> bool:
+        """Step ``t``: ``exchange()`` then ``update()`` (its result returned), timed when
+        ``t`` is sampled and the previous ``step()`` was ``t - 1``."""
+        mark, self._mark = self._mark, None
+        if mark is None or mark[0] != t:
+            exchange()
+            applied = update()
+            if sampled(t + 1):
+                self.sync()
+                self._mark = (t + 1, time.perf_counter())
+            return applied
+        self.sync()
+        t0 = time.perf_counter()
+        exchange()
+        for g in grads():
+            g.wait_to_read()
+        t1, end = time.perf_counter(), time.time()
+        applied = update()
+        self.sync()
+        self.window.add(Sample(t, 0.0, t0 - mark[1], t1 - t0, time.perf_counter() - t1, end))
+        self.beat.set_parts(self.window.record())
+        return applied

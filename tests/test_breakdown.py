@@ -1,6 +1,9 @@
-"""mxlarge.breakdown: the pure parts against closed forms, and the loop's sampled steps; a
-launched job's run carries the per-rank breakdown (tests/e2e/test_breakdown.py)."""
+"""mxlarge.breakdown: the pure parts against closed forms, and the coarse clock of a script's own
+``Trainer.step`` with parts of known length; a launched job's run carries the per-rank breakdown
+(tests/e2e/test_breakdown.py), and so does a launched script's heartbeat."""
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -19,7 +22,7 @@ def ranks_ms(*rows):
 
 
 def test_sampled_steps_are_the_same_numbers_on_every_rank():
-    assert [t for t in range(35) if B.sampled(t)] == [0, 10, 20, 30]
+    assert [t for t in range(35) if B.sampled(t)] == [1, 11, 21, 31]
 
 
 def test_a_step_is_the_sum_of_its_parts_and_medians_are_in_ms():
@@ -75,8 +78,49 @@ def test_a_host_name_survives_float32(name):
     assert back == name.encode()[:3 * B.HOST_FLOATS].decode(errors="replace")
 
 
+class Beat:
+    def __init__(self):
+        self.parts = []
+
+    def set_parts(self, parts):
+        self.parts.append(parts)
+
+
+class Ready:
+    def __init__(self):
+        self.waited = 0
+
+    def wait_to_read(self):
+        self.waited += 1
+
+
+def test_a_scripts_own_steps_are_timed_coarsely_on_sampled_steps():
+    """Between step() calls 30 ms of the script's own work, the exchange 20 ms, the update
+    10 ms: steps 1 and 11 give compute >= 30, exchange >= 20, update >= 10 ms, data 0; the
+    engine synced only at the end of steps 0 and 10 and around steps 1 and 11."""
+    beat, ready, syncs = Beat(), Ready(), []
+    clock = B.StepClock(beat, lambda: syncs.append(len(syncs)))
+    done = []
+    for t in range(13):
+        time.sleep(0.03)  # the script's forward+backward
+        applied = clock.step(t, lambda: time.sleep(0.02), lambda: [ready],
+                             lambda t=t: done.append(t) or time.sleep(0.01) or True)
+        assert applied is True
+    assert done == list(range(13)) and ready.waited == 2  # the exchanges of steps 1 and 11
+    assert len(syncs) == 6
+    assert [(r["n"], r["at"]) for r in beat.parts] == [(1.0, 1.0), (2.0, 11.0)]
+    rec = beat.parts[-1]
+    slack = 250.0  # ms: a loaded 2-core machine
+    assert rec["data"] == 0.0
+    assert 30 <= rec["compute"] < 30 + slack
+    assert 20 <= rec["exchange"] < 20 + slack
+    assert 10 <= rec["update"] < 10 + slack
+    assert rec["step"] == pytest.approx(rec["compute"] + rec["exchange"] + rec["update"],
+                                        abs=0.2)
+
+
 def test_the_loop_times_sampled_steps_part_by_part_and_each_simulated_worker():
-    """One process, 2 simulated workers, the loop timed: steps 0 and 10 carry a sample whose
+    """One process, 2 simulated workers, the loop timed: steps 1 and 11 carry a sample whose
     parts add up to its step and whose 2 micro-batches fit inside its forward+backward; the
     others carry none."""
     import mxnet as mx
@@ -101,8 +145,8 @@ def test_the_loop_times_sampled_steps_part_by_part_and_each_simulated_worker():
     for t in range(12):
         samples.append(loop.train_step(*batches[t % len(batches)]).sample)
         loop.step += 1
-    assert [t for t, s in enumerate(samples) if s is not None] == [0, 10]
-    for s in (samples[0], samples[10]):
-        assert s.at in (0, 10) and len(s.micro) == 2 and all(m > 0 for m in s.micro)
+    assert [t for t, s in enumerate(samples) if s is not None] == [1, 11]
+    for s in (samples[1], samples[11]):
+        assert s.at in (1, 11) and len(s.micro) == 2 and all(m > 0 for m in s.micro)
         assert sum(s.micro) <= s.compute
         assert s.step == pytest.approx(s.data + s.compute + s.exchange + s.update)

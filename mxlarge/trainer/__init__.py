@@ -27,6 +27,7 @@ import mxnet as mx
 import numpy as np
 
 from mxlarge.bnstats import BNStats
+from mxlarge.breakdown import StepClock
 from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.roles import param_roles, role_counts
 from mxlarge.kvstore.sync import SyncStore
@@ -109,6 +110,7 @@ class Trainer(mx.gluon.Trainer):
         self._init_kvstore()
         self.heartbeat = (SESSION.beat(s.heartbeat, self.rank)
                           if s.heartbeat is not None and self.collectives.distributed else None)
+        self.clock = StepClock(self.heartbeat, mx.nd.waitall) if self.heartbeat else None
         self.lr = LearningRate(self.updater, s.base, (
             s.reference_batch, s.scaling, s.warmup_steps, s.warmup_lr) if s.gluon_form else None,
             s.mxnet_optimizer)
@@ -322,10 +324,15 @@ class Trainer(mx.gluon.Trainer):
 
     def step(self, batch_size: int, step: int | None = None,
              ignore_stale_grad: bool = False) -> bool:
-        """``allreduce_grads()`` then ``update(batch_size, step)``; whether it was applied."""
+        """``allreduce_grads()`` then ``update(batch_size, step)``; whether it was applied.
+        Under the launcher, sampled steps are timed for the heartbeat (:attr:`clock`)."""
         step = _explicit_step(step, ignore_stale_grad)  # refused before anything is pushed
-        self.allreduce_grads()
-        return self.update(batch_size, step)
+        if self.clock is None:
+            self.allreduce_grads()
+            return self.update(batch_size, step)
+        return self.clock.step(self.num_update if step is None else int(step),
+                               self.allreduce_grads, self.grads,
+                               lambda: self.update(batch_size, step))
 
     @contextmanager
     def busy(self, what: str) -> Iterator[None]:

@@ -1,20 +1,25 @@
 """A launched job's run carries every rank's step breakdown (mxlarge.breakdown): a real
-scheduler, server and 2 workers on 127.0.0.1, the digits config."""
+scheduler, server and 2 workers on 127.0.0.1, the digits config; a script of one's own under the
+launcher fills its heartbeat's."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from mxlarge.breakdown import PARTS
+from mxlarge.protocol import heartbeat
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments" / "proxy" / "digits-largebatch.yaml"
+OWN_LOOP = REPO / "tests" / "scripts" / "own_loop.py"
 
 
 @pytest.mark.slow
@@ -36,9 +41,8 @@ def test_a_launched_run_has_each_ranks_breakdown_its_summary_and_picture(tmp_pat
         # medians of the parts need not add up to the median step, but come close
         assert 0.5 * parts["step"] < sum(parts[p] for p in PARTS) < 1.5 * parts["step"]
         history = c.get_metric_history(run.info.run_id, f"breakdown/rank{rank}/compute_ms")
-        # at each epoch's end from the first sampled step on: 5 steps an epoch, step 0 (the
-        # warm-up) is not counted, step 10 is the third epoch's
-        assert [h.step for h in history] == [5 * e for e in range(3, 25)]
+        # at each epoch's end (5 steps an epoch; step 1 is the first sampled)
+        assert [h.step for h in history] == [5 * e for e in range(1, 25)]
     assert m["breakdown/slowest_rank"] in (0.0, 1.0)
     assert m["breakdown/spread"] >= 1.0
     assert 0.0 <= m["breakdown/wait_others_share"] < m["breakdown/wait_share"] < 1.0
@@ -47,3 +51,33 @@ def test_a_launched_run_has_each_ranks_breakdown_its_summary_and_picture(tmp_pat
         f"worker rank {slowest} on {socket.gethostname()} is the slowest: "), run.data.tags
     assert [a.path for a in c.list_artifacts(run.info.run_id, "breakdown")] == \
         ["breakdown/ranks.png"]
+
+
+@pytest.mark.timeout(180)
+def test_a_scripts_own_trainer_step_fills_the_heartbeats_breakdown(tmp_path):
+    """tests/scripts/own_loop.py (``mxlarge.Trainer.step`` in a loop of its own, 50 ms of sleep
+    before each step) under ``python -m mxlarge.launcher``: each worker's heartbeat carries the
+    coarse breakdown (mxlarge.breakdown.StepClock): forward+backward is the time between the
+    calls, so at least the sleep; no wait for data is seen."""
+    job, seen, out = [], {}, []
+    with subprocess.Popen([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
+                           "--", sys.executable, str(OWN_LOOP), "--steps", "45",
+                           "--sleep-from", "0", "--sleep", "0.05"],
+                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        for line in proc.stdout:
+            out.append(line)
+            if (m := re.match(r"\[launcher\] job (\w+):", line)):
+                job.append(m.group(1))
+            if "own_loop rank=0 step=30" in line:
+                for r in (0, 1):
+                    (path,) = Path(tempfile.gettempdir()).glob(
+                        f"mxlarge-heartbeat-{job[0]}-*/worker-{r}.json")
+                    seen[r] = heartbeat.Record.decode(path.read_bytes())
+    assert proc.returncode == 0, "".join(out)[-3000:]
+    for r in (0, 1):
+        parts = seen[r].parts
+        assert parts is not None and parts["at"] in (21.0, 31.0), parts
+        assert parts["n"] == 1 + (parts["at"] - 1) / 10  # steps 1, 11, 21 (, 31)
+        assert parts["data"] == 0.0 and parts["compute"] >= 50.0 and parts["update"] > 0.0
+        assert parts["step"] >= parts["compute"]

@@ -81,7 +81,7 @@ class Rules:
     recover: float = 1.1
     min_ms: float = 2.0
     min_share: float = 0.1
-    min_wait: float = 0.05
+    min_wait: float = 0.1
     samples: int = 10
     hold: int = 3
     seconds: float = 20.0

@@ -2,8 +2,8 @@
 update (issue 55; how to read it: docs/breakdown.md).
 
 MXNet's engine is asynchronous, so a wall-clock stamp around a call measures when it was
-issued, not when its work ran. Only *sampled* steps (t with t mod :data:`EVERY` = 1, the same
-step numbers on every rank, the first one right after step 0's warm-up) are timed, with an engine sync between the parts: ``waitall``
+issued, not when its work ran. Only *sampled* steps (:func:`sampled`: one in :data:`EVERY`, the
+same step numbers on every rank) are timed, with an engine sync between the parts: ``waitall``
 before the forward (the previous step's work is not counted), after the backward
 (``compute``; with simulated workers after each micro-batch too, ``micro``), on the summed
 gradients (``exchange``: the servers, and through them every other rank), after the update
@@ -24,8 +24,10 @@ from typing import Any, Protocol
 
 from mxlarge.hooks import MEASURE, Hook
 
-#: A step t is sampled when t mod EVERY = 1 (the same steps on every rank).
+#: One step in EVERY is sampled (:func:`sampled`).
 EVERY = 10
+#: round(2³² / φ): frac((t − 1) / φ) is ((t − 1) · ALPHA mod 2³²) / 2³², in integers.
+ALPHA = 2654435769
 #: Sampled steps in the window (the heartbeat's medians, which the launcher's straggler rule
 #: reads, and the run's at each epoch's end).
 WINDOW = 20
@@ -36,8 +38,14 @@ HOST_FLOATS = 16
 
 
 def sampled(step: int) -> bool:
-    """Whether step ``step`` is timed with engine syncs."""
-    return step % EVERY == 1
+    """Whether step t = ``step`` is timed with engine syncs: frac((t − 1) / φ) < 1 / EVERY.
+
+    A golden-ratio sequence: one step in EVERY, 5, 8 or 13 steps apart, step 1 (right after
+    step 0's warm-up) the first, and at every position of an epoch alike: a rule on
+    t mod EVERY would time the same position of every epoch whenever the epoch's steps share a
+    factor with EVERY (the digits proxy's 5: always its first or second step, whose waits for
+    data differ 8-fold). The same steps on every rank (the launcher compares ranks at one)."""
+    return ((step - 1) * ALPHA) % 2 ** 32 < 2 ** 32 // EVERY
 
 
 @dataclass(frozen=True)

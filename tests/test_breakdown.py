@@ -21,8 +21,14 @@ def ranks_ms(*rows):
     return [dict(zip(("data", "compute", "exchange", "update", "step"), r)) for r in rows]
 
 
-def test_sampled_steps_are_the_same_numbers_on_every_rank():
-    assert [t for t in range(35) if B.sampled(t)] == [1, 11, 21, 31]
+def test_one_step_in_ten_is_sampled_at_every_position_of_an_epoch():
+    assert [t for t in range(30) if B.sampled(t)] == [1, 6, 14, 27]
+    steps = [t for t in range(1_000_000) if B.sampled(t)]
+    assert len(steps) == pytest.approx(1_000_000 / B.EVERY, rel=1e-4)
+    assert {b - a for a, b in zip(steps, steps[1:])} == {5, 8, 13}
+    for epoch in (5, 10, 391):  # steps per epoch: each position sampled as often as the others
+        at = np.bincount([t % epoch for t in steps], minlength=epoch)
+        assert at.min() > 0.95 * at.mean() and at.max() < 1.05 * at.mean(), (epoch, at)
 
 
 def test_a_step_is_the_sum_of_its_parts_and_medians_are_in_ms():
@@ -96,19 +102,19 @@ class Ready:
 
 def test_a_scripts_own_steps_are_timed_coarsely_on_sampled_steps():
     """Between step() calls 30 ms of the script's own work, the exchange 20 ms, the update
-    10 ms: steps 1 and 11 give compute >= 30, exchange >= 20, update >= 10 ms, data 0; the
-    engine synced only at the end of steps 0 and 10 and around steps 1 and 11."""
+    10 ms: the sampled steps 1 and 6 give compute >= 30, exchange >= 20, update >= 10 ms,
+    data 0; the engine synced only at the end of steps 0 and 5 and around steps 1 and 6."""
     beat, ready, syncs = Beat(), Ready(), []
     clock = B.StepClock(beat, lambda: syncs.append(len(syncs)))
     done = []
-    for t in range(13):
+    for t in range(10):
         time.sleep(0.03)  # the script's forward+backward
         applied = clock.step(t, lambda: time.sleep(0.02), lambda: [ready],
                              lambda t=t: done.append(t) or time.sleep(0.01) or True)
         assert applied is True
-    assert done == list(range(13)) and ready.waited == 2  # the exchanges of steps 1 and 11
+    assert done == list(range(10)) and ready.waited == 2  # the exchanges of steps 1 and 6
     assert len(syncs) == 6
-    assert [(r["n"], r["at"]) for r in beat.parts] == [(1.0, 1.0), (2.0, 11.0)]
+    assert [(r["n"], r["at"]) for r in beat.parts] == [(1.0, 1.0), (2.0, 6.0)]
     rec = beat.parts[-1]
     slack = 250.0  # ms: a loaded 2-core machine
     assert rec["data"] == 0.0
@@ -120,7 +126,7 @@ def test_a_scripts_own_steps_are_timed_coarsely_on_sampled_steps():
 
 
 def test_the_loop_times_sampled_steps_part_by_part_and_each_simulated_worker():
-    """One process, 2 simulated workers, the loop timed: steps 1 and 11 carry a sample whose
+    """One process, 2 simulated workers, the loop timed: steps 1 and 6 carry a sample whose
     parts add up to its step and whose 2 micro-batches fit inside its forward+backward; the
     others carry none."""
     import mxnet as mx
@@ -145,8 +151,8 @@ def test_the_loop_times_sampled_steps_part_by_part_and_each_simulated_worker():
     for t in range(12):
         samples.append(loop.train_step(*batches[t % len(batches)]).sample)
         loop.step += 1
-    assert [t for t, s in enumerate(samples) if s is not None] == [1, 11]
-    for s in (samples[1], samples[11]):
-        assert s.at in (1, 11) and len(s.micro) == 2 and all(m > 0 for m in s.micro)
+    assert [t for t, s in enumerate(samples) if s is not None] == [1, 6]
+    for s in (samples[1], samples[6]):
+        assert s.at in (1, 6) and len(s.micro) == 2 and all(m > 0 for m in s.micro)
         assert sum(s.micro) <= s.compute
         assert s.step == pytest.approx(s.data + s.compute + s.exchange + s.update)

@@ -20,8 +20,10 @@ def run(reps: int = 21, log: IO[str] | None = None, bar: Any = None) -> BenchRes
                   ratios_of(t["breakdown"], t["off"]), target=1.01, higher_is_better=False,
                   note=f"{job['net']}, batch {job['batch']}, dist_sync 1 worker + 1 server, "
                        f"{job['steps_per_round']} steps per round")
-    md = md_table(["mode", "ms/step (min / median / max)"],
-                  [[k, mmm([1e3 * v for v in t[k]], "{:.1f}")] for k in ("breakdown", "off")])
+    md = md_table(["mode", "ms/step (min / median / max)", "steps timed part by part"],
+                  [[k, mmm([1e3 * v for v in t[k]], "{:.1f}"),
+                    f"{job['sampled'][k]} of {reps * job['steps_per_round']}"]
+                   for k in ("breakdown", "off")])
     return BenchResult("breakdown_cost", [ratio], {"sec_per_step": t,
                                                    "steps_per_round": job["steps_per_round"]},
                        md)

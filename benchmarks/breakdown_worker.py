@@ -2,15 +2,18 @@
 
 Started as every role of a 1 worker + 1 server dist_sync job (:func:`benchmarks.common.launch`).
 The worker steps one ``mxlarge.Trainer`` through ``TrainLoop.train_step`` in interleaved rounds
-of two modes: ``breakdown``, as ``mxlarge launch`` runs it (``loop.timed``: every
-:data:`mxlarge.breakdown.EVERY`-th step timed part by part with engine syncs, and the
-:class:`~mxlarge.breakdown.BreakdownHook`'s ``after_step``: the window and the heartbeat's
-record), and ``off``. Each round runs a multiple of ``EVERY`` steps, so both modes cover the
-same sampled step numbers. Prints one ``BENCH_RESULT`` JSON line with seconds per step per round.
+of two modes: ``breakdown``, as ``mxlarge launch`` runs it (``loop.timed``: one step in
+:data:`mxlarge.breakdown.EVERY` timed part by part with engine syncs,
+:func:`mxlarge.breakdown.sampled`, and the :class:`~mxlarge.breakdown.BreakdownHook`'s
+``after_step``: the window and the heartbeat's record), and ``off``. A round runs
+``rounds_of`` × ``EVERY`` steps, the step counter running on over the rounds of both modes, so
+a breakdown round times ``rounds_of`` sampled steps on average (1 to 3 of 20). Prints one
+``BENCH_RESULT`` JSON line with seconds per step per round and the steps the breakdown timed.
 """
 from __future__ import annotations
 
 import argparse
+import socket
 import time
 
 import mxnet as mx
@@ -37,8 +40,9 @@ def work(opts: argparse.Namespace) -> None:
     batches = synthetic_batches(4, opts.batch, opts.size, 10, seed=kv.rank)
     net = build_net(opts.net, 10, opts.size, seed=0)
     loop = recipe_loop(net, recipe_trainer(net, kv))
-    hook = BreakdownHook()
+    hook = BreakdownHook(socket.gethostname())
     steps = EVERY * opts.rounds_of
+    sampled = {"breakdown": 0, "off": 0}  # steps timed part by part, per mode
 
     def timed(on: bool) -> float:
         loop.timed = on
@@ -47,7 +51,8 @@ def work(opts: argparse.Namespace) -> None:
         for s in range(steps):
             out = loop.train_step(*batches[s % len(batches)])
             loop.step += 1
-            if on:
+            if out.sample is not None:
+                sampled["breakdown" if on else "off"] += 1
                 hook.after_step(loop, out)
         mx.nd.waitall()
         return (time.perf_counter() - t0) / steps
@@ -59,7 +64,7 @@ def work(opts: argparse.Namespace) -> None:
     t = interleave({"breakdown": lambda: timed(True), "off": lambda: timed(False)}, opts.reps,
                    progress=emit_progress)
     emit_result({"rank": kv.rank, "sec_per_step": t, "steps_per_round": steps,
-                 "net": opts.net, "batch": opts.batch, "samples": len(hook.window.samples)})
+                 "net": opts.net, "batch": opts.batch, "sampled": sampled})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,8 +98,10 @@ class Window:
 
 
 def summary(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Across ranks (``ranks[r]``: rank r's medians in ms, :func:`medians_ms`), with
-    w_r = data + compute + update (rank r's own work in a step) and x_r its exchange:
+    """Across ranks (``ranks[r]``: rank r's medians in ms, :func:`medians_ms`), with x_r rank
+    r's exchange and w_r = step_r − x_r its own work in a step (the step's median less its wait
+    for the exchange: a worker slowed now and then is slowed in whichever part runs, which no
+    part's median shows, but its step does):
 
     * ``slowest_rank`` = argmax_r w_r; ``spread`` = max w ÷ min w;
     * ``wait_share`` = Σ x_r ÷ Σ step_r: the share of the ranks' steps spent waiting for the
@@ -108,8 +110,8 @@ def summary(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
       other ranks (on dist_sync the rank that waits least waits only for the transfer and the
       servers; every other rank waits that much and for the slower ranks' pushes).
     """
-    work = [r["data"] + r["compute"] + r["update"] for r in ranks]
     exchange = [r["exchange"] for r in ranks]
+    work = [r["step"] - x for r, x in zip(ranks, exchange)]
     steps = sum(r["step"] for r in ranks)
     fastest = min(work)
     slowest = max(range(len(ranks)), key=work.__getitem__)
@@ -121,15 +123,16 @@ def summary(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 def describe(ranks: Sequence[Mapping[str, float]], hosts: Sequence[str]) -> str:
-    """The run's ``breakdown`` tag: ``worker rank 1 on h2 is the slowest: 24.1 ms of its own
-    work a step (forward+backward 21.0), 1.31x the fastest rank's; the ranks wait 18% of a
-    step for the exchange (7% for each other)`` (:func:`summary`)."""
+    """The run's ``breakdown`` tag: ``worker rank 1 on h2 is the slowest: 69.8 ms of its own
+    work a step (its step 72.5 less 2.7 waiting for the exchange), 2.68x the fastest rank's;
+    the ranks wait 33% of a step for the exchange (29% for each other)`` (:func:`summary`)."""
     s = summary(ranks)
     r = int(s["slowest_rank"])
-    work = ranks[r]["data"] + ranks[r]["compute"] + ranks[r]["update"]
-    return (f"worker rank {r} on {hosts[r]} is the slowest: {work:.1f} ms of its own work a step "
-            f"(forward+backward {ranks[r]['compute']:.1f}), {s['spread']:.2f}x the fastest "
-            f"rank's; the ranks wait {100 * s['wait_share']:.0f}% of a step for the exchange "
+    step, exchange = ranks[r]["step"], ranks[r]["exchange"]
+    return (f"worker rank {r} on {hosts[r]} is the slowest: {step - exchange:.1f} ms of its own "
+            f"work a step (its step {step:.1f} less {exchange:.1f} waiting for the exchange), "
+            f"{s['spread']:.2f}x the fastest rank's; the ranks wait "
+            f"{100 * s['wait_share']:.0f}% of a step for the exchange "
             f"({100 * s['wait_others_share']:.0f}% for each other)")
 
 

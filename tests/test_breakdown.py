@@ -57,7 +57,7 @@ def test_the_window_keeps_the_last_samples_and_fits_a_heartbeat_record():
 
 
 def test_summary_names_the_rank_with_the_most_own_work_and_the_shares_waiting():
-    # own work w = data + compute + update: 23, 43, 24; exchange 30, 8, 29; steps 53, 51, 53
+    # own work w = step - exchange: 23, 43, 24; exchange 30, 8, 29; steps 53, 51, 53
     ranks = ranks_ms((1, 20, 30, 2, 53), (1, 40, 8, 2, 51), (1, 20, 29, 3, 53))
     s = B.summary(ranks)
     assert s["slowest_rank"] == 1.0
@@ -68,11 +68,20 @@ def test_summary_names_the_rank_with_the_most_own_work_and_the_shares_waiting():
     assert even["spread"] == 1.0 and even["wait_others_share"] == 0.0
 
 
+def test_a_rank_slowed_now_and_then_is_named_by_its_step_not_its_parts():
+    """A launched digits job whose rank 1 was stopped 50 ms of every 100 ms (docs/breakdown.md):
+    its parts' medians are rank 0's, but its step is 72.5 ms with 2.7 of waiting, rank 0's
+    70.9 with 44.9."""
+    ranks = ranks_ms((0.9, 16.5, 44.9, 0.8, 70.9), (0.8, 18.3, 2.7, 0.7, 72.5))
+    s = B.summary(ranks)
+    assert s["slowest_rank"] == 1.0 and s["spread"] == pytest.approx(69.8 / 26.0)
+
+
 def test_the_runs_tag_names_the_slowest_rank_and_its_host():
     text = B.describe(ranks_ms((1, 20, 30, 2, 53), (1, 40, 8, 2, 51)), ["h1", "h2"])
-    assert text == ("worker rank 1 on h2 is the slowest: 43.0 ms of its own work a step "
-                    "(forward+backward 40.0), 1.87x the fastest rank's; the ranks wait 37% of "
-                    "a step for the exchange (21% for each other)")
+    assert text == ("worker rank 1 on h2 is the slowest: 43.0 ms of its own work a step (its "
+                    "step 51.0 less 8.0 waiting for the exchange), 1.87x the fastest rank's; "
+                    "the ranks wait 37% of a step for the exchange (21% for each other)")
 
 
 @pytest.mark.parametrize("name", ["h2", "ip-172-31-22-117.eu-west-1.compute.internal",

@@ -66,7 +66,9 @@ def plot_breakdown(ranks: Sequence[dict[str, float]], hosts: Sequence[str], path
                    title: str = "") -> None:
     """PNG: per worker rank (labelled with its host), a stacked bar of its parts' medians in ms
     (:mod:`mxlarge.breakdown`: waiting for data, forward+backward, waiting for the exchange,
-    update) and a mark at its whole step's median; :func:`~mxlarge.breakdown.describe` above."""
+    update), topped up to its whole step's median (hatched: time the parts' medians miss, as
+    when a worker is slowed now and then in whichever part runs); the run's
+    :func:`~mxlarge.breakdown.describe` above."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(7.5, 1.2 * len(ranks) + 5), 4.2))
     labels = {"data": "waiting for data", "compute": "forward+backward",
@@ -77,10 +79,10 @@ def plot_breakdown(ranks: Sequence[dict[str, float]], hosts: Sequence[str], path
         values = [r[part] for r in ranks]
         ax.bar(xs, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.scatter(xs, [r["step"] for r in ranks], marker="_", s=900, color="black",
-               label="whole step")
+    ax.bar(xs, [max(0.0, r["step"] - b) for r, b in zip(ranks, bottom)], bottom=bottom,
+           color="none", edgecolor="grey", hatch="//", label="rest of the step's median")
     ax.set_ylabel("ms per step (median of the last sampled steps)", fontsize=9)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=0.4)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3, axis="y")
     ax.set_title(textwrap.fill(describe(ranks, hosts), 90), fontsize=8)
     save(fig, path, title or "where each worker rank's step goes")

@@ -39,8 +39,8 @@ def test_a_launched_run_has_each_ranks_breakdown_its_summary_and_picture(tmp_pat
     for rank in (0, 1):
         parts = {p: m[f"breakdown/rank{rank}/{p}_ms"] for p in (*PARTS, "step")}
         assert parts["data"] >= 0 and all(parts[p] > 0 for p in PARTS[1:]), parts
-        # medians of the parts need not add up to the median step, but come close
-        assert 0.5 * parts["step"] < sum(parts[p] for p in PARTS) < 1.5 * parts["step"]
+        # each part of a step is at most the step, so are their medians (0.1 ms rounding)
+        assert all(parts[p] <= parts["step"] + 0.1 for p in PARTS), parts
         history = c.get_metric_history(run.info.run_id, f"breakdown/rank{rank}/compute_ms")
         # at each epoch's end (5 steps an epoch; step 1 is the first sampled)
         assert [h.step for h in history] == [5 * e for e in range(1, 25)]

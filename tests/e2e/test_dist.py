@@ -206,8 +206,8 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     assert took < 30, took
     # the killed process by role and launch index, not just the word (the banner names every
     # role); and the job's own verdict line
-    assert re.search(rf"^mxlarge: job failed: {victim} \d+ exited with signal 9 \(SIGKILL\)$",
-                     out, re.M), out[-2000:]
+    assert re.search(rf"^mxlarge: job failed: {victim} \d+(?: \(launch \d+\))? exited with "
+                     r"signal 9 \(SIGKILL\)$", out, re.M), out[-2000:]
     time.sleep(0.5)
     assert dmlc_processes(str(tmp_path)) == []
     client = MlflowClient(tracking_uri=uri)
@@ -227,9 +227,12 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
         name = f"{victim}-launch{index}"
     log = client.download_artifacts(runs[0].info.run_id, f"failure/{name}.log", str(tmp_path))
     head, *lines = Path(log).read_text().splitlines()
-    assert head.startswith(f"# {victim} {index} exited with signal 9 (SIGKILL); its last")
-    printed = [x[len(f"[{victim} {index}] "):] for x in out.splitlines()
-               if x.startswith(f"[{victim} {index}] ")]
+    # named by its kvstore rank, with its launch index in brackets where they differ
+    m = re.match(rf"# ({victim} \d+(?: \(launch {index}\))?) exited with signal 9 \(SIGKILL\); "
+                 "its last", head)
+    assert m, head
+    label = m.group(1)
+    printed = [x[len(f"[{label}] "):] for x in out.splitlines() if x.startswith(f"[{label}] ")]
     # after the launcher's view (lines "# ..."), its output as printed
     assert [x for x in lines if not x.startswith("# ")] == printed[-200:]
 

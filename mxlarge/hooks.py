@@ -5,14 +5,18 @@ A hook overrides what it needs of ``before_train`` / ``after_step`` / ``after_ep
 hands to the next,
 
 * per step, ``StepOutput.metrics`` (declared keys: ``train/loss`` from the loss hook on
-  logging steps; ``gns/g2``, ``gns/trace``, ``gns/b_simple`` from the loop on measuring steps);
+  logging steps; ``gns/g2``, ``gns/trace``, ``gns/b_simple`` from the loop on measuring steps)
+  and ``StepOutput.sample`` (a sampled step's parts, when ``loop.timed``);
 * per epoch, the ``metrics`` dict (``train/epoch``, ``train/loss`` (the epoch's mean of the
   logged losses), ``train/lr`` (the LR of the next update), ``perf/images_per_sec`` (all
   workers), ``perf/images_per_sec_rank{r}`` (more than one worker), ``perf/train_seconds``,
-  ``val/error_top1``, ``val/error_top5``, ``val/accuracy``, ``val/loss``);
+  ``val/error_top1``, ``val/error_top5``, ``val/accuracy``, ``val/loss``, and on a dist store
+  ``breakdown/rank{r}/{part}_ms`` and ``breakdown/slowest_rank``, ``spread``, ``wait_share``,
+  ``wait_others_share`` from :class:`mxlarge.breakdown.BreakdownHook`);
 * after training, ``loop.artifacts`` (declared keys: ``final_params``, the path of the final
   parameters with the ``bn_stats`` statistics, and ``model``, the directory of a hybridized
-  net's ``net.export`` (symbol + those parameters), both written by the final-parameters hook).
+  net's ``net.export`` (symbol + those parameters), both written by the final-parameters hook;
+  ``breakdown``, the directory of rank 0's ``ranks.png``, by the breakdown hook).
 
 Metric names are MLflow's: the part before the first ``/`` is the section the MLflow UI groups
 a run's charts in (``train``, ``val``, ``perf``, ``gns``; MLflow's own ``system``). Stores

@@ -4,13 +4,10 @@ update (issue 55; how to read it: docs/breakdown.md).
 MXNet's engine is asynchronous, so a wall-clock stamp around a call measures when it was
 issued, not when its work ran. Only *sampled* steps (:func:`sampled`: one in :data:`EVERY`, the
 same step numbers on every rank) are timed, with an engine sync between the parts: ``waitall``
-before the forward, after the backward (``compute``; with simulated workers after each
-micro-batch too, ``micro``), on the summed gradients, after the update (``update``).
-``exchange`` is the wait on the summed gradients (the servers, and through them every other
-rank) plus the first ``waitall``'s (the previous step's exchange and update, which an
-unsampled step overlaps with this forward: a rank that waits for a slower one waits there as
-often as in its own exchange); ``data`` is the wait for the batch, ``step`` the sum, the
-sampled step's wall time. A sampled step loses its
+before the forward (the previous step's work is not counted), after the backward
+(``compute``; with simulated workers after each micro-batch too, ``micro``), on the summed
+gradients (``exchange``: the servers, and through them every other rank), after the update
+(``update``); ``data`` is the wait for the batch, ``step`` the sum. A sampled step loses its
 overlap, so the cost is about 1/EVERY of what overlap saves (``breakdown_cost`` in
 ``make bench``). The loop's steps are timed by :class:`BreakdownHook`; a script of one's own
 that calls ``mxlarge.Trainer.step`` under the launcher by :class:`StepClock` (coarser).
@@ -239,11 +236,10 @@ class Ready(Protocol):
 
 class StepClock:
     """The breakdown of a script of one's own: ``mxlarge.Trainer.step`` under the launcher
-    (:meth:`step`). It sees only the calls, so it is coarser than the loop's: ``data`` is 0,
-    ``compute`` the time from the end of the previous ``step()`` (synced when the next is
+    (:meth:`step`). It sees only the calls, so it is coarser than the loop's: ``data`` is 0 and
+    ``compute`` is the time from the end of the previous ``step()`` (synced when the next is
     sampled) to the start of this one: the script's forward+backward, its wait for data and
-    whatever else it does between the calls; ``exchange`` includes that sync (as the loop's
-    does). The window's record goes to ``beat``.
+    whatever else it does between the calls. The window's record goes to ``beat``.
 
     Args:
         beat: the worker's heartbeat.
@@ -254,8 +250,7 @@ class StepClock:
         self.beat = beat
         self.sync = sync
         self.window = Window()
-        # (the next step, when this one ended, how long it waited for its exchange's end)
-        self._mark: tuple[int, float, float] | None = None
+        self._mark: tuple[int, float] | None = None  # (the next step, when this one ended)
 
     def step(self, t: int, exchange: Callable[[], None],
              grads: Callable[[], Sequence[Ready]], update: Callable[[], bool]) -> bool:
@@ -266,10 +261,8 @@ class StepClock:
             exchange()
             applied = update()
             if sampled(t + 1):
-                w0 = time.perf_counter()
                 self.sync()
-                w1 = time.perf_counter()
-                self._mark = (t + 1, w1, w1 - w0)
+                self._mark = (t + 1, time.perf_counter())
             return applied
         self.sync()
         t0 = time.perf_counter()
@@ -279,7 +272,6 @@ class StepClock:
         t1, end = time.perf_counter(), time.time()
         applied = update()
         self.sync()
-        self.window.add(Sample(t, 0.0, t0 - mark[1], mark[2] + t1 - t0,
-                               time.perf_counter() - t1, end))
+        self.window.add(Sample(t, 0.0, t0 - mark[1], t1 - t0, time.perf_counter() - t1, end))
         self.beat.set_parts(self.window.record())
         return applied

@@ -70,9 +70,8 @@ class TrainLoop:
         measure = (self.gns is not None and self.gns_every > 0
                    and self.step % self.gns_every == 0)
         timed = self.timed and breakdown.sampled(self.step)
-        if timed:  # the previous step's exchange and update: waited for, not this step's work
-            w0 = time.perf_counter()
-            mx.nd.waitall()
+        if timed:
+            mx.nd.waitall()  # the previous step's work is not this step's
             t0 = time.perf_counter()
         small: list[float] = []  # |g|² of each small-batch gradient (sums, not yet normalised)
         k = t.simulated_workers
@@ -132,7 +131,7 @@ class TrainLoop:
         if timed:
             mx.nd.waitall()
             micro = tuple(b - a for a, b in zip((t0, *ends), ends)) if k > 1 else ()
-            sample = breakdown.Sample(self.step, self._data_wait, t1 - t0, t0 - w0 + t2 - t1,
+            sample = breakdown.Sample(self.step, self._data_wait, t1 - t0, t2 - t1,
                                       time.perf_counter() - t2, end, micro)
         return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics,
                           skipped=not applied, sample=sample)

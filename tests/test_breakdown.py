@@ -69,9 +69,9 @@ def test_summary_names_the_rank_with_the_most_own_work_and_the_shares_waiting():
 
 
 def test_a_rank_slowed_now_and_then_is_named_by_its_step_not_its_parts():
-    """Rank 1's parts' medians like rank 0's (it was stopped now and then, in whichever part
-    ran: one run measured so before the first sync's wait counted as exchange), but its step
-    72.5 ms with 2.7 of waiting, rank 0's 70.9 with 44.9: own work 69.8 against 26.0."""
+    """A launched digits job whose rank 1 was stopped 50 ms of every 100 ms (docs/breakdown.md):
+    its parts' medians are rank 0's, but its step is 72.5 ms with 2.7 of waiting, rank 0's
+    70.9 with 44.9."""
     ranks = ranks_ms((0.9, 16.5, 44.9, 0.8, 70.9), (0.8, 18.3, 2.7, 0.7, 72.5))
     s = B.summary(ranks)
     assert s["slowest_rank"] == 1.0 and s["spread"] == pytest.approx(69.8 / 26.0)

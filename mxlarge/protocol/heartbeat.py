@@ -57,8 +57,8 @@ class Record:
         tick: the writer's counter, +1 per write.
         parts: the worker's step breakdown, None until it has one: the medians (ms) of its
             recent sampled steps (``data``: waiting for data, ``compute``: forward+backward
-            between two engine syncs, ``exchange``: waiting for the exchange, this step's
-            and the previous one's that the first sync waits for, ``update``, ``step``: the
+            between two engine syncs, ``exchange``: waiting for this step's exchange,
+            ``update``, ``step``: the
             sampled step's wall time; :mod:`mxlarge.breakdown`), ``n``
             sampled steps in that window, and of the newest sampled step its number ``at``
             and the wall-clock time (``time.time()``) ``end`` its exchange ended; every rank

@@ -219,12 +219,9 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     index = int(tags["failed_launch_index"])
     assert tags["failed_host"] == socket.gethostname()
     assert int(tags["failed_step"]) >= 1  # killed after rank 0's first progress line
-    if victim == "worker":  # the kvstore rank from its heartbeat (a server has none)
-        assert tags["failed_kvstore_rank"] in ("0", "1")
-        name = f"{victim}-{tags['failed_kvstore_rank']}"
-    else:
-        assert "failed_kvstore_rank" not in tags
-        name = f"{victim}-launch{index}"
+    # the kvstore rank: a worker's from its heartbeat, the only server's is 0
+    assert tags["failed_kvstore_rank"] in (("0", "1") if victim == "worker" else ("0",))
+    name = f"{victim}-{tags['failed_kvstore_rank']}"
     log = client.download_artifacts(runs[0].info.run_id, f"failure/{name}.log", str(tmp_path))
     head, *lines = Path(log).read_text().splitlines()
     # named by its kvstore rank, with its launch index in brackets where they differ

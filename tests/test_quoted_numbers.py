@@ -79,7 +79,8 @@ def test_the_benchmarks_table_quotes_make_bench():
     rows = table(PERFORMANCE, "\n## Benchmarks")
     assert len(rows) >= 15
     bad = {row[0][:70]: miss for row in rows if (miss := unmatched(row[1:2], records))}
-    assert not bad, f"docs/performance.md quotes numbers benchmarks/results/latest.json lacks: {bad}"
+    assert not bad, ("docs/performance.md quotes numbers benchmarks/results/latest.json lacks: "
+                     f"{bad}")
 
 
 def test_the_link_table_quotes_make_bench_cluster():

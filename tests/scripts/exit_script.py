@@ -4,8 +4,9 @@ inference forward, a dist_sync Trainer, 5 steps, and the script ends right after
 
 Usage: ``python exit_script.py [--trainer mxlarge|mxlarge-own-store|gluon|gluon-sync]
 [--steps N] [--hang-in-exit] [--raise-at-end]``. ``mxlarge-own-store``: ``mxlarge.Trainer``
-given the script's own ``mx.kv.create('dist_sync')`` (README's "Your own script"). ``gluon``: ``gluon.Trainer(kvstore='dist_sync')`` (MXNet's
-own store); ``gluon-sync``: ``gluon.Trainer`` given a store from ``mxlarge.kvstore.sync.create``.
+given the script's own ``mx.kv.create('dist_sync')`` (README's "Your own script").
+``gluon``: ``gluon.Trainer(kvstore='dist_sync')`` (MXNet's own store); ``gluon-sync``:
+``gluon.Trainer`` given a store from ``mxlarge.kvstore.sync.create``.
 ``--hang-in-exit``: rank 1 hangs in an ``atexit`` handler that runs after everything else (a
 process stuck in its exit after its work is done). ``--raise-at-end``: rank 1 raises right
 after its last step.
@@ -23,7 +24,8 @@ import mxlarge
 from mxlarge.kvstore import sync
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--trainer", choices=["mxlarge", "mxlarge-own-store", "gluon", "gluon-sync"], default="mxlarge")
+parser.add_argument("--trainer", default="mxlarge",
+                    choices=["mxlarge", "mxlarge-own-store", "gluon", "gluon-sync"])
 parser.add_argument("--steps", type=int, default=5)
 parser.add_argument("--hang-in-exit", action="store_true")
 parser.add_argument("--raise-at-end", action="store_true")

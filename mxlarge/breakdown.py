@@ -234,6 +234,14 @@ class Ready(Protocol):
     def wait_to_read(self) -> None: ...
 
 
+class Script(Protocol):
+    """What :class:`StepClock` hands a recorded step to
+    (:meth:`mxlarge.timeline.record.Recorder.script_step`)."""
+
+    def script_step(self, t: int, grads: Callable[[], Sequence[Any]],
+                    run: Callable[[bool], bool]) -> bool: ...
+
+
 class StepClock:
     """The breakdown of a script of one's own: ``mxlarge.Trainer.step`` under the launcher
     (:meth:`step`). It sees only the calls, so it is coarser than the loop's: ``data`` is 0 and
@@ -244,18 +252,35 @@ class StepClock:
     Args:
         beat: the worker's heartbeat.
         sync: the engine's ``waitall``.
+        timeline: the worker's timeline recorder, if it records one.
     """
 
-    def __init__(self, beat: Beat, sync: Callable[[], None]) -> None:
+    def __init__(self, beat: Beat, sync: Callable[[], None],
+                 timeline: Script | None = None) -> None:
         self.beat = beat
         self.sync = sync
+        self.timeline = timeline
         self.window = Window()
         self._mark: tuple[int, float] | None = None  # (the next step, when this one ended)
 
     def step(self, t: int, exchange: Callable[[], None],
              grads: Callable[[], Sequence[Ready]], update: Callable[[], bool]) -> bool:
         """Step ``t``: ``exchange()`` then ``update()`` (its result returned), timed when
-        ``t`` is sampled and the previous ``step()`` was ``t - 1``."""
+        ``t`` is sampled and the previous ``step()`` was ``t - 1``, unless ``timeline``
+        records it (no engine syncs in a recorded step: :mod:`mxlarge.timeline`)."""
+        if self.timeline is None:
+            return self._step(t, exchange, grads, update)
+
+        def run(recorded: bool) -> bool:
+            if not recorded:
+                return self._step(t, exchange, grads, update)
+            self._mark = None
+            exchange()
+            return update()
+        return self.timeline.script_step(t, grads, run)
+
+    def _step(self, t: int, exchange: Callable[[], None],
+              grads: Callable[[], Sequence[Ready]], update: Callable[[], bool]) -> bool:
         mark, self._mark = self._mark, None
         if mark is None or mark[0] != t:
             exchange()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -345,6 +346,7 @@ def _run_attempt(job: Launch, attempt: Attempt, record: _Record) -> Outcome:
             os.unlink(hostfile)
     record.hosts = list(outcome.hosts)
     record.stragglers(outcome.stragglers)
+    record.timeline(outcome.timeline)
     return outcome
 
 
@@ -384,6 +386,11 @@ class _Record:
             self.run.log_metrics({"straggler/ratio": e.ratio, "straggler/wait": e.wait}, e.step)
             if e.ended is not None:
                 self.run.log_metrics({"straggler/ratio": 1.0, "straggler/wait": 0.0}, e.ended)
+
+    def timeline(self, trace: dict[str, Any] | None) -> None:
+        """The workers' merged timeline (:mod:`mxlarge.timeline`) as ``timeline/trace.json``."""
+        if self.run is not None and trace is not None:
+            self.run.log_text(json.dumps(trace), "timeline/trace.json")
 
     def restart(self, failure: Failure, restarts: int, gave_up: str | None) -> None:
         """A failed attempt: the restarts so far and the reason, or why the job gave up."""

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from mxlarge.bnstats import save_device_params
 from mxlarge.errors import DivergenceError
 from mxlarge.gns import sum_sq as gns_sum_sq
 from mxlarge.hooks import Hook, StepOutput
+from mxlarge.timeline.record import Moment, marked_backward
 
 
 @dataclass
@@ -55,6 +57,7 @@ class TrainLoop:
     artifacts: dict[str, str] = field(default_factory=dict)
     timed: bool = False      # time sampled steps part by part (mxlarge.breakdown)
     _data_wait: float = 0.0  # seconds the current step waited for its batch
+    _data_began: float = 0.0  # when it began to wait (time.time(): the timeline's clock)
 
     def __post_init__(self) -> None:
         self.hooks = sorted(self.hooks, key=lambda h: h.stage)  # stable: equal stages keep order
@@ -69,7 +72,9 @@ class TrainLoop:
         t = self.trainer
         measure = (self.gns is not None and self.gns_every > 0
                    and self.step % self.gns_every == 0)
-        timed = self.timed and breakdown.sampled(self.step)
+        rec = t.timeline if t.timeline is not None and t.timeline.begin(self.step) else None
+        timed = self.timed and breakdown.sampled(self.step) and rec is None  # no syncs in it
+        issued: Moment = rec.data(self._data_began, self._data_wait) if rec is not None else 0.0
         if timed:
             mx.nd.waitall()  # the previous step's work is not this step's
             t0 = time.perf_counter()
@@ -81,7 +86,7 @@ class TrainLoop:
             with autograd.record():
                 losses = [self.loss_fn(self.net(x), y) for x, y in zip(xs, ys)]
                 scaled = self._scaled(losses)
-            autograd.backward(scaled)
+            marked_backward(rec, issued, losses[0], partial(autograd.backward, scaled), t.grads)
             if measure:
                 small = [gns_sum_sq(t.grads(d)) for d in range(t.num_devices)]
             loss = losses[0]
@@ -97,7 +102,8 @@ class TrainLoop:
                     with autograd.record():
                         part = self.loss_fn(self.net(x), y)
                         scaled = self._scaled([part])
-                    autograd.backward(scaled)
+                    issued = marked_backward(rec, issued, part,
+                                             partial(autograd.backward, scaled), t.grads, micro=j)
                 if timed:
                     mx.nd.waitall()
                     ends.append(time.perf_counter())
@@ -154,7 +160,7 @@ class TrainLoop:
                 self.epoch = epoch
                 batches = iter(self.train_source.epoch(epoch))
                 while True:
-                    t0 = time.perf_counter()
+                    t0, self._data_began = time.perf_counter(), time.time()
                     batch = next(batches, None)
                     if batch is None:
                         break

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlarge.config import Config
-from mxlarge.errors import DivergenceError
+from mxlarge.errors import DivergenceError, InputError
 from mxlarge.plan import Plan, World, check_processes, plan, with_world, world_of
 
 
@@ -121,11 +121,31 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
                       compression=compression, fusion_bytes=cfg.dist.fusion_bytes,
                       wire_dtype=cfg.dist.wire_dtype,
                       bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated,
-                      heartbeat=heartbeat_dir)
+                      heartbeat=heartbeat_dir, **timeline_keywords(cfg, source, p.total_steps,
+                                                                    heartbeat_dir))
     if cfg.train.amp != "none":
         amp.init_trainer(trainer)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,
                  rank=rank)
+
+
+def timeline_keywords(cfg: Config, source: str, total_steps: int,
+                      heartbeat_dir: Path | None) -> dict[str, int]:
+    """The Trainer's timeline keywords of ``train.timeline_start``/``timeline_steps``, checked
+    against the run's steps and the launcher's job directory (:mod:`mxlarge.timeline`)."""
+    t = cfg.train
+    if t.timeline_start is None:
+        return {}
+    steps = total_steps if t.max_steps is None else min(total_steps, t.max_steps)
+    if t.timeline_start + t.timeline_steps > steps:
+        raise InputError(f"{source}: train.timeline_start = {t.timeline_start}, "
+                         f"train.timeline_steps = {t.timeline_steps}: expected steps within "
+                         f"the run's {steps} (0 to {steps - 1})")
+    if heartbeat_dir is None:
+        raise InputError(f"{source}: train.timeline_start = {t.timeline_start}: a timeline is "
+                         "recorded in a launched job (mxlarge launch), whose launcher merges "
+                         "the workers' files (and not with --stall-timeout 0)")
+    return {"timeline_start": t.timeline_start, "timeline_steps": t.timeline_steps}
 
 
 def train(cfg: Config, source: str = "<config>", resume: str | None = None,

@@ -126,6 +126,11 @@ class TrainConfig:
     amp: str = _f("none", "MXNet AMP (mxnet.contrib.amp) with dynamic loss scaling: bfloat16 "
                           "(CPU) or float16 (GPU); weights stay float32",
                   choices=("none", "bfloat16", "float16"))
+    timeline_start: int | None = _f(None, "record this step and the next timeline_steps - 1 "
+                                          "on every worker as a Chrome trace, "
+                                          "timeline/trace.json in the run (launched jobs)",
+                                    ge=0)
+    timeline_steps: int = _f(3, "steps the timeline records", ge=1)
     save_params: str | None = _f(None, "also write the final parameters here ('{rank}' is "
                                        "replaced by the rank; '.local' copy has the rank's own "
                                        "BN statistics)")

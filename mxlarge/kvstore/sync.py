@@ -39,6 +39,7 @@ from mxlarge.kvstore.pieces import PieceLinks
 from mxlarge.kvstore.roles import ParamRole
 from mxlarge.kvstore.views import BucketViews
 from mxlarge.protocol.session import SESSION
+from mxlarge.timeline.record import Recorder
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync", "dist")
 #: MXNet runs ``'dist'`` as ``'dist_sync'`` (no ``_async`` suffix: synchronous).
@@ -202,6 +203,7 @@ class SyncStore:
                              "compression quantises float32 only; choose one")
         self._wire: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> float16 buffer/device
         self._pieces = PieceLinks()
+        self.timeline: Recorder | None = None  # records its steps' exchanges (mxlarge.timeline)
         self._order = Order(self.distributed and spans_hosts()
                             and os.environ.get("MXLARGE_SERVER_HOSTS") != "1")
         if self.distributed and self.rank == 0 and (
@@ -389,23 +391,30 @@ class SyncStore:
     def _exchange(self, b: Bucket, arrays: list[mx.nd.NDArray], priority: int,
                   prescale: float = 1.0) -> None:
         """Sum of ``arrays`` over devices and workers, written back into them: one pushpull
-        (push then pull if compressed), through the float16 buffers on the 16-bit wire."""
+        (push then pull if compressed, or in a step the :attr:`timeline` records), through the
+        float16 buffers on the 16-bit wire."""
         key = b.key
         wire = self._wire.get(key)
+        sent = arrays
         if wire is not None:
             for a, w in zip(arrays, wire):
                 mx.nd.cast(a * prescale if prescale != 1.0 else a, dtype="float16", out=w)
-            self.kv.pushpull(self._wire_key(b), wire, out=wire, priority=priority)
+            key, sent = self._wire_key(b), wire
+        rec = self.timeline
+        if rec is not None and rec.step is not None and self.distributed:
+            rec.exchange(key, sent[0].size * np.dtype(sent[0].dtype).itemsize, sent,
+                         lambda: self.kv.push(key, sent, priority=priority),
+                         lambda: self.kv.pull(key, out=sent, priority=priority))
+        elif self.distributed and self._bit is None:
+            self.kv.pushpull(key, sent, out=sent, priority=priority)
+        else:
+            self.kv.push(key, sent, priority=priority)
+            self.kv.pull(key, out=sent, priority=priority)
+        if wire is not None:
             for a, w in zip(arrays, wire):
                 mx.nd.cast(w, dtype="float32", out=a)
                 if prescale != 1.0:
                     a *= 1.0 / prescale
-            return
-        if self.distributed and self._bit is None:
-            self.kv.pushpull(key, arrays, out=arrays, priority=priority)
-        else:
-            self.kv.push(key, arrays, priority=priority)
-            self.kv.pull(key, out=arrays, priority=priority)
 
     def gather(self, key: int, mine: np.ndarray) -> np.ndarray:
         """Every rank's float32 vector ``mine`` as rows of a (k, n) array, exactly (collective).

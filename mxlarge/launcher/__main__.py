@@ -4,6 +4,8 @@ script)."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 from mxlarge.launcher.backends.local import PortInUseError
@@ -14,6 +16,9 @@ from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import backend_for
 from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
 from mxlarge.plan import World
+
+#: Where a job's merged timeline goes (:mod:`mxlarge.timeline`): this launcher has no run.
+TIMELINE_FILE = "mxlarge-timeline.json"
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -58,7 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--firewall on: {why}")
 
     def attempt(number: int) -> Outcome:
-        return run_job(spec)
+        outcome = run_job(spec)
+        if outcome.timeline is not None:  # no run to log it in: a file here
+            path = os.path.abspath(TIMELINE_FILE)
+            with open(path, "w") as f:
+                json.dump(outcome.timeline, f)
+            print(f"[launcher] timeline: {path} (open it in https://ui.perfetto.dev)",
+                  flush=True)
+        return outcome
 
     try:
         backend_for(a.launcher).preflight(spec)  # every host answers, before anything starts

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mxlarge.launcher.straggler import Episode
 
@@ -137,6 +138,8 @@ class Outcome:
             cluster job: its ssh, mpirun or srun clients, which carry the remote output).
         stragglers: the workers named slow while it ran, in the order they were named
             (:mod:`mxlarge.launcher.straggler`).
+        timeline: the workers' timeline merged into one Chrome trace
+            (:mod:`mxlarge.timeline.trace`), when they recorded one.
     """
 
     exit_code: int
@@ -148,6 +151,7 @@ class Outcome:
     beats: tuple[Beat, ...] = ()
     tails: tuple[Tail, ...] = ()
     stragglers: tuple[Episode, ...] = ()
+    timeline: dict[str, Any] | None = None
 
 
 def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:

@@ -30,6 +30,7 @@ from mxlarge.launcher.straggler import Stragglers
 from mxlarge.launcher.verdict import evidence, exit_outcome, stall_outcome
 from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import read_all
+from mxlarge.timeline import trace as timeline
 
 # How often the supervision loops look at their children. Small enough that a failure is
 # noticed well within a second, large enough to cost nothing next to MXNet's own threads.
@@ -408,8 +409,21 @@ def supervise(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
     stragglers = Stragglers(lambda line: sup.sink.emit("launcher", line), clock=clock)
     outcome = _supervise_loop(sup, backend, watchdog, stop, received, stragglers, clock=clock,
                               sleep=sleep)
-    return evidence(dataclasses.replace(outcome, stragglers=stragglers.episodes), sup.children,
-                    watchdog)
+    return evidence(dataclasses.replace(outcome, stragglers=stragglers.episodes,
+                                        timeline=merged_timeline(sup)), sup.children, watchdog)
+
+
+def merged_timeline(sup: Supervisor) -> dict[str, Any] | None:
+    """The workers' timeline files in the job's directory merged (:mod:`mxlarge.timeline`),
+    said in one launcher line; None when they recorded none."""
+    if sup.heartbeats is None:
+        return None
+    records = timeline.read(sup.heartbeats)
+    if not records:
+        return None
+    trace = timeline.merge(records)
+    sup.sink.emit("launcher", timeline.describe(trace))
+    return trace
 
 
 def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,

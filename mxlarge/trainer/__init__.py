@@ -18,6 +18,7 @@ a skipped step does not count (Gluon's rule). The user's guide: docs/trainer.md.
 """
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
+from mxnet.ndarray import waitall
 
 from mxlarge.bnstats import BNStats
 from mxlarge.breakdown import StepClock
@@ -35,6 +37,7 @@ from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.plan import World
 from mxlarge.protocol.session import SESSION
 from mxlarge.schedulers import Schedule
+from mxlarge.timeline.record import Mark, recorder
 from mxlarge.trainer import checks
 from mxlarge.trainer.deferred import on_init
 from mxlarge.trainer.gluon_args import HONOURED, MXNetSchedule, store_name
@@ -46,8 +49,10 @@ from mxlarge.trainer.states import NUM_UPDATE_KEY, OptimizerStates
 __all__ = ["Trainer", "HONOURED", "MXNetSchedule", "NUM_UPDATE_KEY"]
 
 
-def _accumulate(params: list[mx.gluon.Parameter]) -> None:
+def _accumulate(params: list[mx.gluon.Parameter], simulated_workers: int) -> None:
     """Gradients accumulate over simulated workers' micro-batches (one device only)."""
+    if simulated_workers == 1:
+        return
     if params and len(params[0].list_ctx()) > 1:
         raise ValueError("simulate_workers needs a single device per process")
     for p in params:
@@ -110,14 +115,14 @@ class Trainer(mx.gluon.Trainer):
         self._init_kvstore()
         self.heartbeat = (SESSION.beat(s.heartbeat, self.rank)
                           if s.heartbeat is not None and self.collectives.distributed else None)
-        self.clock = StepClock(self.heartbeat, mx.nd.waitall) if self.heartbeat else None
+        self.timeline = self.store.timeline = recorder(s.timeline, s.heartbeat, self.collectives)
+        self.clock = StepClock(self.heartbeat, waitall, self.timeline) if self.heartbeat else None
         self.lr = LearningRate(self.updater, s.base, (
             s.reference_batch, s.scaling, s.warmup_steps, s.warmup_lr) if s.gluon_form else None,
             s.mxnet_optimizer)
         self.opt_states = OptimizerStates(self.updater, self.params, self.names)
         self.simulated_workers = s.simulate_workers
-        if self.simulated_workers > 1:
-            _accumulate(self.params)
+        _accumulate(self.params, self.simulated_workers)
         self._first_step_checked = self._batch_warned = False
         if self.rank == 0:
             s.note_differences(self.num_workers, self.rank)
@@ -302,6 +307,8 @@ class Trainer(mx.gluon.Trainer):
         beat = self.heartbeat
         if beat is not None:
             beat.issue(t)  # this worker's gradients of update t are pushed
+        rec = self.timeline if self.timeline and self.timeline.begin(t) else None
+        issued = time.time()
         if not self._args_current:
             self._gather_update_args()
         self.opt_states.refresh_masters()
@@ -312,13 +319,14 @@ class Trainer(mx.gluon.Trainer):
                              "it accumulates (grad_req='add'; docs/mxnet-facts.md)")
         # the summed gradients are bitwise the same on every rank, so is this decision
         if scaler is not None and scaler.has_overflow(self._params):
-            return False
+            return rec is not None and rec.update(issued, Mark(time.time()), applied=False)
         rescale = self._scale / (batch_size * self.num_workers)
         for weights, grads, states in self._update_args:
             self.updater.apply(t, self.pushed, weights, grads, states, rescale)
         if beat is not None and self._update_args:
             # a weight update t writes exists once it is complete (mxlarge.protocol.heartbeat)
             beat.completes(t, self._update_args[0][0][0])
+        rec is None or rec.update(issued, rec.mark_all(self._update_args[0][0]), applied=True)
         self.num_update = t + 1
         return True
 

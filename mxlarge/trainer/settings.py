@@ -25,6 +25,7 @@ from mxlarge.kvstore.sync import check_wire_dtype
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.protocol.heartbeat import LAUNCHED, Launched, launched_dir
 from mxlarge.schedulers import Schedule
+from mxlarge.timeline import Window
 from mxlarge.trainer.gluon_args import (
     check_horovod_keywords,
     check_store_for_the_process,
@@ -64,6 +65,7 @@ class Settings:
     bn_stats: str
     simulate_workers: int
     heartbeat: Path | None
+    timeline: Window | None
 
     def updater(self) -> LargeBatchSGD | MXNetUpdate:
         """The optimizer that runs the update, at update :attr:`begin`."""
@@ -102,7 +104,8 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
             fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32",
             bn_stats: str = "reduce", simulate_workers: int = 1,
             heartbeat: str | Path | Launched | None = LAUNCHED,
-            gradient_predivide_factor: float = 1.0) -> Settings:
+            gradient_predivide_factor: float = 1.0, timeline_start: int | None = None,
+            timeline_steps: int | None = None) -> Settings:
     """The :class:`Settings` of ``mxlarge.Trainer(params, optimizer, optimizer_params, kvstore,
     compression_params, update_on_kvstore, **keywords)``.
 
@@ -147,6 +150,10 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
             watchdog, or None for no reports; the default, ``LAUNCHED``, is the directory the
             launcher gave this process (:func:`~mxlarge.protocol.heartbeat.launched_dir`), none
             outside a launched job.
+        timeline_start, timeline_steps: record steps timeline_start ≤ t < timeline_start +
+            timeline_steps (3 if not given) on every worker of a launched job as a Chrome trace
+            the launcher merges (:mod:`mxlarge.timeline`); without them, ``$MXLARGE_TIMELINE``
+            (``START:STEPS``).
         gradient_predivide_factor: Horovod's keyword, 1.0 only (refused otherwise, with the
             reason); Horovod's ``compression=Compression.fp16`` is ``wire_dtype='float16'``.
     """
@@ -189,7 +196,8 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
         decay_bn_bias=decay_bn_bias, compression=compression, fusion_bytes=fusion_bytes,
         wire_dtype=wire_dtype, bn_stats=bn_stats, simulate_workers=int(simulate_workers),
         heartbeat=launched_dir() if heartbeat is LAUNCHED else
-        None if heartbeat is None else Path(heartbeat))
+        None if heartbeat is None else Path(heartbeat),
+        timeline=Window.of(timeline_start, timeline_steps))
 
 
 #: The keywords :func:`resolve` takes beyond Gluon's positional arguments.

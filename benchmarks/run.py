@@ -45,6 +45,7 @@ TITLES = {
     "wire16": "13. The 16-bit wire's exchange vs float32's on a shaped testbed link",
     "fwd_bwd": "14. Forward+backward of the same graph: mxlarge.Trainer vs gluon.Trainer",
     "breakdown_cost": "15. Cost of the per-rank step breakdown",
+    "timeline_cost": "16. Cost of the steps the timeline records",
 }
 #: Run only when named in ``--only`` (``make bench-cluster``): needs root and the testbed.
 ON_REQUEST = frozenset({"cluster_link", "wire16"})
@@ -64,6 +65,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         heartbeat_cost,
         input_pipeline,
         scale_model,
+        timeline_cost,
         trainer_overhead,
         update_kernels,
         wire16,
@@ -96,6 +98,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "fwd_bwd": (len(fwd_bwd.NETS) * r1, lambda log, bar: fwd_bwd.run(
             reps=r1, log=log, bar=bar)),
         "breakdown_cost": (2 * r1, lambda log, bar: breakdown_cost.run(
+            reps=r1, log=log, bar=bar)),
+        "timeline_cost": (2 * r1, lambda log, bar: timeline_cost.run(
             reps=r1, log=log, bar=bar)),
     }
 

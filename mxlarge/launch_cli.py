@@ -388,9 +388,16 @@ class _Record:
                 self.run.log_metrics({"straggler/ratio": 1.0, "straggler/wait": 0.0}, e.ended)
 
     def timeline(self, trace: dict[str, Any] | None) -> None:
-        """The workers' merged timeline (:mod:`mxlarge.timeline`) as ``timeline/trace.json``."""
-        if self.run is not None and trace is not None:
-            self.run.log_text(json.dumps(trace), "timeline/trace.json")
+        """The workers' merged timeline (:mod:`mxlarge.timeline`) as ``timeline/trace.json``
+        and its picture ``timeline/trace.png``."""
+        if self.run is None or trace is None:
+            return
+        from mxlarge.reporting.timeline_plot import plot_timeline
+
+        self.run.log_text(json.dumps(trace), "timeline/trace.json")
+        with tempfile.TemporaryDirectory(prefix="mxlarge-timeline-") as tmp:
+            plot_timeline(trace, os.path.join(tmp, "trace.png"))
+            self.run.log_artifacts([os.path.join(tmp, "trace.png")], under="timeline")
 
     def restart(self, failure: Failure, restarts: int, gave_up: str | None) -> None:
         """A failed attempt: the restarts so far and the reason, or why the job gave up."""

@@ -3,13 +3,16 @@
 MXNet's engine is asynchronous: a call returns when its work is queued, not done. So a recorded
 moment is a *mark*: a one-element copy of an array, an engine operation that runs once every
 earlier write of the array is done, and a thread waiting for that copy notes the wall clock
-(``time.time()``) when it lands. A mark is only ever noted late: its copy waits for the one
-engine operation its worker thread runs instead (on a CPU worker, say the backward it had ready
-at the same moment as a forward's mark), and its thread for the interpreter lock (the switch
-interval is :data:`SWITCH` while a window is recorded). Where the engine orders two marks (a
-push before its pull, the pulls before the update, an update before the next forward's end), the
-earlier one is taken as at most the later one (:meth:`Recorder.order`). Nothing is synced:
-the recorded steps overlap as any other (a mark costs one tiny copy and one thread).
+(``time.time()``) when it lands. A mark is only ever noted late: its copy (and the wait's own
+engine operation) may wait for an operation of the same priority that the worker's engine
+thread had ready at the same moment (a CPU worker has one such thread), and its thread for the
+interpreter lock (the switch interval is :data:`SWITCH` while a window is recorded). Where the
+engine orders two marks (a push before its pull, the pulls before the update, an update before
+the next forward's end), the earlier one is taken as at most the later one
+(:meth:`Recorder.order`). Two waits in the training thread, where a mark would race the next
+operation of equal priority, ready at the very same moment: the forward's end before the
+backward is issued (:func:`marked_backward`), the previous update's end before the forward is
+(:meth:`Recorder.settle`); the rest overlaps as in any step.
 
 In a recorded step a bucket's exchange goes as a push and a pull (one ``pushpull`` otherwise:
 its halves are one request that the worker cannot tell apart) with three marks on the array
@@ -45,12 +48,19 @@ JOIN_TIMEOUT = 30.0
 
 
 class Mark:
-    """A moment the engine reaches: ``t`` (``time.time()``) once it has, None before."""
+    """A moment the engine reaches: ``t`` (``time.time()``) once it has, None before;
+    ``probe`` the one-element array that exists from then on."""
 
-    __slots__ = ("t",)
+    __slots__ = ("t", "probe")
 
-    def __init__(self, t: float | None = None) -> None:
+    def __init__(self, t: float | None = None, probe: mx.nd.NDArray | None = None) -> None:
         self.t = t
+        self.probe = probe
+
+    def note(self, t: float) -> None:
+        """Seen reached at ``t`` (by a waiting thread or the training thread): the earliest
+        sighting stands."""
+        self.t = t if self.t is None else min(self.t, t)
 
 
 Moment = Mark | float
@@ -58,7 +68,7 @@ Moment = Mark | float
 
 def _land(probe: mx.nd.NDArray, mark: Mark) -> None:
     probe.wait_to_read()
-    mark.t = time.time()
+    mark.note(time.time())
 
 
 def _at(moments: Sequence[Moment | None]) -> float | None:
@@ -92,7 +102,6 @@ class Recorder:
         self._spans: list[tuple[str, str, int, list[Moment | None], list[Moment | None],
                                 dict[str, Any]]] = []
         self._threads: list[threading.Thread] = []
-        self._joins: list[tuple[list[Mark], Mark]] = []
         self._order: list[tuple[Mark, Mark]] = []  # (a, b): the engine reaches a before b
         self._switch = sys.getswitchinterval()
 
@@ -110,8 +119,8 @@ class Recorder:
 
     def mark(self, array: mx.nd.NDArray) -> Mark:
         """The moment every write of ``array`` issued so far is done."""
-        mark = Mark()
         probe = array.reshape((-1,))[0:1].copy()
+        mark = Mark(probe=probe)
         thread = threading.Thread(target=_land, args=(probe, mark), daemon=True,
                                   name="mxlarge-timeline")
         thread.start()
@@ -120,16 +129,19 @@ class Recorder:
 
     def mark_all(self, arrays: Sequence[mx.nd.NDArray]) -> Mark:
         """The moment every write of every one of ``arrays`` issued so far is done (one
-        engine operation reading them all per dtype)."""
-        heads: dict[str, list[mx.nd.NDArray]] = {}
-        for a in arrays:
-            heads.setdefault(str(a.dtype), []).append(a.reshape((-1,))[0:1])
-        marks = [self.mark(mx.nd.add_n(*h) if len(h) > 1 else h[0]) for h in heads.values()]
-        if len(marks) == 1:
-            return marks[0]
-        last = Mark()  # lands with the latest of them (resolved in finish)
-        self._joins.append((marks, last))
-        return last
+        engine operation reading their first elements, as float32 when their dtypes differ)."""
+        heads = [a.reshape((-1,))[0:1] for a in arrays]
+        if len({h.dtype for h in heads}) > 1:
+            heads = [h.astype("float32") for h in heads]
+        return self.mark(mx.nd.add_n(*heads) if len(heads) > 1 else heads[0])
+
+    def settle(self, mark: Mark | None) -> None:
+        """Waits here for ``mark`` (an update's end, before the next forward is issued: the
+        forward's first operation would be ready at the very moment the mark's thread's wait
+        is) and notes it."""
+        if mark is not None and mark.probe is not None:
+            mark.probe.wait_to_read()
+            mark.note(time.time())
 
     def order(self, a: Mark | None, b: Mark) -> None:
         """The engine reaches ``a`` before ``b`` (``b`` depends on it): a mark's thread may note
@@ -167,10 +179,11 @@ class Recorder:
         return applied
 
     def data(self, began: float, wait: float) -> float:
-        """The loop's step: its wait for the batch from ``began`` for ``wait`` s; returns the
-        forward's issue (now)."""
+        """The loop's step: its wait for the batch from ``began`` for ``wait`` s; settles the
+        previous update's end; returns the forward's issue (now)."""
         self.compute_marked = True
         self.span("data", "data", [began], [began + wait])
+        self.settle(self.previous_update)
         return time.time()
 
     def compute(self, issued: Moment, forward: Mark, grads: Sequence[mx.nd.NDArray],
@@ -222,8 +235,6 @@ class Recorder:
         for thread in self._threads:
             thread.join(JOIN_TIMEOUT)
         sys.setswitchinterval(self._switch)
-        for marks, last in self._joins:
-            last.t = _at(marks)
         for _ in range(len(self._order)):  # until every (a, b) has t_a <= t_b
             changed = False
             for a, b in self._order:
@@ -251,13 +262,15 @@ class Recorder:
 def marked_backward(rec: Recorder | None, issued: Moment, loss: mx.nd.NDArray,
                     backward: Callable[[], None], grads: Callable[[], Sequence[mx.nd.NDArray]],
                     **args: int) -> Moment:
-    """``backward()``; in a step ``rec`` records, between a mark of ``loss`` (the forward's end:
-    marked before the backward is issued, which the engine would otherwise run first) and the
-    spans of :meth:`Recorder.compute`, whose backward's end it returns (else ``issued``)."""
+    """``backward()``; in a step ``rec`` records, first waits for ``loss`` (the forward's end:
+    a mark would be ambiguous, the backward's first operation being ready at the same moment
+    on the same engine thread), then the spans of :meth:`Recorder.compute`, whose backward's
+    end it returns (else ``issued``)."""
     if rec is None:
         backward()
         return issued
-    forward = rec.mark(loss)
+    loss.wait_to_read()
+    forward = Mark(time.time())
     backward()
     return rec.compute(issued, forward, grads(), **args)
 

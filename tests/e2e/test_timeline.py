@@ -68,6 +68,8 @@ def test_a_launched_run_logs_every_ranks_timeline_of_the_steps_asked(tmp_path):
     assert "[launcher] timeline of steps 5-7: 2 worker rank(s), " in r.stdout, r.stdout[-3000:]
     c = MlflowClient(uri)
     run = c.search_runs([e.experiment_id for e in c.search_experiments()])[0]
+    assert [a.path for a in c.list_artifacts(run.info.run_id, "timeline")] == \
+        ["timeline/trace.json", "timeline/trace.png"]
     path = c.download_artifacts(run.info.run_id, "timeline/trace.json", str(tmp_path))
     trace = json.loads(Path(path).read_text())
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]

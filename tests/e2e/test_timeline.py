@@ -57,10 +57,13 @@ def _check_order(spans: list[dict], compute: tuple[str, ...]) -> set[int]:
 
 
 @pytest.mark.timeout(240)
-def test_a_launched_run_logs_every_ranks_timeline_of_the_steps_asked(tmp_path):
+@pytest.mark.parametrize("simulated", [1, 2])
+def test_a_launched_run_logs_every_ranks_timeline_of_the_steps_asked(tmp_path, simulated):
+    """With 2 simulated workers per process, each micro-batch's forward and backward."""
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     r = subprocess.run([sys.executable, "-m", "mxlarge.cli", "launch", str(CONFIG), "-n", "2",
                         "-s", "1", "train.epochs=24", "train.max_steps=12",
+                        f"dist.simulate_workers={simulated}",
                         "train.timeline_start=5", "train.timeline_steps=3"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=220,
                        env={**os.environ, "MLFLOW_TRACKING_URI": uri})
@@ -79,7 +82,7 @@ def test_a_launched_run_logs_every_ranks_timeline_of_the_steps_asked(tmp_path):
     assert all(names[r].startswith(f"worker rank {r} on {host} (pid ") for r in (0, 1)), names
     assert trace["otherData"]["clock_shift_s"] == {host: 0.0}
     spans = _spans(trace)
-    keys = [_check_order(spans[r], ("forward", "backward")) for r in (0, 1)]
+    keys = [_check_order(spans[r], ("forward", "backward") * simulated) for r in (0, 1)]
     assert keys[0] == keys[1]
     data = [e for e in spans[0] if e["cat"] == "data"]
     assert [e["args"]["step"] for e in data] == list(STEPS)

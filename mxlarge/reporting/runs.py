@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Metrics logged once per epoch, all at the step at which the epoch ended (mxlarge.loop).
 EPOCH_KEYS = ("train/epoch", "val/error_top1", "val/accuracy", "perf/train_seconds",
-              "perf/images_per_sec")
+              "perf/images_per_sec", "breakdown/wait_share")
 # The names stores written before the MLflow sections (train/, val/, perf/, gns/) used for the
 # metrics a report reads; such a run is read under the new names.
 LEGACY_METRICS = {"train/epoch": "epoch", "val/error_top1": "val_error_top1",

@@ -59,7 +59,8 @@ def time_to_target(rows: Sequence[Mapping[str, float]],
 
 def median_throughput(rows: Sequence[Mapping[str, float]],
                       key: str = "perf/images_per_sec") -> float | None:
-    """Median over epochs of the global images/s (robust to a slow first epoch)."""
+    """Median over epochs of ``key``: by default the global images/s (robust to a slow first
+    epoch)."""
     values = [r[key] for r in rows if key in r]
     return float(statistics.median(values)) if values else None
 
@@ -149,6 +150,7 @@ class LabelRow:
     efficiency: float | None
     conv_speedup: float | None
     configs: int = 1        # distinct configs (seed aside) among the seeds: 1 expected
+    waiting: float | None = None  # share of a step spent waiting for the exchange
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,11 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
         group = sorted(group, key=lambda r: r.seed)
         ttt = [time_to_target(r.rows, target) if target is not None else None for r in group]
         ips = [v for v in (median_throughput(r.rows) for r in group) if v is not None]
+        waits = [v for v in (median_throughput(r.rows, "breakdown/wait_share") for r in group)
+                 if v is not None]
         stats[label] = dict(
             group=group, ttt=ttt, ips=statistics.fmean(ips) if ips else None,
+            waiting=statistics.fmean(waits) if waits else None,
             workers=common([r.workers for r in group]),
             fingerprint=common([r.fingerprint for r in group]))
     rows = []
@@ -225,6 +230,7 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
             epochs_to_target=tuple(t[0] if t else None for t in s["ttt"]),
             seconds_to_target=tuple(t[1] if t else None for t in s["ttt"]),
             images_per_sec=s["ips"], reference=ref, speedup=speedup, efficiency=efficiency,
-            conv_speedup=conv, configs=len({r.fingerprint for r in group})))
+            conv_speedup=conv, configs=len({r.fingerprint for r in group}),
+            waiting=s["waiting"]))
     return Summary(best_accuracy=best[0], best_run=best[1].run_id if best[1] else None,
                    target_fraction=target_fraction, target=target, rows=tuple(rows))

@@ -61,12 +61,12 @@ def markdown_table(summary: Summary) -> str:
     """The per-label table (GitHub markdown)."""
     head = ("| label | workers | global batch | peak LR | seeds | final error % (mean ± std) "
             "| epochs to target | train s to target | images/s (median) | speedup | efficiency "
-            "| conv.-adjusted speedup |")
-    lines = [head, "|" + "---|" * 12]
+            "| conv.-adjusted speedup | waiting for the exchange |")
+    lines = [head, "|" + "---|" * 13]
     for r in summary.rows:
         if not r.seeds:
             lines.append(f"| {r.label} | n/a | n/a | n/a | none FINISHED (failed or unfinished: "
-                         f"{','.join(map(str, r.missing_seeds))}) |" + " n/a |" * 7)
+                         f"{','.join(map(str, r.missing_seeds))}) |" + " n/a |" * 8)
             continue
         seeds = ",".join(map(str, r.seeds))
         if r.missing_seeds:
@@ -80,7 +80,8 @@ def markdown_table(summary: Summary) -> str:
             f"| {f'{r.images_per_sec:.0f}' if r.images_per_sec is not None else 'n/a'} "
             f"| {_ratio(r, r.speedup, '{:.2f}×', said=True)} "
             f"| {_ratio(r, r.efficiency, '{:.0%}')} "
-            f"| {_ratio(r, r.conv_speedup, '{:.2f}×')} |")
+            f"| {_ratio(r, r.conv_speedup, '{:.2f}×')} "
+            f"| {f'{r.waiting:.0%}' if r.waiting is not None else 'n/a'} |")
     return "\n".join(lines)
 
 
@@ -129,6 +130,11 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
            "(1 worker) ÷ train s to target (k workers). \"ref.\" marks the 1-worker run itself; "
            "n/a when there is none or a time to target is missing.",
+           "- **waiting for the exchange**: per run, the median over epochs of "
+           "`breakdown/wait_share` (Σ over ranks of the time a sampled step waits for the summed "
+           "gradients ÷ Σ of their steps: docs/breakdown.md), mean over seeds; what scaling "
+           "efficiency loses to the exchange and to the slowest rank; n/a for one-process runs "
+           "(no exchange).",
            "- Each (label, seed) uses its newest FINISHED run; runs left out are listed below.",
            ""]
     mixed = [r.label for r in s.rows if r.configs > 1]

@@ -22,7 +22,7 @@ def rows_of(trace: Mapping[str, Any]) -> list[tuple[int, str, list[dict[str, Any
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
              if e["name"] == "thread_name"}
     rows: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for (pid, tid), track in sorted(names.items()):
+    for (pid, _tid), track in sorted(names.items()):
         rows[(pid, track)] = []
     for e in trace["traceEvents"]:
         if e["ph"] == "X":
@@ -47,7 +47,7 @@ def plot_timeline(trace: Mapping[str, Any], path: str | Path) -> None:
     rows = rows_of(trace)
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.32 * len(rows)))
     seen: set[str] = set()
-    for y, (rank, label, spans) in enumerate(rows):
+    for y, (_rank, label, spans) in enumerate(rows):
         shared = label.startswith("exchange")
         for e in spans:
             name = e["name"]

@@ -68,16 +68,22 @@ class Output:
 
 
 class Ports:
-    """Every listening socket of a job's processes: port -> (label, pid)."""
+    """Every listening socket of a job's processes: port -> (label, pid), labelled as the
+    launcher names them (a worker by its kvstore rank, ``worker 1 (launch 0)`` where its launch
+    index differs: supervisor.process_label)."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, text: str) -> None:
         procs = {pid: env for pid, env in marked_processes(marker).items() if "DMLC_ROLE" in env}
         self.sockets = listening_sockets(list(procs))
+        workers = {int(m.group(2) or m.group(1)): m.group(0)[1:-1] for m in re.finditer(
+            r"^\[worker (\d+)(?: \(launch (\d+)\))?\](?= kv_worker rank=\1 num_workers)",
+            text, re.M)}  # launch index -> label
         self.label = {}
         for pid, _addr, port in self.sockets:
             env = procs[pid]
             role = env["MXLARGE_ROLE"]
-            self.label[port] = (role if role == "scheduler" else
+            self.label[port] = ("scheduler" if role == "scheduler" else
+                                workers[int(env["MXLARGE_LOCAL_RANK"])] if role == "worker" else
                                 f"{role} {env['MXLARGE_LOCAL_RANK']}", pid)
 
     @staticmethod
@@ -113,9 +119,9 @@ def test_garbage_on_every_port_is_named_and_one_restart_finishes_the_job() -> No
     record: dict[str, dict[str, str]] = {}  # label -> payload -> outcome
     try:
         wait_until(lambda: out.text().count("kv_worker ready") == 2, 90, "both workers ready")
-        ports = Ports(marker)
+        ports = Ports(marker, out.text())
         # every role listens, once each, on loopback only (the scheduler included)
-        assert sorted(label for label, _ in ports.label.values()) == \
+        assert sorted(label.split(" (")[0] for label, _ in ports.label.values()) == \
             ["scheduler", "server 0", "worker 0", "worker 1"], ports.sockets
         assert len(ports.sockets) == 4, ports.sockets
         assert all(ipaddress.ip_address(a).is_loopback for _, a, _ in ports.sockets), ports.sockets
@@ -143,11 +149,13 @@ def test_garbage_on_every_port_is_named_and_one_restart_finishes_the_job() -> No
             assert kinds[kind] == "survives", (label, kind, record)
         # every process that aborted said why, in its own output
         if "aborts" in kinds.values():
-            assert re.search(rf"^\[{label}\] .*{ABORT_LINE}", text, re.M), (label, text[-4000:])
+            assert re.search(rf"^\[{re.escape(label)}\] .*{ABORT_LINE}", text, re.M), \
+                (label, text[-4000:])
     assert any("aborts" in kinds.values() for kinds in record.values()), record
     # the first abort the launcher saw is named with that process's port, and restarted
-    m = re.search(r"^\[launcher\] restart 1/1 after: (scheduler|server 0|worker [01]) "
-                  r"exited with .*? its port 127\.0\.0\.1:(\d+) ", text, re.M)
+    m = re.search(r"^\[launcher\] restart 1/1 after: "
+                  r"(scheduler|server 0|worker [01](?: \(launch [01]\))?) exited with .*? "
+                  r"its port 127\.0\.0\.1:(\d+) ", text, re.M)
     assert m, text[-4000:]
     assert ports.label[int(m.group(2))][0] == m.group(1)
     assert re.search(CAUSE.format(port=m.group(2)), text), text[-4000:]

@@ -71,10 +71,15 @@ $(PEERS_STAMP): $(STAMP)
 bench-peers: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.peers
 
-# The same on the namespace testbed (mxlarge/testbed.py): 3 hosts, tc tbf 1 Gbit/s per
-# host (root only; holds /var/tmp/mxlarge-testbed.lock while the testbed is in use).
+# The same on the namespace testbed (mxlarge/testbed.py), every committed testbed part: 3 hosts,
+# tc tbf 1 Gbit/s then 200 Mbit/s per host, servers co-located (ResNet-50 at 200 Mbit/s against
+# the 16-bit peers too), then the servers on 3 hosts of their own (root only; holds
+# /var/tmp/mxlarge-testbed.lock while the testbed is in use).
 bench-peers-cluster: $(PEERS_STAMP)
-	$(BIN)/python -m benchmarks.peers --testbed
+	$(BIN)/python -m benchmarks.peers --part testbed --rate 1gbit --peers mxlarge,gluon_kv,gluon,horovod
+	$(BIN)/python -m benchmarks.peers --part testbed --rate 200mbit --nets demo,resnet20 --peers mxlarge,gluon_kv,gluon,horovod
+	$(BIN)/python -m benchmarks.peers --part testbed --rate 200mbit --nets resnet50 --peers mxlarge,mxlarge_fp16,horovod,horovod_fp16
+	$(BIN)/python -m benchmarks.peers --part testbed --server-hosts 3 --nets resnet50 --peers mxlarge,horovod
 
 lint: $(STAMP)
 	$(BIN)/ruff check mxlarge tests benchmarks

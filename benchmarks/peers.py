@@ -5,7 +5,7 @@ Usage::
     make bench-peers                                   # loopback + accuracy twin
     .venv/bin/python -m benchmarks.peers --quick       # fewer rounds: a smoke run
     .venv/bin/python -m benchmarks.peers --part accuracy
-    make bench-peers-cluster                           # = --part testbed (root)
+    make bench-peers-cluster                           # every --part testbed run (root)
 
 Peers (:data:`PEER_LINES`), each on the same net, synthetic data, per-worker
 batch n and number of workers k:

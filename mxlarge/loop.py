@@ -269,6 +269,8 @@ class TimerHook(Hook):
 
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
         if self.steps == 0:
+            # the step's work done, not queued: the engine may run several steps behind
+            mx.nd.waitall()
             self.start = time.perf_counter()
             self.first = out.images
         else:
@@ -457,6 +459,7 @@ class ProgressHook(Hook):
             self.bar.update(1)
         done = out.step + 1
         if self.epoch_mark is None:
+            mx.nd.waitall()  # as TimerHook: the first step's work done
             self.epoch_mark = (time.perf_counter(), done)
         if done % self.every and done != self.total:
             return

@@ -269,8 +269,7 @@ class TimerHook(Hook):
 
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
         if self.steps == 0:
-            # the step's work done, not queued: the engine may run several steps behind
-            mx.nd.waitall()
+            mx.nd.waitall()  # its work done, not queued: the engine runs steps behind Python
             self.start = time.perf_counter()
             self.first = out.images
         else:

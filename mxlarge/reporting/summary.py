@@ -57,10 +57,9 @@ def time_to_target(rows: Sequence[Mapping[str, float]],
     return None
 
 
-def median_throughput(rows: Sequence[Mapping[str, float]],
-                      key: str = "perf/images_per_sec") -> float | None:
-    """Median over epochs of ``key``: by default the global images/s (robust to a slow first
-    epoch)."""
+def epoch_median(rows: Sequence[Mapping[str, float]], key: str) -> float | None:
+    """Median over epochs of ``key`` (for the global images/s: robust to a slow first epoch);
+    None when no epoch logged it."""
     values = [r[key] for r in rows if key in r]
     return float(statistics.median(values)) if values else None
 
@@ -187,8 +186,9 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
     for label, group in labels.items():
         group = sorted(group, key=lambda r: r.seed)
         ttt = [time_to_target(r.rows, target) if target is not None else None for r in group]
-        ips = [v for v in (median_throughput(r.rows) for r in group) if v is not None]
-        waits = [v for v in (median_throughput(r.rows, "breakdown/wait_share") for r in group)
+        ips = [v for v in (epoch_median(r.rows, "perf/images_per_sec") for r in group)
+               if v is not None]
+        waits = [v for v in (epoch_median(r.rows, "breakdown/wait_share") for r in group)
                  if v is not None]
         stats[label] = dict(
             group=group, ttt=ttt, ips=statistics.fmean(ips) if ips else None,

@@ -20,8 +20,8 @@ from mxlarge.reporting.summary import (
     Summary,
     all_reached,
     best_accuracy,
+    epoch_median,
     mean_std,
-    median_throughput,
     noise_scale_stages,
     run_final_error,
     time_to_target,
@@ -147,7 +147,7 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
         fe = run_final_error(r.rows)
         best = best_accuracy(r.rows)
         t = time_to_target(r.rows, s.target) if s.target is not None else None
-        ips = median_throughput(r.rows)
+        ips = epoch_median(r.rows, "perf/images_per_sec")
         secs = "not reached" if t is None else (f"{t[1]:.1f}" if t[1] is not None else "n/a")
         out.append(f"| {r.label} | {r.seed} | `{r.run_id[:8]}` "
                    f"| {f'{100 * fe:.2f}' if fe is not None else 'n/a'} "

@@ -16,9 +16,9 @@ from mxlarge.reporting.runs import RunData, config_fingerprint, epoch_rows, sele
 from mxlarge.reporting.summary import (
     all_reached,
     convergence_speedup,
+    epoch_median,
     mean_curve,
     mean_std,
-    median_throughput,
     run_final_error,
     scaling,
     summarize,
@@ -110,8 +110,8 @@ def test_time_to_target_skips_epochs_without_evaluation():
 
 
 def test_throughput_scaling_and_convergence_speedup():
-    assert median_throughput(rows([0.1] * 4, ips=[100, 300, 200, 1000])) == 250
-    assert median_throughput(rows([0.1])) is None
+    assert epoch_median(rows([0.1] * 4, ips=[100, 300, 200, 1000]), "perf/images_per_sec") == 250
+    assert epoch_median(rows([0.1]), "perf/images_per_sec") is None
     speedup, eff = scaling(1800.0, 1000.0, 2)
     assert speedup == pytest.approx(1.8) and eff == pytest.approx(0.9)
     assert convergence_speedup(100.0, 40.0) == pytest.approx(2.5)

@@ -58,6 +58,9 @@ def test_a_stopped_server_is_named_with_its_host_on_mpi_and_slurm(testbed: Testb
             for b, (job, _) in jobs.items():
                 if b not in ended and job.proc.poll() is not None:
                     ended[b] = time.monotonic() - t0
+            if time.monotonic() - t0 >= 60:  # each job's whole output, not a truncated repr
+                for b, (j, _) in jobs.items():
+                    print(f"===== {b} (ended: {ended.get(b)}) =====\n{j.text()[-6000:]}")
             assert time.monotonic() - t0 < 60, (ended, {b: j.text()[-3000:]
                                                         for b, (j, _) in jobs.items()})
             time.sleep(0.2)

@@ -1,9 +1,9 @@
-"""Benchmark 15: step-time cost of the per-rank step breakdown (issue 55).
+"""Benchmark 15: step-time cost of the per-rank step breakdown.
 
-Ratio = seconds per step of ``TrainLoop.train_step`` with the breakdown (``loop.timed`` and the
-hook's window and heartbeat record) ÷ without, in the same worker of one launched 1 worker + 1
-server dist_sync job, interleaved (:mod:`benchmarks.breakdown_worker`). Hybridized
-``cifar_resnet20_v1``, batch 32: target ≤ 1.01.
+Ratio = seconds per step of ``TrainLoop.train_step`` with the breakdown (the Trainer's step
+timer, its window and heartbeat record, and the hook's window) ÷ without, in the same worker of
+one launched 1 worker + 1 server dist_sync job, interleaved (:mod:`benchmarks.breakdown_worker`).
+Hybridized ``cifar_resnet20_v1``, batch 32: target ≤ 1.01.
 """
 from __future__ import annotations
 

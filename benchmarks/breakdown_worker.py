@@ -2,10 +2,11 @@
 
 Started as every role of a 1 worker + 1 server dist_sync job (:func:`benchmarks.common.launch`).
 The worker steps one ``mxlarge.Trainer`` through ``TrainLoop.train_step`` in interleaved rounds
-of two modes: ``breakdown``, as ``mxlarge launch`` runs it (``loop.timed``: one step in
-:data:`mxlarge.breakdown.EVERY` timed part by part with engine syncs,
-:func:`mxlarge.breakdown.sampled`, and the :class:`~mxlarge.breakdown.BreakdownHook`'s
-``after_step``: the window and the heartbeat's record), and ``off``. A round runs
+of two modes: ``breakdown``, as ``mxlarge launch`` runs it (the Trainer's
+:class:`~mxlarge.observers.timer.StepTimer`: one step in :data:`mxlarge.breakdown.EVERY` timed
+part by part with engine syncs, :func:`mxlarge.breakdown.sampled`, its window and the
+heartbeat's record; and the :class:`~mxlarge.breakdown.BreakdownHook`'s ``after_step``), and
+``off``. A round runs
 ``rounds_of`` × ``EVERY`` steps, the step counter running on over the rounds of both modes, so
 a breakdown round times ``rounds_of`` sampled steps on average (1 to 3 of 20). Prints one
 ``BENCH_RESULT`` JSON line with seconds per step per round and the steps the breakdown timed.
@@ -35,17 +36,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def work(opts: argparse.Namespace) -> None:
     from mxlarge.breakdown import EVERY, BreakdownHook
     from mxlarge.kvstore import sync
+    from mxlarge.observers.timer import StepTimer
 
     kv = sync.create("dist_sync")
     batches = synthetic_batches(4, opts.batch, opts.size, 10, seed=kv.rank)
     net = build_net(opts.net, 10, opts.size, seed=0)
     loop = recipe_loop(net, recipe_trainer(net, kv))
+    trainer = loop.trainer
+    timer = StepTimer()
     hook = BreakdownHook(socket.gethostname())
     steps = EVERY * opts.rounds_of
     sampled = {"breakdown": 0, "off": 0}  # steps timed part by part, per mode
 
     def timed(on: bool) -> float:
-        loop.timed = on
+        trainer.observers.remove(timer)
+        if on:
+            trainer.observers.add(timer)
         mx.nd.waitall()
         t0 = time.perf_counter()
         for s in range(steps):

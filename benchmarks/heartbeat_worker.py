@@ -10,7 +10,8 @@ rounds of two modes:
   thread (which waits for it and then writes the record with one ``pwrite``;
   :mod:`mxlarge.protocol.heartbeat`), and the training thread's wait whenever it is
   ``AHEAD`` updates ahead;
-* ``off``: the same trainer with its heartbeat detached (``trainer.heartbeat = None``).
+* ``off``: the same trainer with its heartbeat observer removed
+  (``trainer.observers.remove``).
 
 What is in both modes and so not in the ratio: the heartbeat's writer thread (one ``pwrite`` a
 second) and the launcher's watchdog (one scan of the heartbeat directory every 0.5 s, in
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 import mxnet as mx
 
@@ -47,14 +47,19 @@ def work(opts: argparse.Namespace) -> None:
     batches = synthetic_batches(4, opts.batch, opts.size, 10, seed=kv.rank,
                                 channels=opts.channels)
     net = build_net(opts.net, 10, opts.size, seed=0, channels=opts.channels, width=opts.width)
+    from mxlarge.observers.heartbeat import HeartbeatObserver
+
     loop = recipe_loop(net, recipe_trainer(net, kv))
     trainer = loop.trainer
-    beat = trainer.heartbeat
-    if beat is None:
+    observer = trainer.observers.find(HeartbeatObserver)
+    if observer is None:
         raise RuntimeError("no heartbeat: the launcher did not set MXLARGE_HEARTBEAT_DIR")
+    beat = observer.writer
 
-    def timed(heartbeat: Any) -> float:
-        trainer.heartbeat = heartbeat
+    def timed(on: bool) -> float:
+        trainer.observers.remove(observer)
+        if on:
+            trainer.observers.add(observer)
         mx.nd.waitall()
         t0 = time.perf_counter()
         for s in range(opts.steps):
@@ -66,7 +71,7 @@ def work(opts: argparse.Namespace) -> None:
     for s in range(3):  # warm-up: graph, static allocation, states
         loop.train_step(*batches[s % len(batches)])
         loop.step += 1
-    t = interleave({"heartbeat": lambda: timed(beat), "off": lambda: timed(None)}, opts.reps,
+    t = interleave({"heartbeat": lambda: timed(True), "off": lambda: timed(False)}, opts.reps,
                    progress=emit_progress)
     # The training thread's heartbeat work per update, alone: the issue and the hand-off of a
     # result that exists (the watcher thread writes the record meanwhile).

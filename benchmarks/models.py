@@ -50,9 +50,11 @@ def synthetic_batches(count: int, batch: int, size: int, classes: int, seed: int
     return out
 
 
-def recipe_trainer(net: Any, kvstore: Any = "local", fusion_bytes: int | None = None) -> Any:
+def recipe_trainer(net: Any, kvstore: Any = "local", fusion_bytes: int | None = None,
+                   breakdown: bool = False) -> Any:
     """``mxlarge.Trainer`` with warmup schedule, momentum correction and no-decay roles;
-    gradient fusion at ``fusion_bytes`` (default: mxlarge's)."""
+    gradient fusion at ``fusion_bytes`` (default: mxlarge's); sampled steps timed only with
+    ``breakdown`` (the benchmarks that measure it add its observer themselves)."""
     from mxlarge.kvstore import FUSION_BYTES
     from mxlarge.schedulers import goyal
     from mxlarge.trainer import Trainer
@@ -61,7 +63,8 @@ def recipe_trainer(net: Any, kvstore: Any = "local", fusion_bytes: int | None = 
                      decay_steps=DECAY_STEPS)
     return Trainer(net.collect_params(), schedule, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
                    momentum_correction=True, decay_bn_bias=False, kvstore=kvstore,
-                   fusion_bytes=FUSION_BYTES if fusion_bytes is None else fusion_bytes)
+                   fusion_bytes=FUSION_BYTES if fusion_bytes is None else fusion_bytes,
+                   breakdown=breakdown)
 
 
 def recipe_loop(net: Any, trainer: Any) -> Any:

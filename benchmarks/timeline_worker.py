@@ -3,9 +3,9 @@
 Started as every role of a 1 worker + 1 server dist_sync job (:func:`benchmarks.common.launch`).
 The worker steps one ``mxlarge.Trainer`` through ``TrainLoop.train_step`` in interleaved rounds
 of ``--steps`` steps of two modes: ``timeline``, every step of the round recorded
-(:class:`mxlarge.timeline.record.Recorder` over the round, its file written after the last
-update, as a launched job's window), and ``off``. Prints one ``BENCH_RESULT`` JSON line with
-seconds per step per round and the spans one round recorded.
+(a :class:`mxlarge.timeline.record.Recorder` observing the Trainer over the round, its file
+written after the last update, as a launched job's window), and ``off``. Prints one
+``BENCH_RESULT`` JSON line with seconds per step per round and the spans one round recorded.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def work(opts: argparse.Namespace) -> None:
     from mxlarge.kvstore import sync
-    from mxlarge.timeline import PREFIX, Window
+    from mxlarge.timeline import PREFIX, TimelineWindow
     from mxlarge.timeline.record import Recorder
 
     kv = sync.create("dist_sync")
@@ -46,9 +46,11 @@ def work(opts: argparse.Namespace) -> None:
     spans: list[int] = []
 
     def timed(on: bool) -> float:
-        rec = Recorder(Window(loop.step, opts.steps), folder, kv.rank, socket.gethostname(),
-                       kv._barrier) if on else None
-        trainer.timeline = trainer.store.timeline = rec
+        rec = None
+        if on:
+            rec = Recorder(TimelineWindow(loop.step, opts.steps), folder, kv.rank,
+                           socket.gethostname(), kv._barrier)
+            trainer.observers.add(rec)
         mx.nd.waitall()
         t0 = time.perf_counter()
         for s in range(opts.steps):
@@ -59,7 +61,7 @@ def work(opts: argparse.Namespace) -> None:
         if rec is not None:
             record = json.loads((folder / f"{PREFIX}{kv.rank}.json").read_text())
             spans.append(len(record["spans"]))
-        trainer.timeline = trainer.store.timeline = None
+            trainer.observers.remove(rec)
         return t
 
     for s in range(3):  # warm-up: graph, static allocation, states

@@ -1,21 +1,15 @@
 """Where a worker's step goes: waiting for data, forward+backward, waiting for the exchange, the
-update (issue 55; how to read it: docs/breakdown.md).
+update (how to read it: docs/breakdown.md).
 
-MXNet's engine is asynchronous, so a wall-clock stamp around a call measures when it was
-issued, not when its work ran. Only *sampled* steps (:func:`sampled`: one in :data:`EVERY`, the
-same step numbers on every rank) are timed, with an engine sync between the parts: ``waitall``
-before the forward (the previous step's work is not counted), after the backward
-(``compute``; with simulated workers after each micro-batch too, ``micro``), on the summed
-gradients (``exchange``: the servers, and through them every other rank), after the update
-(``update``); ``data`` is the wait for the batch, ``step`` the sum. A sampled step loses its
-overlap, so the cost is about 1/EVERY of what overlap saves (``breakdown_cost`` in
-``make bench``). The loop's steps are timed by :class:`BreakdownHook`; a script of one's own
-that calls ``mxlarge.Trainer.step`` under the launcher by :class:`StepClock` (coarser).
+This module is the arithmetic: which steps are sampled (:func:`sampled`), a sampled step's
+parts (:class:`Sample`), the recent ones' medians (:class:`RecentSamples`), the comparison
+across ranks (:func:`summary`, :func:`describe`), and the loop's hook that puts them in a run
+(:class:`BreakdownHook`). The steps are timed by a step observer,
+:class:`mxlarge.observers.timer.StepTimer`, the same for the loop and a script's own steps.
 """
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,7 +72,7 @@ def medians_ms(samples: Sequence[Sample]) -> dict[str, float]:
     return out
 
 
-class Window:
+class RecentSamples:
     """The last :data:`WINDOW` samples; :meth:`record` is what the heartbeat carries
     (:attr:`mxlarge.protocol.heartbeat.Record.parts`)."""
 
@@ -128,7 +122,8 @@ def describe(ranks: Sequence[Mapping[str, float]], hosts: Sequence[str]) -> str:
     the ranks wait 33% of a step for the exchange (29% for each other)`` (:func:`summary`)."""
     s = summary(ranks)
     r = int(s["slowest_rank"])
-    step, exchange = ranks[r]["step"], ranks[r]["exchange"]
+    step = ranks[r]["step"]
+    exchange = ranks[r]["exchange"]
     return (f"worker rank {r} on {hosts[r]} is the slowest: {step - exchange:.1f} ms of its own "
             f"work a step (its step {step:.1f} less {exchange:.1f} waiting for the exchange), "
             f"{s['spread']:.2f}x the fastest rank's; the ranks wait "
@@ -163,15 +158,15 @@ def gather_hosts(collectives: Gather, name: str) -> list[str]:
 
 
 class BreakdownHook(Hook):
-    """Collects the loop's sampled steps (``StepOutput.sample``; not the process's first step,
-    whose time is the warm-up's) and hands the window's record to the heartbeat (the launcher's
-    straggler rule). At each epoch's end it puts this rank's window medians in the epoch's
-    metrics (``breakdown/rank{r}/{part}_ms``) and, through the store's exact gather on every
-    rank, the :func:`summary` across ranks (``breakdown/slowest_rank``, ``spread``,
-    ``wait_share``, ``wait_others_share``), and tags the run through ``tag`` (rank 0's, if
-    given) with :func:`describe`. After training rank 0 draws the ranks' last medians with
-    ``plot(ranks, hosts, path)`` into ``tmpdir/breakdown/ranks.png``
-    (``loop.artifacts['breakdown']``: the directory). A collective: registered on every rank."""
+    """Puts the loop's sampled steps in the run. It collects ``StepOutput.sample`` (what the
+    Trainer's :class:`~mxlarge.observers.timer.StepTimer` timed). At each epoch's end it puts
+    this rank's window medians in the epoch's metrics (``breakdown/rank{r}/{part}_ms``) and,
+    through the store's exact gather on every rank, the :func:`summary` across ranks
+    (``breakdown/slowest_rank``, ``spread``, ``wait_share``, ``wait_others_share``). It tags the
+    run through ``tag`` (rank 0's, if given) with :func:`describe`. After training rank 0 draws
+    the ranks' last medians with ``plot(ranks, hosts, path)`` into
+    ``tmpdir/breakdown/ranks.png`` (``loop.artifacts['breakdown']``: the directory). A
+    collective: registered on every rank."""
 
     stage = MEASURE
 
@@ -182,33 +177,28 @@ class BreakdownHook(Hook):
         self.plot = plot
         self.tmpdir = tmpdir
         self.tag = tag
-        self.window = Window()
-        self.first = 0
+        self.window = RecentSamples()
         self.hosts: list[str] = []
         self.ranks: list[dict[str, float]] = []
 
-    def before_train(self, loop: Any) -> None:
-        loop.timed = True
-        self.first = loop.step
-
     def after_step(self, loop: Any, out: Any) -> None:
-        if out.sample is None or out.step == self.first:
-            return
-        self.window.add(out.sample)
-        beat = loop.trainer.heartbeat
-        if beat is not None:
-            beat.set_parts(self.window.record())
+        if out.sample is not None:
+            self.window.add(out.sample)
 
     def after_epoch(self, loop: Any, epoch: int, metrics: dict[str, float]) -> None:
         t = loop.trainer
         if not self.hosts:
             self.hosts = gather_hosts(t.collectives, self.host)
-        own = medians_ms(self.window.samples) if self.window.samples else None
-        if own is not None:
+        own = None
+        if self.window.samples:
+            own = medians_ms(self.window.samples)
             metrics.update({f"breakdown/rank{t.rank}/{p}_ms": v for p, v in own.items()})
         keys = (*PARTS, "step")
-        rows = t.collectives.each_rank([own[p] for p in keys] if own else [0.0] * len(keys))
-        ranks = [dict(zip(keys, row)) for row in rows]
+        if own is None:
+            mine = [0.0] * len(keys)
+        else:
+            mine = [own[p] for p in keys]
+        ranks = [dict(zip(keys, row)) for row in t.collectives.each_rank(mine)]
         if all(x["step"] > 0 for x in ranks):
             self.ranks = ranks
             metrics.update({f"breakdown/{n}": v for n, v in summary(ranks).items()})
@@ -222,81 +212,3 @@ class BreakdownHook(Hook):
         folder.mkdir(exist_ok=True)
         self.plot(self.ranks, self.hosts, folder / "ranks.png")
         loop.artifacts["breakdown"] = str(folder)
-
-
-class Beat(Protocol):
-    """Where :class:`StepClock` puts its window (:class:`mxlarge.protocol.heartbeat.Beat`)."""
-
-    def set_parts(self, parts: dict[str, float]) -> None: ...
-
-
-class Ready(Protocol):
-    def wait_to_read(self) -> None: ...
-
-
-class Script(Protocol):
-    """What :class:`StepClock` hands a recorded step to
-    (:meth:`mxlarge.timeline.record.Recorder.script_step`)."""
-
-    def script_step(self, t: int, grads: Callable[[], Sequence[Any]],
-                    run: Callable[[bool], bool]) -> bool: ...
-
-
-class StepClock:
-    """The breakdown of a script of one's own: ``mxlarge.Trainer.step`` under the launcher
-    (:meth:`step`). It sees only the calls, so it is coarser than the loop's: ``data`` is 0 and
-    ``compute`` is the time from the end of the previous ``step()`` (synced when the next is
-    sampled) to the start of this one: the script's forward+backward, its wait for data and
-    whatever else it does between the calls. The window's record goes to ``beat``.
-
-    Args:
-        beat: the worker's heartbeat.
-        sync: the engine's ``waitall``.
-        timeline: the worker's timeline recorder, if it records one.
-    """
-
-    def __init__(self, beat: Beat, sync: Callable[[], None],
-                 timeline: Script | None = None) -> None:
-        self.beat = beat
-        self.sync = sync
-        self.timeline = timeline
-        self.window = Window()
-        self._mark: tuple[int, float] | None = None  # (the next step, when this one ended)
-
-    def step(self, t: int, exchange: Callable[[], None],
-             grads: Callable[[], Sequence[Ready]], update: Callable[[], bool]) -> bool:
-        """Step ``t``: ``exchange()`` then ``update()`` (its result returned), timed when
-        ``t`` is sampled and the previous ``step()`` was ``t - 1``, unless ``timeline``
-        records it (no engine syncs in a recorded step: :mod:`mxlarge.timeline`)."""
-        if self.timeline is None:
-            return self._step(t, exchange, grads, update)
-
-        def run(recorded: bool) -> bool:
-            if not recorded:
-                return self._step(t, exchange, grads, update)
-            self._mark = None
-            exchange()
-            return update()
-        return self.timeline.script_step(t, grads, run)
-
-    def _step(self, t: int, exchange: Callable[[], None],
-              grads: Callable[[], Sequence[Ready]], update: Callable[[], bool]) -> bool:
-        mark, self._mark = self._mark, None
-        if mark is None or mark[0] != t:
-            exchange()
-            applied = update()
-            if sampled(t + 1):
-                self.sync()
-                self._mark = (t + 1, time.perf_counter())
-            return applied
-        self.sync()
-        t0 = time.perf_counter()
-        exchange()
-        for g in grads():
-            g.wait_to_read()
-        t1, end = time.perf_counter(), time.time()
-        applied = update()
-        self.sync()
-        self.window.add(Sample(t, 0.0, t0 - mark[1], t1 - t0, time.perf_counter() - t1, end))
-        self.beat.set_parts(self.window.record())
-        return applied

@@ -226,14 +226,15 @@ def _load(args: argparse.Namespace):
 def _train(args: argparse.Namespace) -> int:
     from mxlarge.plan import World
     from mxlarge.protocol.heartbeat import launched_dir
+    from mxlarge.protocol.reports import launched_reports
     from mxlarge.run import train
 
     cfg = _load(args)
     # this process's root: what the caller gave it (--run-id, --world, the launcher's heartbeat
-    # directory) is read here and passed down
+    # and report directories) is read here and passed down
     world = World.parse(args.world) if args.world is not None else None
     result = train(cfg, args.config, resume=args.resume, run_id=args.run_id,
-                   heartbeat_dir=launched_dir(), world=world)
+                   heartbeat_dir=launched_dir(), world=world, reports_dir=launched_reports())
     if result.rank == 0:
         acc = result.final.get("val/accuracy")
         print(f"done: {result.steps} steps on {result.plan.world.describe()} in "

@@ -6,7 +6,8 @@ hands to the next,
 
 * per step, ``StepOutput.metrics`` (declared keys: ``train/loss`` from the loss hook on
   logging steps; ``gns/g2``, ``gns/trace``, ``gns/b_simple`` from the loop on measuring steps)
-  and ``StepOutput.sample`` (a sampled step's parts, when ``loop.timed``);
+  and ``StepOutput.sample`` (a sampled step's parts, when the Trainer's
+  :class:`~mxlarge.observers.timer.StepTimer` timed it);
 * per epoch, the ``metrics`` dict (``train/epoch``, ``train/loss`` (the epoch's mean of the
   logged losses), ``train/lr`` (the LR of the next update), ``perf/images_per_sec`` (all
   workers), ``perf/images_per_sec_rank{r}`` (more than one worker), ``perf/train_seconds``,
@@ -64,4 +65,4 @@ class StepOutput:
     images: int             # images this worker processed
     metrics: dict[str, float] = field(default_factory=dict)  # declared keys: module docstring
     skipped: bool = False   # AMP found the summed gradients overflowed: no update was applied
-    sample: Any = None      # a sampled step's mxlarge.breakdown.Sample (loop.timed), else None
+    sample: Any = None      # a timed step's mxlarge.breakdown.Sample, else None

@@ -12,20 +12,18 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import mxnet as mx
 from mxnet import autograd
 
-from mxlarge import breakdown
 from mxlarge import hooks as H
 from mxlarge.bnstats import save_device_params
 from mxlarge.errors import DivergenceError
 from mxlarge.gns import sum_sq as gns_sum_sq
 from mxlarge.hooks import Hook, StepOutput
-from mxlarge.timeline.record import Moment, marked_backward
+from mxlarge.observers import DataWait
 
 
 @dataclass
@@ -55,7 +53,6 @@ class TrainLoop:
     epoch: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
-    timed: bool = False      # time sampled steps part by part (mxlarge.breakdown)
     _data_wait: float = 0.0  # seconds the current step waited for its batch
     _data_began: float = 0.0  # when it began to wait (time.time(): the timeline's clock)
 
@@ -67,17 +64,16 @@ class TrainLoop:
 
         With K simulated workers the batch holds K consecutive slices of n images; each runs
         under its own BN statistics and the gradients accumulate, exactly as K real workers'
-        gradients are summed by the servers.
+        gradients are summed by the servers. The step is the Trainer's one sequence
+        (:mod:`mxlarge.observers`): begun here with the wait for the batch, the forward and
+        backward of each slice told to its observers, then ``allreduce_grads()``, the gradient
+        noise scale on measuring steps, and ``update()``.
         """
         t = self.trainer
+        observers = t.observers
         measure = (self.gns is not None and self.gns_every > 0
                    and self.step % self.gns_every == 0)
-        rec = t.timeline if t.timeline is not None and t.timeline.begin(self.step) else None
-        timed = self.timed and breakdown.sampled(self.step) and rec is None  # no syncs in it
-        issued: Moment = rec.data(self._data_began, self._data_wait) if rec is not None else 0.0
-        if timed:
-            mx.nd.waitall()  # the previous step's work is not this step's
-            t0 = time.perf_counter()
+        step = t.begin_step(self.step, DataWait(self._data_began, self._data_wait))
         small: list[float] = []  # |g|² of each small-batch gradient (sums, not yet normalised)
         k = t.simulated_workers
         if k == 1:
@@ -86,7 +82,9 @@ class TrainLoop:
             with autograd.record():
                 losses = [self.loss_fn(self.net(x), y) for x, y in zip(xs, ys)]
                 scaled = self._scaled(losses)
-            marked_backward(rec, issued, losses[0], partial(autograd.backward, scaled), t.grads)
+            observers.forward_done(step, losses[0])
+            autograd.backward(scaled)
+            observers.backward_done(step, t.grads(0))
             if measure:
                 small = [gns_sum_sq(t.grads(d)) for d in range(t.num_devices)]
             loss = losses[0]
@@ -94,31 +92,23 @@ class TrainLoop:
             for g in t.grads(0):  # accumulated (grad_req='add') over the micro-batches
                 g[:] = 0
             n = data.shape[0] // k
-            parts, ends = [], []  # ends: when each micro-batch's backward ran (sampled steps)
+            parts = []
             for j in range(k):
-                x, y = data[j * n:(j + 1) * n], label[j * n:(j + 1) * n]
+                x = data[j * n:(j + 1) * n]
+                y = label[j * n:(j + 1) * n]
                 before = [g.copy() for g in t.grads(0)] if measure else None
                 with t.bn.worker(j):
                     with autograd.record():
                         part = self.loss_fn(self.net(x), y)
                         scaled = self._scaled([part])
-                    issued = marked_backward(rec, issued, part,
-                                             partial(autograd.backward, scaled), t.grads, micro=j)
-                if timed:
-                    mx.nd.waitall()
-                    ends.append(time.perf_counter())
+                    observers.forward_done(step, part, j)
+                    autograd.backward(scaled)
+                    observers.backward_done(step, t.grads(0), j)
                 if measure:
                     small.append(gns_sum_sq(t.grads(0), minus=before))
                 parts.append(part)
             loss = mx.nd.concat(*parts, dim=0)
-        if timed:
-            mx.nd.waitall()
-            t1 = time.perf_counter()
         t.allreduce_grads()
-        if timed:
-            for g in t.grads(0):
-                g.wait_to_read()
-            t2, end = time.perf_counter(), time.time()
         metrics: dict[str, float] = {}
         if measure:
             total, count = t.collectives.sum_scalars([sum(small), len(small)])
@@ -133,14 +123,8 @@ class TrainLoop:
         else:
             lr = t.lr_at(self.step)
             applied = t.update(data.shape[0], self.step)
-        sample = None
-        if timed:
-            mx.nd.waitall()
-            micro = tuple(b - a for a, b in zip((t0, *ends), ends)) if k > 1 else ()
-            sample = breakdown.Sample(self.step, self._data_wait, t1 - t0, t2 - t1,
-                                      time.perf_counter() - t2, end, micro)
         return StepOutput(self.step, self.epoch, lr, loss, data.shape[0], metrics,
-                          skipped=not applied, sample=sample)
+                          skipped=not applied, sample=step.sample)
 
     def _scaled(self, losses: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
         """The losses to differentiate (inside ``autograd.record()``): AMP's loss-scaled ones
@@ -160,7 +144,8 @@ class TrainLoop:
                 self.epoch = epoch
                 batches = iter(self.train_source.epoch(epoch))
                 while True:
-                    t0, self._data_began = time.perf_counter(), time.time()
+                    t0 = time.perf_counter()
+                    self._data_began = time.time()
                     batch = next(batches, None)
                     if batch is None:
                         break
@@ -240,7 +225,8 @@ class LossHook(Hook):
             metrics["train/loss"] = self.sum / self.count
         # the LR in force from this step on, as MLflow's train/lr and `show --lr-at` read it
         metrics["train/lr"] = loop.trainer.lr_at(loop.step)
-        self.sum, self.count = 0.0, 0
+        self.sum = 0.0
+        self.count = 0
 
 
 class TimerHook(Hook):
@@ -291,7 +277,8 @@ class TimerHook(Hook):
         metrics["perf/images_per_sec"] = loop.trainer.collectives.sum_scalars([own])[0]
         if loop.trainer.num_workers > 1:  # with one worker it is the total above
             metrics[f"perf/images_per_sec_rank{loop.trainer.rank}"] = own
-        self.steps = self.images = 0
+        self.steps = 0
+        self.images = 0
         self.end = None
 
 
@@ -311,8 +298,11 @@ class EvalHook(Hook):
 
     def evaluate(self, loop: TrainLoop) -> dict[str, float]:
         trainer = loop.trainer
-        rank, k = trainer.rank, trainer.num_workers
-        top1 = top5 = count = 0.0
+        rank = trainer.rank
+        k = trainer.num_workers
+        top1 = 0.0
+        top5 = 0.0
+        count = 0.0
         loss_sum = 0.0
         with trainer.bn.evaluation():
             for i, (data, label) in enumerate(self.val.batches(self.batch_size)):
@@ -399,8 +389,13 @@ class CheckpointHook(Hook):
 
     def __init__(self, root: str, every: int, keep_last: int, config: Any, world: Any,
                  run_id: str | None, rank: int):
-        self.root, self.every, self.keep_last = root, every, keep_last
-        self.config, self.world, self.run_id, self.rank = config, world, run_id, rank
+        self.root = root
+        self.every = every
+        self.keep_last = keep_last
+        self.config = config
+        self.world = world
+        self.run_id = run_id
+        self.rank = rank
 
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         done = epoch + 1

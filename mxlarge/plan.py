@@ -335,6 +335,23 @@ def plan_for(cfg: Config, source: str = "<config>", need_data: bool = False,
     return plan(cfg, world, samples, samples_from, source)
 
 
+def check_timeline(cfg: Config, total_steps: int, source: str = "<config>") -> None:
+    """Refuses a ``train.timeline_start``/``timeline_steps`` window beyond the run's steps
+    (``total_steps``, or ``train.max_steps`` if fewer).
+
+    Raises:
+        ConfigError: the window's last step is not a step of the run.
+    """
+    t = cfg.train
+    if t.timeline_start is None:
+        return
+    steps = total_steps if t.max_steps is None else min(total_steps, t.max_steps)
+    if t.timeline_start + t.timeline_steps > steps:
+        raise ConfigError(f"{source}: train.timeline_start = {t.timeline_start}, "
+                          f"train.timeline_steps = {t.timeline_steps}: expected steps within "
+                          f"the run's {steps} (0 to {steps - 1})")
+
+
 def servers_of(cfg: Config) -> int:
     """Server processes of a launched job: ``dist.servers``, or one per worker when it is 0."""
     return cfg.dist.servers or cfg.dist.workers
@@ -346,7 +363,8 @@ def server_layout(cfg: Config, pushed_elements: int) -> dict[str, Any]:
     host): with server hosts (``dist.server_hosts``) it pushes |g| and pulls |g|; co-located,
     the (n-1)/n of its pushes that leave it plus its server's slices to the n-1 others,
     2(n-1)/n·|g|. Each of S server hosts moves n·|g|/S each way."""
-    n, homes = cfg.dist.workers, cfg.dist.server_hosts
+    n = cfg.dist.workers
+    homes = cfg.dist.server_hosts
     g = pushed_elements * (2 if cfg.dist.wire_dtype == "float16" else 4)
     colocated = 2 * (n - 1) / n * g
     return {"servers": servers_of(cfg),

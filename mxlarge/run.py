@@ -19,7 +19,7 @@ from typing import Any
 
 from mxlarge.config import Config
 from mxlarge.errors import DivergenceError, InputError
-from mxlarge.plan import Plan, World, check_processes, plan, with_world, world_of
+from mxlarge.plan import Plan, World, check_processes, check_timeline, plan, with_world, world_of
 
 
 @dataclass
@@ -72,11 +72,13 @@ class Built:
 
 
 def build(cfg: Config, source: str = "<config>", kv: Any = None,
-          heartbeat_dir: Path | None = None, world: World | None = None) -> Built:
+          heartbeat_dir: Path | None = None, world: World | None = None,
+          reports_dir: Path | None = None, breakdown: bool | None = None) -> Built:
     """Everything a run needs, in dependency order: world (``world``, else the config's),
     store (rank; its number of workers checked against the world), plan, data shard, net with
     Goyal init, trainer (reporting to ``heartbeat_dir``, if given, for a launcher's stall
-    watchdog)."""
+    watchdog; a timeline's files into ``reports_dir``; timing its sampled steps with
+    ``breakdown``, by default on a dist store)."""
     import mxnet as mx
     import numpy as np
 
@@ -114,6 +116,9 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
     o = cfg.optim
     compression = ({"type": "2bit", "threshold": cfg.dist.compression_threshold}
                    if cfg.dist.compression == "2bit" else None)
+    if breakdown is None:
+        breakdown = cfg.dist.kvstore.startswith("dist")
+    window = timeline_keywords(cfg, source, p.total_steps, reports_dir)
     trainer = Trainer(net.collect_params(), p.schedule, momentum=o.momentum, nesterov=o.nesterov,
                       momentum_correction=o.momentum_correction, weight_decay=o.weight_decay,
                       decay_bn_bias=o.decay_bn_bias, lars=o.lars, lars_eta=o.lars_eta,
@@ -121,8 +126,8 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
                       compression=compression, fusion_bytes=cfg.dist.fusion_bytes,
                       wire_dtype=cfg.dist.wire_dtype,
                       bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated,
-                      heartbeat=heartbeat_dir, **timeline_keywords(cfg, source, p.total_steps,
-                                                                    heartbeat_dir))
+                      heartbeat=heartbeat_dir, reports=reports_dir, breakdown=breakdown,
+                      **window)
     if cfg.train.amp != "none":
         amp.init_trainer(trainer)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,
@@ -130,27 +135,24 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
 
 
 def timeline_keywords(cfg: Config, source: str, total_steps: int,
-                      heartbeat_dir: Path | None) -> dict[str, int]:
+                      reports_dir: Path | None) -> dict[str, int]:
     """The Trainer's timeline keywords of ``train.timeline_start``/``timeline_steps``, checked
-    against the run's steps and the launcher's job directory (:mod:`mxlarge.timeline`)."""
+    against the run's steps (:func:`mxlarge.plan.check_timeline`) and the launcher's report
+    directory (:mod:`mxlarge.timeline`)."""
     t = cfg.train
     if t.timeline_start is None:
         return {}
-    steps = total_steps if t.max_steps is None else min(total_steps, t.max_steps)
-    if t.timeline_start + t.timeline_steps > steps:
-        raise InputError(f"{source}: train.timeline_start = {t.timeline_start}, "
-                         f"train.timeline_steps = {t.timeline_steps}: expected steps within "
-                         f"the run's {steps} (0 to {steps - 1})")
-    if heartbeat_dir is None:
+    check_timeline(cfg, total_steps, source)
+    if reports_dir is None:
         raise InputError(f"{source}: train.timeline_start = {t.timeline_start}: a timeline is "
                          "recorded in a launched job (mxlarge launch), whose launcher merges "
-                         "the workers' files (and not with --stall-timeout 0)")
+                         "the workers' files")
     return {"timeline_start": t.timeline_start, "timeline_steps": t.timeline_steps}
 
 
 def train(cfg: Config, source: str = "<config>", resume: str | None = None,
           run_id: str | None = None, heartbeat_dir: Path | None = None,
-          world: World | None = None) -> RunResult:
+          world: World | None = None, reports_dir: Path | None = None) -> RunResult:
     """Trains per ``cfg``; tracks in MLflow unless ``tracking.enabled`` is false.
 
     Args:
@@ -162,6 +164,8 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
             :func:`mxlarge.tracking.open_run` decides.
         heartbeat_dir: where a launched worker reports its progress (what the launcher gave the
             process: :func:`mxlarge.protocol.heartbeat.launched_dir`); None: no reports.
+        reports_dir: the job's report directory the launcher gave the process
+            (:func:`mxlarge.protocol.reports.launched_reports`), where a timeline's files go.
         world: the job's world as a launcher decided it (``mxlarge train --world``): it
             replaces the config's ``dist.workers`` and ``dist.simulate_workers``
             (:func:`mxlarge.plan.with_world`, which refuses one that contradicts the config).
@@ -179,14 +183,18 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     else:  # what the checkpoints and MLflow record is the config this world runs
         cfg = with_world(cfg, world)
     ckpt_root = checkpoint_root(cfg)
-    ckpt = meta = None
+    ckpt = None
+    meta = None
     if resume is not None:  # verify before anything is built or written
         ckpt = checkpoint.resolve(resume, ckpt_root)
         meta = checkpoint.read_meta(ckpt)
         checkpoint.check_world(ckpt, meta, world)
     # Building first validates the model and the data before any file is written.
-    b = build(cfg, source, heartbeat_dir=heartbeat_dir, world=world)
-    trainer, data, p, rank = b.trainer, b.data, b.plan, b.rank
+    b = build(cfg, source, heartbeat_dir=heartbeat_dir, world=world, reports_dir=reports_dir)
+    trainer = b.trainer
+    data = b.data
+    p = b.plan
+    rank = b.rank
     start_epoch = 0
     if ckpt is not None:
         checkpoint.restore(ckpt, meta, net=b.net, trainer=trainer, world=p.world)

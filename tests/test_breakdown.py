@@ -1,6 +1,7 @@
-"""mxlarge.breakdown: the pure parts against closed forms, and the coarse clock of a script's own
-``Trainer.step`` with parts of known length; a launched job's run carries the per-rank breakdown
-(tests/e2e/test_breakdown.py), and so does a launched script's heartbeat."""
+"""mxlarge.breakdown: the pure parts against closed forms, and the step timer
+(mxlarge.observers.timer) on a script's own steps with parts of known length; a launched job's
+run carries the per-rank breakdown (tests/e2e/test_breakdown.py), and so does a launched
+script's heartbeat."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,9 @@ import numpy as np
 import pytest
 
 from mxlarge import breakdown as B
+from mxlarge.observers import Observers, Step
+from mxlarge.observers.heartbeat import HeartbeatObserver
+from mxlarge.observers.timer import StepTimer
 from mxlarge.protocol.heartbeat import SIZE, Record
 
 
@@ -44,7 +48,7 @@ def test_micro_batches_have_one_median_over_every_micro_batch():
 
 
 def test_the_window_keeps_the_last_samples_and_fits_a_heartbeat_record():
-    w = B.Window(size=3)
+    w = B.RecentSamples(size=3)
     for t in range(5):
         w.add(sample(10 * t, compute=0.001 * (t + 1), end=1.7e9 + t, micro=(0.001,)))
     rec = w.record()
@@ -93,12 +97,18 @@ def test_a_host_name_survives_float32(name):
     assert back == name.encode()[:3 * B.HOST_FLOATS].decode(errors="replace")
 
 
-class Beat:
+class Writer:
+    """A heartbeat writer that keeps what it is given."""
+
     def __init__(self):
         self.parts = []
+        self.issued = []
 
     def set_parts(self, parts):
         self.parts.append(parts)
+
+    def issue(self, step):
+        self.issued.append(step)
 
 
 class Ready:
@@ -112,19 +122,28 @@ class Ready:
 def test_a_scripts_own_steps_are_timed_coarsely_on_sampled_steps():
     """Between step() calls 30 ms of the script's own work, the exchange 20 ms, the update
     10 ms: the sampled steps 1 and 6 give compute >= 30, exchange >= 20, update >= 10 ms,
-    data 0; the engine synced only at the end of steps 0 and 5 and around steps 1 and 6."""
-    beat, ready, syncs = Beat(), Ready(), []
-    clock = B.StepClock(beat, lambda: syncs.append(len(syncs)))
+    data 0; the engine synced only at the end of steps 0 and 5 and around steps 1 and 6. The
+    events are a script's step's (mxlarge.observers), in the Trainer's order."""
+    writer, ready, syncs = Writer(), Ready(), []
+    observers = Observers([HeartbeatObserver(writer),
+                           StepTimer(sync=lambda: syncs.append(len(syncs)))])
     done = []
     for t in range(10):
         time.sleep(0.03)  # the script's forward+backward
-        applied = clock.step(t, lambda: time.sleep(0.02), lambda: [ready],
-                             lambda t=t: done.append(t) or time.sleep(0.01) or True)
-        assert applied is True
+        step = Step(t)
+        observers.step_begun(step)
+        observers.exchange_begun(step, [ready])
+        time.sleep(0.02)  # the exchange
+        observers.exchange_done(step, [ready])
+        observers.update_begun(step)
+        done.append(t)
+        time.sleep(0.01)  # the update
+        observers.update_done(step, True, [])
     assert done == list(range(10)) and ready.waited == 2  # the exchanges of steps 1 and 6
+    assert writer.issued == list(range(10))
     assert len(syncs) == 6
-    assert [(r["n"], r["at"]) for r in beat.parts] == [(1.0, 1.0), (2.0, 6.0)]
-    rec = beat.parts[-1]
+    assert [(r["n"], r["at"]) for r in writer.parts] == [(1.0, 1.0), (2.0, 6.0)]
+    rec = writer.parts[-1]
     slack = 250.0  # ms: a loaded 2-core machine
     assert rec["data"] == 0.0
     assert 30 <= rec["compute"] < 30 + slack
@@ -151,10 +170,9 @@ def test_the_loop_times_sampled_steps_part_by_part_and_each_simulated_worker():
         "dist": {"simulate_workers": 2},
         "train": {"epochs": 1, "max_steps": 12, "progress": False},
         "tracking": {"enabled": False}})
-    b = build(cfg)
+    b = build(cfg, breakdown=True)
     loop = L.TrainLoop(net=b.net, trainer=b.trainer, train_source=b.data.train,
-                       loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=1, ctx=b.ctx,
-                       timed=True)
+                       loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=1, ctx=b.ctx)
     batches = list(b.data.train.epoch(0))
     samples = []
     for t in range(12):

@@ -51,7 +51,10 @@ class MXNetUpdate(ScheduledLR, mxopt.Optimizer):
         self.schedule = schedule
         inner = copy.copy(optimizer)
         inner.lr_scheduler = None
-        inner.param_dict, inner.idx2name, inner.lr_mult, inner.wd_mult = {}, {}, {}, {}
+        inner.param_dict = {}
+        inner.idx2name = {}
+        inner.lr_mult = {}
+        inner.wd_mult = {}
         inner._all_index_update_counts = {0: {}}
         inner._index_update_count = inner._all_index_update_counts[0]
         self.inner = inner

@@ -68,15 +68,18 @@ def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
         if current and (total + n > limit
                         or (kinds is not None and kinds[i] != kinds[current[0]])):
             groups.append(current)
-            current, total = [], 0
+            current = []
+            total = 0
         current.append(i)
         total += n
         if total == limit:
             groups.append(current)
-            current, total = [], 0
+            current = []
+            total = 0
     if current:
         groups.append(current)
-    out, b = [], 0
+    out = []
+    b = 0
     for g in groups:
         offsets = [0]
         for i in g[:-1]:

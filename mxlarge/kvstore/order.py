@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import mxnet as mx
 
+from mxlarge import engine
 from mxlarge.errors import InputError
 
 #: The ``allreduce_grads`` calls that measure the lead (the first ones warm the servers' buffers).
@@ -47,7 +48,8 @@ def lead_groups(sizes: Sequence[int], share: float | None) -> int:
     with no share or a share ≥ 1, else the fewest whose bytes reach ``share`` of the total."""
     if share is None or share >= 1.0:
         return len(sizes)
-    total, sent = sum(sizes), 0
+    total = sum(sizes)
+    sent = 0
     for j, size in enumerate(sizes):
         if sent >= share * total:
             return j
@@ -59,8 +61,8 @@ def gate(arrays: Sequence[mx.nd.NDArray], gates: Sequence[mx.nd.NDArray]) -> Non
     """Makes every write after this to ``arrays[d]`` (its exchange) wait for ``gates[d]``: its
     first element is copied onto itself by an op that also reads the gate."""
     for a, g in zip(arrays, gates, strict=True):
-        head = a.reshape((-1,))[0:1]
-        mx.nd._internal._identity_with_attr_like_rhs(head, g.reshape((-1,))[0:1], out=head)
+        head = engine.head(a)
+        mx.nd._internal._identity_with_attr_like_rhs(head, engine.head(g), out=head)
 
 
 def lead_from_env(text: str) -> float:
@@ -99,14 +101,14 @@ class Order:
 
     def measure(self, first: mx.nd.NDArray, last: mx.nd.NDArray,
                 landed: Callable[[], Sequence[mx.nd.NDArray]]) -> Callable[[], None]:
-        """Copies the heads of ``first`` (the first group's gradient) and ``last`` (written when
-        backward ends) now, before any exchange writes them; returns what to call after the
-        exchanges are issued: it copies the heads of ``landed()`` (each group's gradient, after
-        its sum) and times the three in a thread."""
-        marks = [first.reshape((-1,))[0:1].copy(), last.reshape((-1,))[0:1].copy()]
+        """Probes ``first`` (the first group's gradient) and ``last`` (written when backward
+        ends) now, before any exchange writes them (:func:`mxlarge.engine.probe`); returns what
+        to call after the exchanges are issued: it probes ``landed()`` (each group's gradient,
+        after its sum) and times the three in a thread."""
+        marks = [engine.probe(first), engine.probe(last)]
 
         def after() -> None:
-            ends = [a.reshape((-1,))[0:1].copy() for a in landed()]
+            ends = [engine.probe(a) for a in landed()]
             thread = threading.Thread(target=self._time, args=(marks, ends), daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -30,7 +30,8 @@ class PieceLinks:
         if held is not None and len(held[0]) == len(grads) and all(
                 g is h for g, h in zip(grads, held[0])):
             return held[1]
-        lo, hi = b.offsets[0], b.offsets[0] + b.size
+        lo = b.offsets[0]
+        hi = b.offsets[0] + b.size
         links = []
         for g in grads:
             view = g.reshape((-1,))[lo:hi]

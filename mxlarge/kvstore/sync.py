@@ -11,8 +11,10 @@ CPU push keeping the pushed array (non-gradients pushed as copies), compression 
 second dist store hanging, and queued pushes skipped at exit (the worker session leaves together:
 :mod:`mxlarge.protocol.session`).
 Gradients travel fused in buckets whose members are views of the bucket's buffer
-(:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per key, optionally as float16 summed in float32
-by the servers (per element within 2⁻¹¹·(Σ|x| + |Σx|) + (k+1)·2⁻²⁵ of the exact sum).
+(:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per key. What travels (float32, the 16-bit
+wire, 2-bit compression) is the job's :class:`~mxlarge.kvstore.wires.Wire`, chosen once. The
+store tells its step observers (:mod:`mxlarge.observers`) of each bucket's push and pull in a
+marked step, where the two go as separate calls.
 
 Keys: parameter ``i`` uses int key ``i``; its float16 wire key (lone float32 gradients under the
 16-bit wire) is ``WIRE_KEY + i``; BN-statistic reductions use ``STAT_KEY + i``; bucket ``b`` uses
@@ -30,6 +32,7 @@ from itertools import groupby
 import mxnet as mx
 import numpy as np
 
+from mxlarge import engine
 from mxlarge.errors import InputError
 from mxlarge.kvstore import FUSION_BYTES, spans_hosts
 from mxlarge.kvstore.collectives import AUX_KEY, SCALARS, STAT_KEY, Collectives
@@ -38,17 +41,16 @@ from mxlarge.kvstore.order import Order, gate, lead_groups
 from mxlarge.kvstore.pieces import PieceLinks
 from mxlarge.kvstore.roles import ParamRole
 from mxlarge.kvstore.views import BucketViews
+from mxlarge.kvstore.wires import WIRE_KEY, Wire, wire_for
+from mxlarge.observers import Observers, Step
 from mxlarge.protocol.session import SESSION
-from mxlarge.timeline.record import Recorder
 
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync", "dist")
 #: MXNet runs ``'dist'`` as ``'dist_sync'`` (no ``_async`` suffix: synchronous).
 SAME_STORE = {"dist": "dist_sync"}
-WIRE_DTYPES = ("float32", "float16")
 # MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C int:
 # keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with 2 servers.
 MAX_PARAMS = 50_000
-WIRE_KEY = 50_000
 MAX_KEY = 2**31 // 9973 - 1
 BIGARRAY_BOUND = 1_000_000  # MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (kvstore_dist.h)
 
@@ -91,11 +93,6 @@ def require_launched(kind: str, fix: str = LAUNCH_FIX) -> None:
                          f"workers): {fix}")
 
 
-def check_wire_dtype(wire_dtype: str) -> None:
-    if wire_dtype not in WIRE_DTYPES:
-        raise ValueError(f"wire_dtype {wire_dtype!r}: expected one of {', '.join(WIRE_DTYPES)}")
-
-
 def create(kind: str) -> mx.kv.KVStore:
     """``mx.kv.create`` after validating the type; a dist store the process already has (a
     script's own ``mx.kv.create('dist_sync')``) is returned instead: MXNet 1.9.1 hangs in a
@@ -126,7 +123,7 @@ def create(kind: str) -> mx.kv.KVStore:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ExchangePlan:
     """What :meth:`SyncStore.plan` decided: the positions of the parameters whose gradients
     are summed (``pushed``) and of the local statistics (``stats``, BN running mean/var)."""
 
@@ -156,15 +153,17 @@ class SyncStore:
         on_grads: called whenever the store makes other arrays the members' gradient arrays
             (:class:`~mxlarge.kvstore.views.BucketViews`): whoever holds gradient arrays gathers
             them again.
+        observers: told of each bucket's push and pull in a marked step
+            (:mod:`mxlarge.observers`).
     """
 
     def __init__(self, kvstore: str | mx.kv.KVStore, params: Sequence[mx.gluon.Parameter],
                  roles: Sequence[ParamRole] | None = None, compression: dict | None = None,
                  fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32",
-                 on_grads: Callable[[], None] | None = None):
+                 on_grads: Callable[[], None] | None = None,
+                 observers: Observers | None = None):
         kind = kvstore if isinstance(kvstore, str) else kvstore.type
         self.kind = validate_kvstore(kind)
-        check_wire_dtype(wire_dtype)
         self.params = list(params)
         if fusion_bytes < 0:
             raise ValueError(f"fusion_bytes {fusion_bytes}: expected ≥ 0 (0: one key per tensor)")
@@ -184,34 +183,19 @@ class SyncStore:
             SESSION.leave_together(self.kv, mx.nd.waitall)
         if len(self.params) > MAX_PARAMS:
             raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
-        self._bit = None  # 2-bit: a gathered float travels as 32 values of 0 or t
+        self.wire: Wire = wire_for(self.distributed, wire_dtype, compression)
         if compression:
-            if not kind.startswith("dist") or self.kv is None:
-                raise ValueError("gradient compression needs a dist kvstore")
-            if compression.get("type") != "2bit":
-                raise ValueError(f"gradient compression {compression.get('type')!r}: only "
-                                 "'2bit' is supported")
-            self._bit = float(np.float32(compression.get("threshold", 0.5)))
             self.kv.set_gradient_compression(compression)
-        self.wire16 = wire_dtype == "float16"
-        if self.wire16 and not (kind.startswith("dist") and self.kv is not None):
-            raise ValueError("wire_dtype='float16' needs a dist kvstore (it halves the bytes "
-                             "between workers and servers; one process has no wire)")
-        if self.wire16 and compression:
-            raise ValueError("wire_dtype='float16' with 2-bit compression: the compressed "
-                             "pushes already carry 2 bits per element and MXNet's 2-bit "
-                             "compression quantises float32 only; choose one")
-        self._wire: dict[int, list[mx.nd.NDArray]] = {}  # bucket key -> float16 buffer/device
+        self.observers = observers if observers is not None else Observers()
         self._pieces = PieceLinks()
-        self.timeline: Recorder | None = None  # records its steps' exchanges (mxlarge.timeline)
         self._order = Order(self.distributed and spans_hosts()
                             and os.environ.get("MXLARGE_SERVER_HOSTS") != "1")
-        if self.distributed and self.rank == 0 and (
-                self.wire16 or any(np.dtype(p.dtype) != np.float32 for p in self.params)):
+        sixteen = any(np.dtype(p.dtype) != np.float32 for p in self.params)
+        if self.distributed and self.rank == 0 and (self.wire.half or sixteen):
             # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
             self.kv._send_command_to_servers(1, "")
         self.collectives = Collectives(self.kv, self.distributed, self.gather,
-                                       self._bit is not None)
+                                       self.wire.compressed)
         if roles is not None:
             self.plan(roles)
 
@@ -239,7 +223,7 @@ class SyncStore:
         todo = [i for i in indices if i not in self._broadcast]
         self._init(todo, [], [])
 
-    def plan(self, roles: Sequence[ParamRole], in_forward: bool = False) -> Plan:
+    def plan(self, roles: Sequence[ParamRole], in_forward: bool = False) -> ExchangePlan:
         """Every shape is known: plans the exchange (buckets, pieces, the members' gradient
         arrays) and initialises every key not yet initialised (parameters not broadcast yet,
         buckets, gather keys) in one collective.
@@ -260,29 +244,28 @@ class SyncStore:
                             kinds=kinds, piece=piece_floats(servers, self.fusion_bytes // 4,
                                                             spans_hosts()))
         if self.kv is None:
-            return Plan(tuple(self.pushed), tuple(self.stats))
+            return ExchangePlan(tuple(self.pushed), tuple(self.stats))
         if self.distributed:  # every server the same share of the buckets (fusion.spread)
-            wired = self.wire16
-            self.buckets = spread(
-                self.buckets, servers,
-                int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", BIGARRAY_BOUND)),
-                AUX_KEY - FUSE_KEY, lambda b: WIRE_KEY + b.key
-                if wired and b.alone and kinds[b.key] == "float32" else b.key)
+            wire = self.wire
+
+            def key_of(b: Bucket) -> int:
+                if b.alone and wire.carries(b, kinds[b.key]):
+                    return WIRE_KEY + b.key
+                return b.key
+            bound = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", BIGARRAY_BOUND))
+            self.buckets = spread(self.buckets, servers, bound, AUX_KEY - FUSE_KEY, key_of)
         keys: list[int] = []
         values: list[mx.nd.NDArray] = []
         contexts = self.params[0].list_ctx() if self.params else []
         for b in self.buckets:
             dtype = kinds[b.members[0]]
-            wired = self.wire16 and dtype == "float32"
             shape = tuple(self.params[b.key].shape) if b.alone else (b.size,)
-            if wired:
-                self._wire[b.key] = [mx.nd.zeros(shape, ctx=c, dtype="float16")
-                                     for c in contexts]
+            self.wire.prepare(b, shape, dtype, contexts)
             if b.fused:  # adopted now, or in the first step when planned inside a forward
                 self.views.add(b, contexts, dtype, adopt=not in_forward)
-            if not b.alone or wired:
-                keys.append(self._wire_key(b))
-                values.append(mx.nd.zeros(shape, dtype="float16" if wired else dtype))
+            if not b.alone or self.wire.carries(b, dtype):
+                keys.append(self.wire.key(b))
+                values.append(self.wire.init_value(b, shape, dtype))
         if self.distributed:  # gather keys (module docstring); one process needs none
             width = self.collectives.gather_width
             for i in self.stats:
@@ -295,7 +278,7 @@ class SyncStore:
                    values)
         if self.distributed:
             self.kv._barrier()
-        return Plan(tuple(self.pushed), tuple(self.stats))
+        return ExchangePlan(tuple(self.pushed), tuple(self.stats))
 
     def _init(self, indices: list[int], keys: list[int], values: list[mx.nd.NDArray]) -> None:
         """One ``kv.init`` of parameters ``indices`` (this rank's values; the store keeps rank
@@ -325,14 +308,10 @@ class SyncStore:
         mx.nd.waitall()
 
     # -- gradients ------------------------------------------------------------------------------
-    def _wire_key(self, b: Bucket) -> int:
-        """The key ``b``'s sums travel under: its own, or a lone float32 gradient's float16 wire
-        key (its own key holds the float32 weight of the initial broadcast)."""
-        return WIRE_KEY + b.key if b.key in self._wire and b.alone else b.key
-
-    def allreduce_grads(self, prescale: float = 1.0) -> None:
+    def allreduce_grads(self, prescale: float = 1.0, step: Step | None = None) -> None:
         """Replaces every pushed gradient by its sum over workers and devices; ``prescale``: s
-        of the 16-bit wire (module docstring), ignored on a float32 wire. Buckets
+        of the 16-bit wire (:mod:`mxlarge.kvstore.wires`), ignored by the others; ``step``: the
+        step in progress, whose observers hear of each bucket when it is marked. Buckets
         (:func:`fuse`) go in backward order with priority −(their first parameter), so MXNet's
         engine starts each bucket's push once its last gradient is ready, overlapping the rest
         of backward; a tensor's pieces go together (:mod:`mxlarge.kvstore.pieces`). On several
@@ -340,24 +319,27 @@ class SyncStore:
         (:mod:`mxlarge.kvstore.order`)."""
         if self.kv is None:
             return
-        s = float(prescale) if self.wire16 and np.isfinite(prescale) and prescale else 1.0
+        s = self.wire.prescale(prescale)
         groups = [list(g) for _, g in groupby(self.buckets, key=lambda b: b.members)]
         if not groups:
             return
-        order, last = self._order, self.params[min(self.pushed)].list_grad()
+        order = self._order
+        last = self.params[min(self.pushed)].list_grad()
         after = order.measure(self._grads(groups[0][0])[0], last[0],
                               lambda: [self._grads(g[0])[0] for g in groups]
                               ) if order.probing() else None
         order.agree(self.collectives.median_scalar)
         lead = len(groups) if order.share is None or order.share >= 1 else lead_groups(
             [sum(b.size * self._itemsize(b) for b in g) for g in groups], order.share)
-        # the gate: a copy of the last-written gradient's head, taken before any exchange
-        # writes it (gating on the gradient itself would wait for its own sum)
-        gates = [g.reshape((-1,))[0:1].copy() for g in last] if lead < len(groups) else None
+        gates = None
+        if lead < len(groups):
+            # the gate: a probe of the last-written gradient, taken before any exchange
+            # writes it (gating on the gradient itself would wait for its own sum)
+            gates = [engine.probe(g) for g in last]
         for group in groups[:lead]:
-            self._group(group, s)
+            self._group(group, s, step)
         for group in reversed(groups[lead:]):
-            self._group(group, s, gates)
+            self._group(group, s, step, gates)
         if after is not None:
             after()
 
@@ -366,9 +348,9 @@ class SyncStore:
         return self.params[b.members[0]].list_grad()
 
     def _itemsize(self, b: Bucket) -> int:
-        return 2 if b.key in self._wire else np.dtype(self.params[b.members[0]].dtype).itemsize
+        return self.wire.itemsize(b, np.dtype(self.params[b.members[0]].dtype).name)
 
-    def _group(self, group: list[Bucket], s: float,
+    def _group(self, group: list[Bucket], s: float, step: Step | None,
                gates: list[mx.nd.NDArray] | None = None) -> None:
         """Exchanges one bucket, or one tensor's pieces, each array first gated on ``gates``
         (:func:`mxlarge.kvstore.order.gate`) if given."""
@@ -378,7 +360,7 @@ class SyncStore:
         def exchange(bucket: Bucket, arrays: list[mx.nd.NDArray], prio: int) -> None:
             if gates is not None:
                 gate(arrays, gates)
-            self._exchange(bucket, arrays, prio, s)
+            self._exchange(bucket, arrays, prio, s, step)
         if rest:  # the pieces of one tensor, consecutive in the plan (fusion.fuse)
             self._pieces.exchange(group, self._grads(b),
                                   lambda p, a: exchange(p, a, -p.members[0]))
@@ -389,32 +371,25 @@ class SyncStore:
         self.views.exchange(b, lambda flats: exchange(b, flats, priority))
 
     def _exchange(self, b: Bucket, arrays: list[mx.nd.NDArray], priority: int,
-                  prescale: float = 1.0) -> None:
-        """Sum of ``arrays`` over devices and workers, written back into them: one pushpull
-        (push then pull if compressed, or in a step the :attr:`timeline` records), through the
-        float16 buffers on the 16-bit wire."""
-        key = b.key
-        wire = self._wire.get(key)
-        sent = arrays
-        if wire is not None:
-            for a, w in zip(arrays, wire):
-                mx.nd.cast(a * prescale if prescale != 1.0 else a, dtype="float16", out=w)
-            key, sent = self._wire_key(b), wire
-        rec = self.timeline
-        if rec is not None and rec.step is not None and self.distributed:
-            rec.exchange(key, sent[0].size * np.dtype(sent[0].dtype).itemsize, sent,
-                         lambda: self.kv.push(key, sent, priority=priority),
-                         lambda: self.kv.pull(key, out=sent, priority=priority))
-        elif self.distributed and self._bit is None:
+                  prescale: float, step: Step | None) -> None:
+        """Sum of ``arrays`` over devices and workers, written back into them, through the
+        wire's arrays: one pushpull, or a push and a pull where the wire splits them or the
+        step is marked (then the observers hear of each)."""
+        sent = self.wire.outbound(b, arrays, prescale)
+        key = self.wire.key(b)
+        if step is not None and step.marked and self.distributed:
+            nbytes = sent[0].size * np.dtype(sent[0].dtype).itemsize
+            self.observers.bucket_push(step, key, nbytes, sent)
+            self.kv.push(key, sent, priority=priority)
+            self.observers.bucket_pushed(step, key, sent)
+            self.kv.pull(key, out=sent, priority=priority)
+            self.observers.bucket_pulled(step, key, sent)
+        elif self.distributed and not self.wire.split:
             self.kv.pushpull(key, sent, out=sent, priority=priority)
         else:
             self.kv.push(key, sent, priority=priority)
             self.kv.pull(key, out=sent, priority=priority)
-        if wire is not None:
-            for a, w in zip(arrays, wire):
-                mx.nd.cast(w, dtype="float32", out=a)
-                if prescale != 1.0:
-                    a *= 1.0 / prescale
+        self.wire.inbound(b, arrays, sent, prescale)
 
     def gather(self, key: int, mine: np.ndarray) -> np.ndarray:
         """Every rank's float32 vector ``mine`` as rows of a (k, n) array, exactly (collective).
@@ -423,18 +398,13 @@ class SyncStore:
         0/t), every other slot zeros, so the pulled sum holds each rank's vector unchanged.
         """
         mine = np.ascontiguousarray(mine, np.float32).ravel()
-        k, n = self.kv.num_workers, mine.size
-        if self._bit is None:
-            slot = mine
-        else:
-            slot = np.unpackbits(mine.view(np.uint8)).astype(np.float32) * self._bit
+        k = self.kv.num_workers
+        n = mine.size
+        slot = self.wire.gather_slot(mine)
         buf = np.zeros((k, slot.size), np.float32)
         buf[self.rank] = slot
         out = mx.nd.zeros((buf.size,))
         self.kv.push(key, mx.nd.array(buf.ravel()))
         self.kv.pull(key, out=out)
         rows = out.asnumpy().reshape(k, slot.size)
-        if self._bit is None:
-            return rows
-        bits = (rows > self._bit / 2).astype(np.uint8)
-        return np.packbits(bits, axis=1).view(np.float32).reshape(k, n)
+        return self.wire.gather_rows(rows, n)

@@ -152,7 +152,9 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         self._update_count(indices)
         step = self._index_update_count[indices[0]] - 1
         if not isinstance(index, (list, tuple)):
-            weight, grad, state = [weight], [grad], [state]
+            weight = [weight]
+            grad = [grad]
+            state = [state]
         self.apply(step, indices, weight, grad, state, self.rescale_grad)
 
     def update_multi_precision(self, index, weight, grad, state):

@@ -3,11 +3,12 @@
 The launcher gives every process of a job the directory :data:`ENV` (``MXLARGE_HEARTBEAT_DIR``);
 :func:`launched_dir` is its one reader, at a process's root. A worker writes
 ``worker-<rank>.json`` there: a :class:`Record` padded to :data:`SIZE` bytes and rewritten in
-place with one ``pwrite`` (a reader sees an old or a new record, never a mix). ``done`` counts an
-update only once its result exists (:meth:`Beat.completes`: a watcher thread waits for it), and
-the training thread waits only when :data:`AHEAD` updates are unconfirmed; ``tick``, advanced by
-a writer thread every :data:`INTERVAL`, tells a running process from a stopped one. Why, and
-the costs measured: docs/design/session.md.
+place with one ``pwrite`` (a reader sees an old or a new record, never a mix).
+
+``done`` counts an update only once its result exists (:meth:`HeartbeatWriter.completes`: a
+watcher thread waits for it), and the training thread waits only when :data:`AHEAD` updates
+are unconfirmed. ``tick``, advanced by a writer thread every :data:`INTERVAL`, tells a running
+process from a stopped one. Why, and the costs measured: docs/design/session.md.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ AHEAD = 8
 #: Seconds the watcher thread is given to end when the process exits.
 STOP_TIMEOUT = 5.0
 #: Seconds a failing worker gives its watcher to confirm the updates it handed over
-#: (:meth:`Beat.settle`), so that its last record names the step it failed at.
+#: (:meth:`HeartbeatWriter.settle`), so that its last record names the step it failed at.
 SETTLE = 2.0
 SIZE = 512
 INTERVAL = 1.0  # seconds between writes of one worker's record
@@ -92,7 +93,7 @@ class Record:
 
 
 class Result(Protocol):
-    """What :meth:`Beat.completes` waits for (an ``mx.nd.NDArray`` the update writes)."""
+    """What :meth:`HeartbeatWriter.completes` waits for (an ``mx.nd.NDArray`` the update writes)."""
 
     def wait_to_read(self) -> None: ...
 
@@ -104,14 +105,15 @@ def path_for(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"worker-{rank}.json"
 
 
-class Launched(enum.Enum):
+class FromLauncher(enum.Enum):
     """The type of :data:`LAUNCHED`."""
 
-    DIR = "the heartbeat directory of the launcher that started this process, if any"
+    DIR = "the directory the launcher that started this process gave it, if any"
 
 
-# mxlarge.Trainer's default ``heartbeat``: resolved by :func:`launched_dir` at construction.
-LAUNCHED = Launched.DIR
+# mxlarge.Trainer's default ``heartbeat`` and ``reports``: resolved at construction by
+# :func:`launched_dir` and :func:`mxlarge.protocol.reports.launched_reports`.
+LAUNCHED = FromLauncher.DIR
 
 
 def launched_dir() -> Path | None:
@@ -142,7 +144,7 @@ def read_all(directory: str | Path) -> dict[int, Record]:
     return out
 
 
-class Beat:
+class HeartbeatWriter:
     """A worker's side: :meth:`step` on the hot path, a thread that writes the record.
 
     Args:
@@ -183,9 +185,12 @@ class Beat:
         """
         with self._cv:
             if self._first is None:
-                self._first = done = issued
+                self._first = issued
+                done = issued
             advanced = done != self.done
-            self.done, self.issued, self.here = done, issued, done - self._first
+            self.done = done
+            self.issued = issued
+            self.here = done - self._first
             if advanced:
                 self._write()
 
@@ -207,7 +212,8 @@ class Beat:
         :data:`AHEAD` updates are unconfirmed, until at most ``AHEAD // 2`` are.
         """
         with self._cv:
-            self._result, self._handed = (step, result), step
+            self._result = (step, result)
+            self._handed = step
             self._cv.notify_all()
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, daemon=True,
@@ -226,7 +232,8 @@ class Beat:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._result is not None)
-                item, self._result = self._result, None
+                item = self._result
+                self._result = None
             step, result = item  # type: ignore[misc]
             if result is None:  # _STOP
                 return
@@ -262,7 +269,8 @@ class Beat:
     @contextlib.contextmanager
     def busy(self, what: str) -> Iterator[None]:
         """Mark a phase without steps (evaluation, checkpointing) for the watchdog."""
-        before, self.phase = self.phase, what
+        before = self.phase
+        self.phase = what
         try:
             yield
         finally:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from mxlarge.protocol.heartbeat import INTERVAL, SETTLE, Beat
+from mxlarge.protocol.heartbeat import INTERVAL, SETTLE, HeartbeatWriter
 
 
 def _code_of(exc: SystemExit) -> int:
@@ -42,7 +42,7 @@ class WorkerSession:
     """Fail-fast, heartbeats and leaving together for one process (module docstring)."""
 
     def __init__(self) -> None:
-        self._beats: weakref.WeakSet[Beat] = weakref.WeakSet()  # their threads hold them
+        self._beats: weakref.WeakSet[HeartbeatWriter] = weakref.WeakSet()  # their threads hold them
         self._stores: list[weakref.ref[Any]] = []  # the dist store (one: kvstore.sync.create)
         self._wait_all: Callable[[], None] | None = None
 
@@ -95,10 +95,11 @@ class WorkerSession:
         sys.excepthook = hook
 
     # -- heartbeats -----------------------------------------------------------------------------
-    def beat(self, directory: str | Path, rank: int, interval: float = INTERVAL) -> Beat:
-        """A new :class:`~mxlarge.protocol.heartbeat.Beat` for kvstore rank ``rank``, settled
-        on a failure and finished at a clean exit by this session."""
-        beat = Beat(directory, rank, interval)
+    def beat(self, directory: str | Path, rank: int,
+             interval: float = INTERVAL) -> HeartbeatWriter:
+        """A new :class:`~mxlarge.protocol.heartbeat.HeartbeatWriter` for kvstore rank
+        ``rank``, settled on a failure and finished at a clean exit by this session."""
+        beat = HeartbeatWriter(directory, rank, interval)
         self._beats.add(beat)
         return beat
 

@@ -1,8 +1,9 @@
 """A timeline of chosen steps on every worker, merged by the launcher into one Chrome trace
-(issue 55; how to read one: docs/timeline.md).
+(how to read one: docs/timeline.md).
 
-:mod:`mxlarge.timeline.record`: a worker's recorder (MXNet's side); :mod:`mxlarge.timeline.trace`:
-the ranks' files merged into one trace (the launcher's side, no MXNet).
+:mod:`mxlarge.timeline.record`: a worker's recorder, a step observer (MXNet's side);
+:mod:`mxlarge.timeline.trace`: the ranks' files merged into one trace (the launcher's side, no
+MXNet).
 """
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from dataclasses import dataclass
 
 #: ``start:steps`` (e.g. ``5:3``): the steps a script of one's own records under the launcher.
 ENV = "MXLARGE_TIMELINE"
-#: A rank's file in the launcher's job directory: ``timeline-worker-<rank>.json``.
+#: A rank's file in the job's report directory: ``timeline-worker-<rank>.json``.
 PREFIX = "timeline-worker-"
 
 
 @dataclass(frozen=True)
-class Window:
+class TimelineWindow:
     """Steps ``start`` ≤ t < ``start + steps`` are recorded."""
 
     start: int
@@ -35,17 +36,28 @@ class Window:
         return self.start <= step <= self.last
 
     @classmethod
-    def of(cls, start: int | None, steps: int | None) -> Window | None:
+    def parse(cls, given: str) -> TimelineWindow:
+        """The window of ``START:STEPS`` (:data:`ENV`'s form; ``START`` alone: one step).
+
+        Raises:
+            ValueError: not that form, or a start below 0 or no step.
+        """
+        head, _, tail = given.strip().partition(":")
+        try:
+            start = int(head)
+            steps = int(tail or 1)
+        except ValueError:
+            raise ValueError(f"{ENV}={given!r}: expected START:STEPS, e.g. 5:3") from None
+        return cls(start, steps)
+
+    @classmethod
+    def of(cls, start: int | None, steps: int | None) -> TimelineWindow | None:
         """The window of the keywords, else of :data:`ENV`, else None."""
         if start is None and steps is None:
             given = os.environ.get(ENV, "").strip()
             if not given:
                 return None
-            head, _, tail = given.partition(":")
-            try:
-                return cls(int(head), int(tail or 1))
-            except ValueError:
-                raise ValueError(f"{ENV}={given!r}: expected START:STEPS, e.g. 5:3") from None
+            return cls.parse(given)
         if start is None:
             raise ValueError(f"timeline_steps {steps}: needs timeline_start (the first step "
                              "to record)")

@@ -55,7 +55,8 @@ def merge(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                            "args": {"name": track}})
         for name, track, step, t0, t1, args in r["spans"]:
-            t0, t1 = t0 - d[r["host"]], t1 - d[r["host"]]
+            t0 = t0 - d[r["host"]]
+            t1 = t1 - d[r["host"]]
             events.append({"ph": "X", "name": name, "cat": track.split()[0], "pid": pid,
                            "tid": tids[track], "ts": round(1e6 * (t0 - origin), 1),
                            "dur": round(1e6 * (t1 - t0), 1), "args": {"step": step, **args}})

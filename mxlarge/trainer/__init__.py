@@ -8,8 +8,11 @@ explicit one, every keyword documented there); η(t) is :mod:`mxlarge.trainer.lr
 optimizer states :mod:`mxlarge.trainer.states`', the exchange the store's
 (:class:`mxlarge.kvstore.sync.SyncStore`).
 
-One counter: :attr:`num_update` counts applied updates; ``step(n)`` applies update
-``num_update``, ``step(n, t)`` applies update t and the count follows. The update sums the
+One step path: ``step(n)`` is ``allreduce_grads()`` then ``update(n)``, and the loop and a
+script's own calls run the same sequence, told to the step observers
+(:mod:`mxlarge.observers`: the heartbeat, the breakdown, the timeline, your own). One counter:
+:attr:`num_update` counts applied updates; ``step(n)`` applies update ``num_update``,
+``step(n, t)`` applies update t and the count follows. The update sums the
 gradients over k workers (and devices) and rescales by s/(k·n), s = ``rescale_grad`` (divided
 by AMP's loss scale under ``amp.scale_loss``): each worker's loss is normalised by the *global*
 batch (Goyal §3), where ``gluon.Trainer.step(n)`` on dist_sync applies k times the update.
@@ -18,7 +21,6 @@ a skipped step does not count (Gluon's rule). The user's guide: docs/trainer.md.
 """
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,18 +28,17 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
-from mxnet.ndarray import waitall
 
 from mxlarge.bnstats import BNStats
-from mxlarge.breakdown import StepClock
 from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.roles import param_roles, role_counts
 from mxlarge.kvstore.sync import SyncStore
 from mxlarge.kvstore.updater import LargeBatchSGD
+from mxlarge.observers import DataWait, Observers, Step, StepObserver
+from mxlarge.observers.worker import worker_observers
 from mxlarge.plan import World
 from mxlarge.protocol.session import SESSION
 from mxlarge.schedulers import Schedule
-from mxlarge.timeline.record import Mark, recorder
 from mxlarge.trainer import checks
 from mxlarge.trainer.deferred import on_init
 from mxlarge.trainer.gluon_args import HONOURED, MXNetSchedule, store_name
@@ -70,7 +71,8 @@ def _known(keywords: dict[str, Any]) -> dict[str, Any]:
 def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | None:
     """The explicit step, if any; gluon.Trainer's second positional is ``ignore_stale_grad``."""
     if isinstance(step, bool):
-        step, ignore_stale_grad = None, step
+        ignore_stale_grad = step
+        step = None
     if ignore_stale_grad:
         raise ValueError("ignore_stale_grad=True is not supported: on dist_sync every worker "
                          "must push every gradient each step; give parameters that get no "
@@ -82,10 +84,12 @@ class Trainer(mx.gluon.Trainer):
     """A ``gluon.Trainer`` running large-minibatch SGD over a KVStore (module docstring).
 
     ``Trainer(params, optimizer, optimizer_params, kvstore, compression_params,
-    update_on_kvstore, **keywords)``: Gluon's arguments and mxlarge's keywords, all documented
-    at :func:`mxlarge.trainer.settings.resolve`. ``params``: ``net.collect_params()``
-    (initialised; shapes may come from the first forward, when the parameter gets rank 0's
-    value: :mod:`mxlarge.trainer.deferred`).
+    update_on_kvstore, observers=(), **keywords)``: Gluon's arguments and mxlarge's keywords,
+    all documented at :func:`mxlarge.trainer.settings.resolve`. ``params``:
+    ``net.collect_params()`` (initialised; shapes may come from the first forward, when the
+    parameter gets rank 0's value: :mod:`mxlarge.trainer.deferred`). ``observers``: step
+    observers of your own (:class:`mxlarge.observers.StepObserver`), beside the ones the
+    Trainer makes for a launched worker.
     """
 
     def __init__(self, params: Mapping[str, mx.gluon.Parameter] | Sequence[mx.gluon.Parameter],
@@ -93,11 +97,12 @@ class Trainer(mx.gluon.Trainer):
                  optimizer_params: Mapping[str, Any] | None = None,
                  kvstore: str | mx.kv.KVStore | None = "local",
                  compression_params: dict | None = None, update_on_kvstore: bool | None = None,
-                 **keywords: Any):
+                 observers: Sequence[StepObserver] = (), **keywords: Any):
         if store_name(kvstore).startswith("dist"):  # first: a refusal below must end it too
             SESSION.install_fail_fast()  # else it waits in ps-lite's exit barrier forever
-        s = self.settings = resolve(optimizer, optimizer_params, kvstore, compression_params,
-                                    update_on_kvstore, **_known(keywords))
+        s = resolve(optimizer, optimizer_params, kvstore, compression_params, update_on_kvstore,
+                    **_known(keywords))
+        self.settings = s
         named = _named_params(params)
         self.names = list(named)
         self.updater: LargeBatchSGD | MXNetUpdate = s.updater()
@@ -108,22 +113,24 @@ class Trainer(mx.gluon.Trainer):
         self.params: list[mx.gluon.Parameter] = self._params
         self._scale = s.rescale  # Gluon's s; AMP's scale_loss divides it by the loss scale
         self._args_current = False  # the update's argument lists hold the gradient arrays
+        self._current: Step | None = None  # the step in progress
+        self.observers = Observers(list(observers))
         self.store = SyncStore(s.kvstore, self.params, compression=s.compression,
                                fusion_bytes=s.fusion_bytes, wire_dtype=s.wire_dtype,
-                               on_grads=self._grads_changed)
+                               on_grads=self._grads_changed, observers=self.observers)
         self.collectives = self.store.collectives
         self._init_kvstore()
-        self.heartbeat = (SESSION.beat(s.heartbeat, self.rank)
-                          if s.heartbeat is not None and self.collectives.distributed else None)
-        self.timeline = self.store.timeline = recorder(s.timeline, s.heartbeat, self.collectives)
-        self.clock = StepClock(self.heartbeat, waitall, self.timeline) if self.heartbeat else None
+        own = worker_observers(self.collectives, s.heartbeat, s.reports, s.timeline, s.breakdown)
+        for observer in own:
+            self.observers.add(observer)
         self.lr = LearningRate(self.updater, s.base, (
             s.reference_batch, s.scaling, s.warmup_steps, s.warmup_lr) if s.gluon_form else None,
             s.mxnet_optimizer)
         self.opt_states = OptimizerStates(self.updater, self.params, self.names)
         self.simulated_workers = s.simulate_workers
         _accumulate(self.params, self.simulated_workers)
-        self._first_step_checked = self._batch_warned = False
+        self._first_step_checked = False
+        self._batch_warned = False
         if self.rank == 0:
             s.note_differences(self.num_workers, self.rank)
         # Rank 0's values: now for parameters with shapes, for the others at their deferred
@@ -268,18 +275,39 @@ class Trainer(mx.gluon.Trainer):
         return [self.params[i].list_grad()[device] for i in self.pushed]
 
     # -- the step -------------------------------------------------------------------------------
+    def begin_step(self, t: int | None = None, data: DataWait | None = None) -> Step:
+        """Begins step ``t`` (default :attr:`num_update`) and tells the observers; returns it.
+
+        The loop calls it before its forward, with its wait for the batch (``data``). A
+        script's step begins by itself at ``allreduce_grads()`` (or ``update()``)."""
+        if t is None:
+            t = self.num_update
+        self._current = Step(int(t), data)
+        self.observers.step_begun(self._current)
+        return self._current
+
+    def _in_progress(self, t: int | None = None) -> Step:
+        """The step in progress, begun at ``t`` (default :attr:`num_update`) if there is none."""
+        if self._current is None:
+            return self.begin_step(t)
+        return self._current
+
     def allreduce_grads(self) -> None:
         """Sums gradients over workers and devices (exposed for gradient statistics). A 16-bit
         wire carries s·g (s: the AMP-unscaled ``rescale_grad``), so its range does not depend
         on AMP's loss scale; the gradients come back in their own scale. The first call of a
         dist job also checks the data is sharded (:mod:`mxlarge.trainer.checks`)."""
         self._check_ready()
+        step = self._in_progress()
         first = None
         if not self._first_step_checked:
             self._first_step_checked = True
             if self.collectives.distributed and self.num_workers > 1 and self.pushed:
                 first = checks.checksum(self.grads(0))
-        self.store.allreduce_grads(prescale=self._scale)
+        grads = self.grads(0) if self.params else []
+        self.observers.exchange_begun(step, grads)
+        self.store.allreduce_grads(prescale=self._scale, step=step)
+        self.observers.exchange_done(step, grads)
         if first is not None:
             checks.warn_if_unsharded(first.asnumpy(), self.collectives)
 
@@ -288,7 +316,7 @@ class Trainer(mx.gluon.Trainer):
         """Applies update ``step`` (default :attr:`num_update`) to already-reduced gradients,
         with rescale s/(k·n); then ``num_update = step + 1``. Under AMP, a step whose summed
         gradients overflowed is skipped on every rank and the count stays (Gluon's rule).
-        Returns whether the update was applied.
+        Returns whether the update was applied. Ends the step in progress.
 
         Args:
             batch_size: images this worker processed in the step, over all its devices (n per
@@ -304,11 +332,17 @@ class Trainer(mx.gluon.Trainer):
             self._batch_warned = checks.warn_if_global(batch_size, self.lr.batch,
                                                        self.num_workers, self.rank)
         t = self.num_update if step is None else int(step)
-        beat = self.heartbeat
-        if beat is not None:
-            beat.issue(t)  # this worker's gradients of update t are pushed
-        rec = self.timeline if self.timeline and self.timeline.begin(t) else None
-        issued = time.time()
+        current = self._in_progress(t)
+        self._current = None
+        self.observers.update_begun(current)
+        applied = self._apply(t, batch_size)
+        current.applied = applied
+        weights = self._update_args[0][0] if self._update_args else []
+        self.observers.update_done(current, applied, weights)
+        return applied
+
+    def _apply(self, t: int, batch_size: int) -> bool:
+        """The optimizer's update t, and AMP's overflow rule: whether it was applied."""
         if not self._args_current:
             self._gather_update_args()
         self.opt_states.refresh_masters()
@@ -319,38 +353,28 @@ class Trainer(mx.gluon.Trainer):
                              "it accumulates (grad_req='add'; docs/mxnet-facts.md)")
         # the summed gradients are bitwise the same on every rank, so is this decision
         if scaler is not None and scaler.has_overflow(self._params):
-            return rec is not None and rec.update(issued, Mark(time.time()), applied=False)
+            return False
         rescale = self._scale / (batch_size * self.num_workers)
         for weights, grads, states in self._update_args:
             self.updater.apply(t, self.pushed, weights, grads, states, rescale)
-        if beat is not None and self._update_args:
-            # a weight update t writes exists once it is complete (mxlarge.protocol.heartbeat)
-            beat.completes(t, self._update_args[0][0][0])
-        rec is None or rec.update(issued, rec.mark_all(self._update_args[0][0]), applied=True)
         self.num_update = t + 1
         return True
 
     def step(self, batch_size: int, step: int | None = None,
              ignore_stale_grad: bool = False) -> bool:
-        """``allreduce_grads()`` then ``update(batch_size, step)``; whether it was applied.
-        Under the launcher, sampled steps are timed for the heartbeat (:attr:`clock`)."""
+        """``allreduce_grads()`` then ``update(batch_size, step)``; whether it was applied."""
         step = _explicit_step(step, ignore_stale_grad)  # refused before anything is pushed
-        if self.clock is None:
-            self.allreduce_grads()
-            return self.update(batch_size, step)
-        return self.clock.step(self.num_update if step is None else int(step),
-                               self.allreduce_grads, self.grads,
-                               lambda: self.update(batch_size, step))
+        self._check_ready()
+        self.begin_step(step)
+        self.allreduce_grads()
+        return self.update(batch_size, step)
 
     @contextmanager
     def busy(self, what: str) -> Iterator[None]:
         """Tells the launcher's stall watchdog that this worker is ``what`` (e.g. evaluating)
         rather than stepping: such a phase may last 10 stall timeouts. A no-op outside a
         launched job."""
-        if self.heartbeat is None:
-            yield
-            return
-        with self.heartbeat.busy(what):
+        with self.observers.busy(what):
             yield
 
     def check_replicas(self, step: int) -> None:

@@ -100,7 +100,8 @@ def note_differences(momentum_correction: bool, decay_bn_bias: bool, opt: Mappin
     keywords that make it gluon's, and on dist (``workers`` k > 1, no ``reference_batch``:
     ``scaled`` False) the step size: ``step(n)`` applies the mean over the k·n global batch,
     where gluon.Trainer on dist_sync applies k times that (the servers sum)."""
-    differ, keys = [], []
+    differ = []
+    keys = []
     if momentum_correction and opt["momentum"] and lr_changes:
         differ.append("momentum correction (the velocity is rescaled by lr_t/lr_{t-1} when "
                       "the LR changes: Goyal et al.'s eq. 9, not MXNet's eq. 10)")

@@ -11,7 +11,7 @@ be honoured is refused here with the reason.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,12 @@ import mxnet as mx
 from mxlarge import schedulers
 from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.any_optimizer import MXNetUpdate
-from mxlarge.kvstore.sync import check_wire_dtype
 from mxlarge.kvstore.updater import LargeBatchSGD
-from mxlarge.protocol.heartbeat import LAUNCHED, Launched, launched_dir
+from mxlarge.kvstore.wires import check_wire_dtype
+from mxlarge.protocol.heartbeat import LAUNCHED, FromLauncher, launched_dir
+from mxlarge.protocol.reports import launched_reports
 from mxlarge.schedulers import Schedule
-from mxlarge.timeline import Window
+from mxlarge.timeline import TimelineWindow
 from mxlarge.trainer.gluon_args import (
     check_horovod_keywords,
     check_store_for_the_process,
@@ -65,7 +66,9 @@ class Settings:
     bn_stats: str
     simulate_workers: int
     heartbeat: Path | None
-    timeline: Window | None
+    reports: Path | None
+    timeline: TimelineWindow | None
+    breakdown: bool | None
 
     def updater(self) -> LargeBatchSGD | MXNetUpdate:
         """The optimizer that runs the update, at update :attr:`begin`."""
@@ -103,9 +106,10 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
             decay_bn_bias: bool = False, compression: dict | None = None,
             fusion_bytes: int = FUSION_BYTES, wire_dtype: str = "float32",
             bn_stats: str = "reduce", simulate_workers: int = 1,
-            heartbeat: str | Path | Launched | None = LAUNCHED,
+            heartbeat: str | Path | FromLauncher | None = LAUNCHED,
+            reports: str | Path | FromLauncher | None = LAUNCHED,
             gradient_predivide_factor: float = 1.0, timeline_start: int | None = None,
-            timeline_steps: int | None = None) -> Settings:
+            timeline_steps: int | None = None, breakdown: bool | None = None) -> Settings:
     """The :class:`Settings` of ``mxlarge.Trainer(params, optimizer, optimizer_params, kvstore,
     compression_params, update_on_kvstore, **keywords)``.
 
@@ -150,10 +154,16 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
             watchdog, or None for no reports; the default, ``LAUNCHED``, is the directory the
             launcher gave this process (:func:`~mxlarge.protocol.heartbeat.launched_dir`), none
             outside a launched job.
+        reports: the job's report directory, where a timeline's files go; the default,
+            ``LAUNCHED``, is the one the launcher gave this process
+            (:func:`~mxlarge.protocol.reports.launched_reports`), none outside a launched job.
         timeline_start, timeline_steps: record steps timeline_start ≤ t < timeline_start +
             timeline_steps (3 if not given) on every worker of a launched job as a Chrome trace
             the launcher merges (:mod:`mxlarge.timeline`); without them, ``$MXLARGE_TIMELINE``
             (``START:STEPS``).
+        breakdown: time sampled steps part by part
+            (:class:`~mxlarge.observers.timer.StepTimer`); None: in a dist worker that reports
+            to a launcher (its straggler rule reads the parts).
         gradient_predivide_factor: Horovod's keyword, 1.0 only (refused otherwise, with the
             reason); Horovod's ``compression=Compression.fp16`` is ``wire_dtype='float16'``.
     """
@@ -195,9 +205,19 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
         warmup_lr=warmup_lr, batch_size=batch_size, momentum_correction=momentum_correction,
         decay_bn_bias=decay_bn_bias, compression=compression, fusion_bytes=fusion_bytes,
         wire_dtype=wire_dtype, bn_stats=bn_stats, simulate_workers=int(simulate_workers),
-        heartbeat=launched_dir() if heartbeat is LAUNCHED else
-        None if heartbeat is None else Path(heartbeat),
-        timeline=Window.of(timeline_start, timeline_steps))
+        heartbeat=_directory(heartbeat, launched_dir),
+        reports=_directory(reports, launched_reports),
+        timeline=TimelineWindow.of(timeline_start, timeline_steps), breakdown=breakdown)
+
+
+def _directory(given: str | Path | FromLauncher | None,
+               launched: Callable[[], Path | None]) -> Path | None:
+    """``given`` as a path: the launcher's (``launched()``) for ``LAUNCHED``."""
+    if given is LAUNCHED:
+        return launched()
+    if given is None:
+        return None
+    return Path(given)
 
 
 #: The keywords :func:`resolve` takes beyond Gluon's positional arguments.

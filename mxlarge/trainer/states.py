@@ -123,7 +123,8 @@ def amp_scale(scaler: Any) -> list[float]:
 
 def set_amp_scale(scaler: Any, values: list[float]) -> None:
     """The inverse of :func:`amp_scale`."""
-    scaler._loss_scale, scaler._next_loss_scale = values[0], values[1]
+    scaler._loss_scale = values[0]
+    scaler._next_loss_scale = values[1]
     scaler._unskipped = int(values[2])
 
 
@@ -138,7 +139,9 @@ class OptimizerStates:
     """
 
     def __init__(self, updater: Any, params: list[mx.gluon.Parameter], names: list[str]):
-        self.updater, self.params, self.names = updater, params, names
+        self.updater = updater
+        self.params = params
+        self.names = names
         self.states: list[list[Any]] = []
         self.pushed: tuple[int, ...] = ()
         self.created = False
@@ -148,11 +151,13 @@ class OptimizerStates:
     def create(self, pushed: tuple[int, ...]) -> None:
         """One state per (parameter, device), devices applying identical updates; a file
         loaded before the shapes were known is set now."""
-        self.pushed, self.created = pushed, True
+        self.pushed = pushed
+        self.created = True
         self.states = [[self.updater.create_state_multi_precision(i, w) for w in p.list_data()]
                        for i, p in enumerate(self.params)]
         if self._loaded is not None:
-            loaded, self._loaded = self._loaded, None
+            loaded = self._loaded
+            self._loaded = None
             self._set(loaded, "load_states")
 
     def on_device(self, d: int) -> list[Any]:

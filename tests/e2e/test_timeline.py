@@ -102,6 +102,27 @@ def test_a_window_past_the_run_or_outside_a_launched_job_is_refused(tmp_path):
         assert r.returncode != 0 and expected in r.stderr, r.stderr[-2000:]
 
 
+def test_a_launch_whose_window_is_past_the_run_is_refused_before_anything_starts(tmp_path):
+    """Exit 2 with the one-line reason, no process started and no MLflow run made."""
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    r = subprocess.run([sys.executable, "-m", "mxlarge.cli", "launch", str(CONFIG), "-n", "2",
+                        "-s", "1", "train.epochs=24", "train.max_steps=11",
+                        "train.timeline_start=10", "train.timeline_steps=3"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert ("train.timeline_start = 10, train.timeline_steps = 3: expected steps within the "
+            "run's 11 (0 to 10)") in r.stderr, r.stderr[-2000:]
+    assert "[launcher]" not in r.stdout and "MLflow run" not in r.stdout, r.stdout
+    assert not (tmp_path / "mlruns.db").exists() or not MlflowClient(uri).search_runs(
+        [e.experiment_id for e in MlflowClient(uri).search_experiments()])
+    r = subprocess.run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
+                        "--env", "MXLARGE_TIMELINE=seven", "--", sys.executable, "-c", "pass"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "[launcher]" not in r.stdout, r.stdout + r.stderr
+    assert "MXLARGE_TIMELINE='seven': expected START:STEPS, e.g. 5:3" in r.stderr, r.stderr
+
+
 @pytest.mark.timeout(180)
 def test_a_scripts_own_trainer_records_its_exchange_and_update(tmp_path):
     """tests/scripts/own_loop.py under ``python -m mxlarge.launcher --env MXLARGE_TIMELINE=4:2``:

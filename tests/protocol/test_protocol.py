@@ -1,6 +1,6 @@
-"""The worker side of the job protocol: a Beat's records as the launcher reads them, the one
-reader of the launcher's heartbeat directory, and the worker session that settles and finishes
-them."""
+"""The worker side of the job protocol: a HeartbeatWriter's records as the launcher reads
+them, the one reader of the launcher's heartbeat directory, and the worker session that settles
+and finishes them."""
 import os
 import subprocess
 import sys
@@ -13,7 +13,7 @@ from mxlarge.protocol.session import WorkerSession
 
 
 def test_beat_writes_records_the_watchdog_reads(tmp_path):
-    beat = heartbeat.Beat(tmp_path, rank=3, interval=0.05)
+    beat = heartbeat.HeartbeatWriter(tmp_path, rank=3, interval=0.05)
     beat.step(0, 7)      # first update issued at step 7 (a resumed worker)
     beat.step(7, 7)
     beat.step(7, 8)
@@ -48,7 +48,7 @@ def test_a_record_reads_back_and_a_torn_one_is_none():
 def test_a_beat_carries_the_step_breakdown_and_old_records_still_read(tmp_path):
     """Record.parts: None until the worker sets it, then at the next write; a record written
     before the field existed decodes with None; the widest breakdown fits in SIZE bytes."""
-    beat = heartbeat.Beat(tmp_path, rank=1, interval=0.05)
+    beat = heartbeat.HeartbeatWriter(tmp_path, rank=1, interval=0.05)
     assert heartbeat.read_all(tmp_path)[1].parts is None
     parts = {"data": 0.8, "compute": 17.6, "exchange": 4.8, "update": 0.8, "step": 27.7,
              "n": 20.0, "at": 190.0, "end": 1764900000.1234}
@@ -65,8 +65,8 @@ def test_a_beat_carries_the_step_breakdown_and_old_records_still_read(tmp_path):
 
 
 def test_finish_marks_every_issued_update_done_and_the_phase_finished(tmp_path):
-    """At exit (after waitall and the last barrier) every Beat of the process says finished,
-    with the updates it issued counted as done; the writer thread keeps saying it."""
+    """At exit (after waitall and the last barrier) every HeartbeatWriter of the process says
+    finished, with the updates it issued counted as done; the writer thread keeps saying it."""
     session = WorkerSession()
     beat = session.beat(tmp_path, rank=1, interval=0.05)
     beat.step(0, 0)
@@ -102,7 +102,7 @@ def _until(cond, timeout=5.0):
 
 
 def test_an_update_counts_as_done_once_its_result_exists_and_the_record_says_so(tmp_path):
-    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    beat = heartbeat.HeartbeatWriter(tmp_path, rank=0, interval=60)
     beat.issue(0)
     r0 = _Pending()
     beat.completes(0, r0)  # returns at once: one update unconfirmed
@@ -116,7 +116,7 @@ def test_an_update_counts_as_done_once_its_result_exists_and_the_record_says_so(
 
 def test_the_training_thread_waits_only_when_ahead_updates_are_unconfirmed(tmp_path):
     """A stuck job: Python issues AHEAD updates and then waits, until half of them are done."""
-    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    beat = heartbeat.HeartbeatWriter(tmp_path, rank=0, interval=60)
     results = [_Pending() for _ in range(heartbeat.AHEAD + 1)]
     returned: list[int] = []
 
@@ -140,7 +140,7 @@ def test_the_training_thread_waits_only_when_ahead_updates_are_unconfirmed(tmp_p
 
 
 def test_a_failed_update_is_raised_on_the_training_thread(tmp_path):
-    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    beat = heartbeat.HeartbeatWriter(tmp_path, rank=0, interval=60)
     failed = _Pending(RuntimeError("MXNetError: the update's operator failed"))
     failed.ready.set()
     beat.issue(0)
@@ -156,7 +156,7 @@ def test_a_failed_update_is_raised_on_the_training_thread(tmp_path):
 
 
 def test_finish_stops_the_watcher_thread(tmp_path):
-    beat = heartbeat.Beat(tmp_path, rank=0, interval=60)
+    beat = heartbeat.HeartbeatWriter(tmp_path, rank=0, interval=60)
     beat.issue(0)
     done = _Pending()
     done.ready.set()

@@ -73,5 +73,5 @@ for epoch in range(args.epochs):
         trainer.step(args.batch_size)
 mx.nd.waitall()
 net.save_parameters(f"{args.out}-{rank}.params")
-wire = "float16" if trainer.store.wire16 else "float32"
+wire = trainer.settings.wire_dtype
 print(f"horovod_script rank {rank} of {size} done, wire {wire}", flush=True)

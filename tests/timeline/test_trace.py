@@ -1,12 +1,12 @@
 """The ranks' timeline files merged into one Chrome trace (mxlarge.timeline.trace), and the
-window of the Trainer's keywords or the environment (mxlarge.timeline.Window)."""
+window of the Trainer's keywords or the environment (mxlarge.timeline.TimelineWindow)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from mxlarge.timeline import ENV, PREFIX, Window
+from mxlarge.timeline import ENV, PREFIX, TimelineWindow
 from mxlarge.timeline import trace as T
 
 
@@ -55,17 +55,17 @@ def test_no_files_is_no_timeline(tmp_path):
 
 def test_the_window_comes_from_the_keywords_else_the_environment(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    assert Window.of(None, None) is None
-    assert Window.of(4, None) == Window(4, 3)
-    w = Window.of(4, 2)
+    assert TimelineWindow.of(None, None) is None
+    assert TimelineWindow.of(4, None) == TimelineWindow(4, 3)
+    w = TimelineWindow.of(4, 2)
     assert (w.last, w.covers(3), w.covers(4), w.covers(5), w.covers(6)) == (5, False, True,
                                                                               True, False)
     monkeypatch.setenv(ENV, "7:1")
-    assert Window.of(None, None) == Window(7, 1)
+    assert TimelineWindow.of(None, None) == TimelineWindow(7, 1)
     monkeypatch.setenv(ENV, "seven")
     with pytest.raises(ValueError, match=r"MXLARGE_TIMELINE='seven': expected START:STEPS"):
-        Window.of(None, None)
+        TimelineWindow.of(None, None)
     with pytest.raises(ValueError, match="timeline_steps 2: needs timeline_start"):
-        Window.of(None, 2)
+        TimelineWindow.of(None, 2)
     with pytest.raises(ValueError, match="expected start >= 0 and steps >= 1"):
-        Window(0, 0)
+        TimelineWindow(0, 0)

@@ -1,0 +1,40 @@
+"""The heartbeat as a step observer: what the launcher's watchdog and straggler rule read.
+
+At each step's exchange the worker's record says the step is on its way; once the update is
+done, a probe of its first weight (:func:`mxlarge.engine.probe`) goes to the heartbeat's
+watcher thread, which counts the step complete when the engine reaches it. The timing
+observer's medians (``step.parts``), when a step carries them, go into the next record.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from mxlarge import engine
+from mxlarge.observers import REPORT, Step, StepObserver
+from mxlarge.protocol.heartbeat import HeartbeatWriter
+
+
+class HeartbeatObserver(StepObserver):
+    """Reports each step to ``writer`` (:class:`~mxlarge.protocol.heartbeat.HeartbeatWriter`),
+    and the worker's busy phases."""
+
+    stage = REPORT
+
+    def __init__(self, writer: HeartbeatWriter) -> None:
+        self.writer = writer
+
+    def exchange_begun(self, step: Step, grads: Sequence[Any]) -> None:
+        self.writer.issue(step.t)
+
+    def update_done(self, step: Step, applied: bool, weights: Sequence[Any]) -> None:
+        if step.parts is not None:
+            self.writer.set_parts(step.parts)
+        if weights:
+            self.writer.completes(step.t, engine.probe(weights[0]))
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        with self.writer.busy(what):
+            yield

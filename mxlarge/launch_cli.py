@@ -203,12 +203,14 @@ def prepare(args: argparse.Namespace) -> Launch:
     """
     from mxlarge import launcher
     from mxlarge.launcher.job import firewall_refusal
-    from mxlarge.plan import plan_for
+    from mxlarge.plan import check_timeline, plan_for
 
     spec, cfg = job_spec(args)
-    workers, servers = spec.world.processes, spec.servers
-    # Fail on a job that cannot run (world, batch, model) before starting any process.
+    workers = spec.world.processes
+    servers = spec.servers
+    # Fail on a job that cannot run (world, batch, model, timeline) before starting any process.
     plan = plan_for(cfg, args.config, world=spec.world)
+    check_timeline(cfg, plan.total_steps, args.config)
     backend = backend_for(spec.launcher)
     try:
         lines = backend.check_hosts(args.hostfile, workers, servers, spec.server_hosts)
@@ -226,7 +228,8 @@ def prepare(args: argparse.Namespace) -> Launch:
         backend.preflight(spec)
     except (launcher.PortInUseError, HostCheckError) as exc:
         raise InputError(str(exc)) from None
-    meta = path = None
+    meta = None
+    path = None
     if args.resume is not None:
         from mxlarge import checkpoint
         from mxlarge.config import checkpoint_root

@@ -16,6 +16,8 @@ from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import backend_for
 from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
 from mxlarge.plan import World
+from mxlarge.timeline import ENV as TIMELINE_ENV
+from mxlarge.timeline import TimelineWindow
 
 #: Where a job's merged timeline goes (:mod:`mxlarge.timeline`): this launcher has no run.
 TIMELINE_FILE = "mxlarge-timeline.json"
@@ -61,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     why = firewall_refusal(a.launcher, a.firewall)
     if why:
         p.error(f"--firewall on: {why}")
+    window = dict(a.env).get(TIMELINE_ENV, os.environ.get(TIMELINE_ENV))
+    if window:  # a window the workers would refuse is refused before anything starts
+        try:
+            TimelineWindow.parse(window)
+        except ValueError as e:
+            p.error(str(e))
 
     def attempt(number: int) -> Outcome:
         outcome = run_job(spec)

@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.protocol.reports import ENV as REPORTS_ENV
 
 # Forwarded to every process when set in the launcher's environment; ``env`` adds to this.
 FORWARD_VARS = frozenset({
@@ -32,7 +33,7 @@ _SECRET_WORDS = ("PASSWORD", "TOKEN", "SECRET")
 OWNED_ENV = frozenset({
     "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
     "DMLC_NODE_HOST", "DMLC_RANK", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER", "MXLARGE_JOB_ID",
-    HEARTBEAT_ENV,
+    HEARTBEAT_ENV, REPORTS_ENV,
 })
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -132,9 +132,15 @@ class FailureContext:
                  ports: Mapping[str, int], probe: Callable[[], Mapping[str, str]],
                  stop: threading.Event, received: Sequence[int],
                  cut: dict[str, str] | None = None) -> None:
-        self.host_ip, self.sup, self.sink, self.targets = host_ip, sup, sink, targets
-        self.watchdog, self.ports, self.probe = watchdog, ports, probe
-        self.stop, self.received = stop, received
+        self.host_ip = host_ip
+        self.sup = sup
+        self.sink = sink
+        self.targets = targets
+        self.watchdog = watchdog
+        self.ports = ports
+        self.probe = probe
+        self.stop = stop
+        self.received = received
         self.cut = {} if cut is None else cut  # hosts found not answering: the teardown's
 
     failed = staticmethod(blame)

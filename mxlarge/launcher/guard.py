@@ -91,7 +91,8 @@ class GuardReport:
             else:
                 self.stopped.pop(key, None)
         elif m := _STARTED.match(line):
-            self.pid, self.host = int(m.group("pid")), m.group("host")
+            self.pid = int(m.group("pid"))
+            self.host = m.group("host")
         elif m := _KILLED.match(line):
             with contextlib.suppress(KeyError):
                 self.signal = int(signal.Signals[m.group("sig")])
@@ -116,7 +117,8 @@ def _quiet_terminal(fd: int) -> None:
         return
     attrs = termios.tcgetattr(fd)
     attrs[3] &= ~(termios.ECHO | termios.ICANON | termios.ECHONL)
-    attrs[6][termios.VMIN], attrs[6][termios.VTIME] = 1, 0
+    attrs[6][termios.VMIN] = 1
+    attrs[6][termios.VTIME] = 0
     termios.tcsetattr(fd, termios.TCSANOW, attrs)
 
 
@@ -180,7 +182,8 @@ class _StopWatch:
     guard can tell the launcher where the job stands still."""
 
     def __init__(self, pid: int, host: str) -> None:
-        self.pid, self.host = pid, host
+        self.pid = pid
+        self.host = host
         self.role = os.environ.get("DMLC_ROLE", "process")
         self.since: float | None = None
         self.said = False
@@ -195,7 +198,8 @@ class _StopWatch:
             return
         if self.said:
             print(f"{TAG} {self.role} pid {self.pid} on {self.host} continued", flush=True)
-        self.since, self.said = None, False
+        self.since = None
+        self.said = False
 
 
 def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
@@ -309,7 +313,8 @@ class Lease:
         """Tells every guard, once, that the job is being torn down; returns whether this call
         told any."""
         with self._lock:
-            told, self._torn = not self._torn and bool(self._pipes), True
+            told = not self._torn and bool(self._pipes)
+            self._torn = True
         if told:
             self._write(TEARDOWN)
         return told

@@ -78,7 +78,7 @@ class ProcessFailure:
 
 
 @dataclass(frozen=True)
-class Beat:
+class LastBeat:
     """The launcher's view of one worker's last heartbeat (:mod:`mxlarge.protocol.heartbeat`)
     when the job failed.
 
@@ -148,7 +148,7 @@ class Outcome:
     step: int | None = None
     failure: ProcessFailure | None = None
     hosts: tuple[str, ...] = ()
-    beats: tuple[Beat, ...] = ()
+    beats: tuple[LastBeat, ...] = ()
     tails: tuple[Tail, ...] = ()
     stragglers: tuple[Episode, ...] = ()
     timeline: dict[str, Any] | None = None

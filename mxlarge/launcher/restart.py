@@ -100,7 +100,8 @@ class Elastic:
                              f"{self.declared.processes} (the job's workers)")
         if len(self.hosts) != self.declared.processes:
             raise ValueError(f"{len(self.hosts)} host(s) for {self.declared.processes} workers")
-        self.world, self.live = self.declared, list(self.hosts)
+        self.world = self.declared
+        self.live = list(self.hosts)
         self.answering = set(self.hosts) | set(self.others)
 
     def replan(self) -> str | None:
@@ -111,7 +112,8 @@ class Elastic:
             world = elastic_world(self.declared, len(live), self.min_workers)
         except WorldError as exc:
             return f"{exc} (lost: {', '.join(self.lost) or 'none'})"
-        self.world, self.live = world, live
+        self.world = world
+        self.live = live
         return None
 
     @property
@@ -199,8 +201,12 @@ class RestartPlan:
                  latest: Callable[[], Path | None] = lambda: None,
                  servers_of: Callable[[World], int] | None = None,
                  hostfile_of: Callable[[Elastic, int, int], str | None] | None = None) -> None:
-        self.policy, self.declared, self.servers = policy, declared, servers
-        self.elastic, self.resume, self.latest = elastic, resume, latest
+        self.policy = policy
+        self.declared = declared
+        self.servers = servers
+        self.elastic = elastic
+        self.resume = resume
+        self.latest = latest
         self.servers_of = servers_of or (lambda world: world.processes)
         self.hostfile_of = hostfile_of or (lambda elastic, servers, workers: None)
         self.worlds = [declared]  # each attempt's, after the declared one

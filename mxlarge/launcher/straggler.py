@@ -22,7 +22,7 @@ Each heartbeat of r that has advanced is one :class:`Look`. r is slow in p when,
 of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the medians say it
 holds the others back: ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms` and >=
 :attr:`Rules.min_share` of m(step), wait >= :attr:`Rules.min_wait`. An episode
-(:class:`Episode`) begins, named for the first such part in the order of :data:`PARTS` (a busy
+(:class:`Episode`) begins, named for the first such part in the order of :data:`SLOW_PARTS` (a busy
 host slows every part: it is named for its forward+backward), with the medians of its looks
 of the last quarter of that span (how slow it is now). It ends when
 one of the four medians falls below half its floor (the ratio: below :attr:`Rules.recover`).
@@ -40,26 +40,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+
+from mxlarge.protocol.heartbeat import Record
 
 #: The parts of a step a straggler is named for, as the line names them.
-PARTS = MappingProxyType({"compute": "forward+backward", "data": "waiting for data",
+SLOW_PARTS = MappingProxyType({"compute": "forward+backward", "data": "waiting for data",
                           "update": "the update", "link": "its exchange"})
 #: Sampled steps' exchange ends kept per rank, to find steps every rank sampled.
 ENDS_KEPT = 32
-
-
-class Beat(Protocol):
-    """What the rule reads of a worker's heartbeat
-    (a :class:`~mxlarge.protocol.heartbeat.Record`)."""
-
-    rank: int
-    host: str
-    pid: int
-    done: int
-    phase: str
-    tick: int
-    parts: Mapping[str, float] | None
 
 
 @dataclass(frozen=True)
@@ -94,7 +82,7 @@ class Episode:
 
     Attributes:
         rank, host, pid: the worker (kvstore rank).
-        part: a key of :data:`PARTS`.
+        part: a key of :data:`SLOW_PARTS`.
         ratio, excess: its part ÷ and - the other ranks' median (ms), when named.
         wait: the share of the other ranks' step they wait for it, when named.
     """
@@ -121,7 +109,7 @@ class Episode:
         median at step 900 (slow from step 300)`` (a link: ``its exchange ends with the
         others' again``)."""
         back = "ends with the others' again" if self.part == "link" else "back near the median"
-        return (f"straggler recovered: {self._who()}: {PARTS[self.part]} {back} at step "
+        return (f"straggler recovered: {self._who()}: {SLOW_PARTS[self.part]} {back} at step "
                 f"{self.ended} (slow from step {self.step})")
 
     def describe(self) -> str:
@@ -136,13 +124,13 @@ class Episode:
     def _what(self) -> str:
         if self.part == "link":
             return f"its exchange ends {self.excess:.0f} ms after the others' (a slow link)"
-        return f"{PARTS[self.part]} {self.ratio:.1f}× the median"
+        return f"{SLOW_PARTS[self.part]} {self.ratio:.1f}× the median"
 
 
 @dataclass(frozen=True)
 class Look:
     """One new window of one rank against the other ranks' (module docstring): at time ``t``,
-    ``(ratio, excess, share, wait)`` of each part of :data:`PARTS` it could be compared in
+    ``(ratio, excess, share, wait)`` of each part of :data:`SLOW_PARTS` it could be compared in
     (``share``: the excess ÷ the others' median step)."""
 
     t: float
@@ -185,10 +173,10 @@ def medians(looks: Sequence[Look], part: str) -> tuple[float, float, float, floa
 
 
 def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float, float] | None:
-    """The first part of :data:`PARTS` the medians of ``looks`` say is slow (module docstring)
+    """The first part of :data:`SLOW_PARTS` the medians of ``looks`` say is slow (module docstring)
     over at least :attr:`Rules.hold` looks, as ``(part, ratio, excess, wait)``; None when
     none is."""
-    for part in PARTS:
+    for part in SLOW_PARTS:
         found = medians(looks, part)
         if found is None or sum(part in lk.parts for lk in looks) < rules.hold:
             continue
@@ -222,7 +210,7 @@ class State:
     open: Mapping[int, Episode] = field(default_factory=dict)
 
 
-def judge(state: State, beats: Iterable[Beat], now: float, rules: Rules = Rules()
+def judge(state: State, beats: Iterable[Record], now: float, rules: Rules = Rules()
           ) -> tuple[State, tuple[Episode, ...]]:
     """One look at the workers' last heartbeats at time ``now`` (seconds): the new state and
     the episodes that began (``ended`` None) or ended (``ended`` set) at it (module
@@ -237,7 +225,9 @@ def judge(state: State, beats: Iterable[Beat], now: float, rules: Rules = Rules(
     ends = {r: {**state.ends.get(r, {}), **({int(w["at"]): w["end"]} if "end" in w else {})}
             for r, w in windows.items()}
     ends = {r: dict(sorted(e.items())[-ENDS_KEPT:]) for r, e in ends.items()}
-    history, episodes, changes = dict(state.looks), dict(state.open), []
+    history = dict(state.looks)
+    episodes = dict(state.open)
+    changes = []
     for rank, mine in windows.items():
         if state.done.get(rank, -1) >= by_rank[rank].done:
             continue  # it has not advanced: no new window of its own
@@ -245,7 +235,8 @@ def judge(state: State, beats: Iterable[Beat], now: float, rules: Rules = Rules(
                         lag(ends, rank) if all(ends.values()) else None)
         kept = (*history.get(rank, ()), now_look)
         old = [i for i, lk in enumerate(kept) if lk.t < now - rules.seconds]
-        looks = history[rank] = kept[old[-1]:] if old else kept
+        looks = kept[old[-1]:] if old else kept
+        history[rank] = looks
         if len(looks) < rules.hold or looks[0].t > now - rules.seconds:
             continue  # not yet judged over the whole span
         if rank in episodes:
@@ -280,7 +271,7 @@ class Stragglers:
     def episodes(self) -> tuple[Episode, ...]:
         return tuple(self._episodes)
 
-    def see(self, beats: Iterable[Beat]) -> None:
+    def see(self, beats: Iterable[Record]) -> None:
         """Judges ``beats`` when one of them is a record not judged before."""
         beats = list(beats)
         ticks = {b.rank: b.tick for b in beats}

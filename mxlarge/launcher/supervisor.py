@@ -11,7 +11,7 @@ process groups: ``docs/design/launcher.md`` (Supervision).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import enum
 import os
 import signal
 import subprocess
@@ -26,11 +26,10 @@ from mxlarge.launcher.guard import GuardReport, Lease
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.pgroups import live_process_groups, parent_death_signal, signal_group
 from mxlarge.launcher.pslog import PsLog
-from mxlarge.launcher.straggler import Stragglers
+from mxlarge.launcher.reports import WorkerReports
 from mxlarge.launcher.verdict import evidence, exit_outcome, stall_outcome
 from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import read_all
-from mxlarge.timeline import trace as timeline
 
 # How often the supervision loops look at their children. Small enough that a failure is
 # noticed well within a second, large enough to cost nothing next to MXNet's own threads.
@@ -399,48 +398,52 @@ class Supervised(Protocol):
         the job is over (every process exited, or the rest overran their time), else None."""
 
 
+class JobState(enum.Enum):
+    """Where a supervised job is (torchrun's ``WorkerState``, for a job of processes)."""
+
+    RUNNING = "running"  # training: a failure, a stall or a worker stuck in its exit ends it
+    ENDING = "ending"  # the workers' work is done: the rest may take their time to exit
+
+
 def supervise(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
               stop: threading.Event, received: Sequence[int], *,
+              reports: WorkerReports | None = None,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Outcome:
     """The one supervision loop of every backend (:func:`_supervise_loop`), its failed outcome
-    with the launcher's :func:`evidence`, and the stragglers named while it ran
-    (:class:`~mxlarge.launcher.straggler.Stragglers`, their lines the launcher's)."""
-    stragglers = Stragglers(lambda line: sup.sink.emit("launcher", line), clock=clock)
-    outcome = _supervise_loop(sup, backend, watchdog, stop, received, stragglers, clock=clock,
+    with the launcher's :func:`evidence`, and what ``reports`` collected while it ran
+    (:meth:`WorkerReports.conclude`: the stragglers named, the timeline merged)."""
+    outcome = _supervise_loop(sup, backend, watchdog, stop, received, reports, clock=clock,
                               sleep=sleep)
-    return evidence(dataclasses.replace(outcome, stragglers=stragglers.episodes,
-                                        timeline=merged_timeline(sup)), sup.children, watchdog)
-
-
-def merged_timeline(sup: Supervisor) -> dict[str, Any] | None:
-    """The workers' timeline files in the job's directory merged (:mod:`mxlarge.timeline`),
-    said in one launcher line; None when they recorded none."""
-    if sup.heartbeats is None:
-        return None
-    records = timeline.read(sup.heartbeats)
-    if not records:
-        return None
-    trace = timeline.merge(records)
-    sup.sink.emit("launcher", timeline.describe(trace))
-    return trace
+    if reports is not None:
+        outcome = reports.conclude(outcome)
+    return evidence(outcome, sup.children, watchdog)
 
 
 def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
-                    stop: threading.Event, received: Sequence[int], stragglers: Stragglers, *,
-                    clock: Callable[[], float], sleep: Callable[[float], None]) -> Outcome:
+                    stop: threading.Event, received: Sequence[int],
+                    reports: WorkerReports | None, *, clock: Callable[[], float],
+                    sleep: Callable[[float], None]) -> Outcome:
     """Polls the children every :data:`POLL_INTERVAL` until the job has an outcome.
 
-    At each poll, in this order (the first that applies ends the loop): the launcher was
-    signalled (``stop``; ``received[0]`` names the signal, SIGTERM if none) →
-    ``backend.terminated``; a child failed (the first seen, :meth:`Supervisor.first_failure`)
-    → ``backend.explain``; the watchdog sees a stall (:func:`stall_outcome`), else
-    ``stragglers`` sees the records it read; the job is not
-    ending but its work is done and a worker is stuck in its exit (:func:`exit_outcome`); it is
-    ending and ``backend.ended(seconds since it began ending)`` has the outcome. Nothing is torn
-    down here: the caller tears down after the outcome's line is out.
+    At each poll, in this order (the first that applies ends the loop):
+
+    1. the launcher was signalled (``stop``; ``received[0]`` names the signal, SIGTERM if
+       none) → ``backend.terminated``;
+    2. a child failed (the first seen, :meth:`Supervisor.first_failure`) →
+       ``backend.explain``;
+    3. the watchdog sees a stall (:func:`stall_outcome`);
+    4. ``reports`` reads the workers' heartbeats (stragglers: lines, never an outcome);
+    5. :attr:`JobState.RUNNING`: once ``backend.ending()``, the job is
+       :attr:`JobState.ENDING`; until then, a worker stuck in its exit after its work is done
+       ends it (:func:`exit_outcome`);
+    6. :attr:`JobState.ENDING`: ``backend.ended(seconds since it began ending)`` has the
+       outcome, or not yet.
+
+    Nothing is torn down here: the caller tears down after the outcome's line is out.
     """
-    ending_since: float | None = None
+    state = JobState.RUNNING
+    ending_since = 0.0
     while True:
         if stop.is_set():
             return backend.terminated(received[0] if received else signal.SIGTERM)
@@ -451,13 +454,13 @@ def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | N
         stalled = stall_outcome(watchdog, sup.children)
         if stalled is not None:
             return stalled
-        if watchdog is not None:
-            stragglers.see([s.record for s in watchdog.seen.values()])
-        if backend.ending():
-            now = clock()
-            if ending_since is None:
-                ending_since = now
-            done = backend.ended(now - ending_since)
+        if reports is not None:
+            reports.poll()
+        if state is JobState.RUNNING and backend.ending():
+            state = JobState.ENDING
+            ending_since = clock()
+        if state is JobState.ENDING:
+            done = backend.ended(clock() - ending_since)
             if done is not None:
                 return done
         else:

@@ -8,12 +8,12 @@ import signal
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from mxlarge.launcher.outcome import Beat, Outcome, ProcessFailure, Tail
+from mxlarge.launcher.outcome import LastBeat, Outcome, ProcessFailure, Tail
 from mxlarge.launcher.watchdog import STALL_EXIT, Watchdog
 from mxlarge.protocol.heartbeat import Record
 
 
-class Child(Protocol):
+class SupervisedChild(Protocol):
     """What a verdict reads of a supervised child
     (:class:`~mxlarge.launcher.supervisor.Child`)."""
 
@@ -32,7 +32,7 @@ class Child(Protocol):
     def find_rank(self) -> int | None: ...
 
 
-def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outcome | None:
+def stall_outcome(watchdog: Watchdog | None, children: Iterable[SupervisedChild]) -> Outcome | None:
     """The watchdog's verdict while training runs, for every backend.
 
     ``None`` while the job advances, with no watchdog, and once a worker (or its ssh, mpirun or
@@ -65,7 +65,7 @@ def stall_outcome(watchdog: Watchdog | None, children: Iterable[Child]) -> Outco
         tuple(child.tail) if child is not None else ()))
 
 
-def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
+def exit_outcome(watchdog: Watchdog | None, children: Iterable[SupervisedChild],
                  emit: Callable[[str], None]) -> Outcome | None:
     """A job whose work is done, with a worker stuck in its exit: finished, not stalled.
 
@@ -101,20 +101,20 @@ def exit_outcome(watchdog: Watchdog | None, children: Iterable[Child],
 EVIDENCE_LINES = 20
 
 
-def evidence(outcome: Outcome, children: Iterable[Child], watchdog: Watchdog | None
+def evidence(outcome: Outcome, children: Iterable[SupervisedChild], watchdog: Watchdog | None
              ) -> Outcome:
     """A failed ``outcome`` (a crash or a stall) with what the launcher saw when it failed:
-    every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.Beat`) and every
+    every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.LastBeat`) and every
     process's last :data:`EVIDENCE_LINES` lines (:class:`~mxlarge.launcher.outcome.Tail`), for
     the run's failure artifacts; any other outcome (a success, an interrupted launcher) is
     returned as it is."""
     if outcome.reason is None:
         return outcome
-    beats: tuple[Beat, ...] = ()
+    beats: tuple[LastBeat, ...] = ()
     if watchdog is not None:
         watchdog.read(force=True)
         now = watchdog.clock()
-        beats = tuple(Beat(r.rank, r.host, r.pid, r.done, r.phase, now - s.changed,
+        beats = tuple(LastBeat(r.rank, r.host, r.pid, r.done, r.phase, now - s.changed,
                            now - s.ticked)
                       for s in sorted(watchdog.seen.values(), key=lambda s: s.record.rank)
                       for r in (s.record,))

@@ -1,5 +1,9 @@
 """The launcher's stall watchdog: "no worker advanced for T seconds" ends the job, named.
 
+It is also the launcher's reader of how far each worker got: the failure reports and the exit
+rule ask it, whether or not the stall rule is on (``--stall-timeout 0`` turns off the stall
+rule only).
+
 ps-lite has no timeout on a silent peer: one stopped worker leaves every other process waiting
 in push/pull forever. The supervision loop of every backend
 (:func:`mxlarge.launcher.supervisor.supervise`) calls :meth:`Watchdog.check` on every poll; it
@@ -90,14 +94,16 @@ class _Seen:
 
     def update(self, record: Record, now: float) -> tuple[int, float] | None:
         """Takes a new record; returns (steps done since, seconds) when ``done`` advanced."""
-        old, self.record = self.record, record
+        old = self.record
+        self.record = record
         if record.tick != old.tick:
             self.ticked = now
         if record.phase == FINISHED and self.finished is None:
             self.finished = now
         if (record.done, record.issued, record.phase) == (old.done, old.issued, old.phase):
             return None
-        since, self.changed = self.changed, now
+        since = self.changed
+        self.changed = now
         if record.done > old.done and record.phase == old.phase == "train":
             return record.done - old.done, now - since
         return None
@@ -110,8 +116,8 @@ class Watchdog:
         directory: the job's heartbeat directory (what :data:`heartbeat.ENV` points to).
         workers: how many workers the job has.
         timeout: seconds without progress that make a stall; ``None`` for the default rule
-            (see the module docstring). 0 is not allowed here: a disabled watchdog is no
-            watchdog.
+            (see the module docstring); 0 turns the stall rule off (the records are still
+            read, for the failure reports and the exit rule).
         emit: receives the warning lines.
         clock: monotonic seconds (tests pass their own).
         probe: returns ``{host: why}`` of the job's hosts that do not answer (see the module
@@ -126,8 +132,8 @@ class Watchdog:
                  probe: Callable[[], Mapping[str, str]] | None = None,
                  exit_grace: float = EXIT_GRACE,
                  stopped: Callable[[], Sequence[Stopped]] | None = None):
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"stall timeout must be > 0 seconds, got {timeout}")
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"stall timeout must be >= 0 seconds (0: off), got {timeout}")
         self.directory = Path(directory)
         self.workers = workers
         self.fixed_timeout = timeout
@@ -202,6 +208,8 @@ class Watchdog:
         """Reads the records; returns a :class:`Stall` once the job is stalled, warns at half."""
         self.read()
         if self.finished_for() is not None:  # the exit's business now (module docstring)
+            return None
+        if self.fixed_timeout == 0:  # the stall rule is off
             return None
         if not self.armed:
             return self._check_start()
@@ -280,7 +288,8 @@ class Watchdog:
             why = "on a host that does not answer"
         elif self._stopped():
             # a stopped server holds every worker, in a pull or a push whichever step it was
-            behind, why = [], ""
+            behind = []
+            why = ""
         else:
             low = min(s.record.issued for s in self.seen.values())
             high = max(s.record.issued for s in self.seen.values())

@@ -60,10 +60,10 @@ class Lines:
         self._proc.stdout.close()
 
 
-def launch(tmp_path: Path, epochs: int) -> tuple[subprocess.Popen[str], Lines]:
+def launch(tmp_path: Path, epochs: int, *extra: str) -> tuple[subprocess.Popen[str], Lines]:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db"}
     proc = subprocess.Popen([sys.executable, "-m", "mxlarge.cli", "launch", str(CONFIG), "-n",
-                             "2", "-s", "1", f"train.epochs={epochs}"],
+                             "2", "-s", "1", f"train.epochs={epochs}", *extra],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     return proc, Lines(proc)
@@ -172,3 +172,37 @@ def test_the_same_job_unslowed_names_nobody(tmp_path):
     assert "straggler" not in out.text(), out.text()[-4000:]
     _, run = the_run(tmp_path)
     assert "straggler" not in run.data.tags
+
+
+@pytest.mark.timeout(420)
+def test_with_the_stall_rule_off_a_straggler_is_named_and_the_timeline_recorded(tmp_path):
+    """``--stall-timeout 0`` turns off the stall rule only: the heartbeats still carry the
+    workers' step parts, so a slowed worker is named, and the timeline of steps 5-7 is in the
+    finished run."""
+    proc, out = launch(tmp_path, 400, "--stall-timeout", "0", "train.timeline_start=5",
+                       "train.timeline_steps=3")
+    cycle = None
+    try:
+        victim = worker_of_rank(str(tmp_path), 1, 150)
+        cycle = DutyCycle(victim.pid)
+        named = out.wait_for(r"^\[launcher\] straggler:", NAMED_WITHIN + 30)
+        cycle.stop()
+        assert named is not None, out.text()[-4000:]
+        code = proc.wait(300)
+    finally:
+        if cycle is not None:
+            cycle.stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+        out.close()
+    assert code == 0, out.text()[-4000:]
+    assert named[1].startswith(f"[launcher] straggler: worker rank 1 (pid {victim.pid}) on "), \
+        named
+    assert "[launcher] timeline of steps 5-7: 2 worker rank(s), " in out.text()
+    client, run = the_run(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["straggler"].startswith(f"worker rank 1 on {socket.gethostname()} "
+                                                 f"(pid {victim.pid}): "), run.data.tags
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "timeline")] == \
+        ["timeline/trace.json", "timeline/trace.png"]

@@ -40,9 +40,9 @@ def test_a_silent_failure_has_evidence_and_a_step_from_the_heartbeats():
     """A cluster backend's blame carries no step (mpirun/srun report only the exit): the step
     comes from the failed rank's last heartbeat, else from every worker's; a process that
     printed nothing still leaves the launcher's view and every process's lines."""
-    from mxlarge.launcher.outcome import Beat, Tail, failure_log, job_log, last_completed_step
+    from mxlarge.launcher.outcome import LastBeat, Tail, failure_log, job_log, last_completed_step
 
-    beats = (Beat(0, "h1", 10, 45, "train", 0.2, 0.1), Beat(1, "h2", 11, 44, "evaluating",
+    beats = (LastBeat(0, "h1", 10, 45, "train", 0.2, 0.1), LastBeat(1, "h2", 11, 44, "evaluating",
                                                              3.5, 3.0))
     tails = (Tail("worker 0", None, ("step 44/50 loss=0.1",)), Tail("worker 1", -9, ()))
     failed = ProcessFailure("worker", kvstore_rank=1, launch_index=1, host="h2", pid=11,

@@ -267,9 +267,10 @@ def test_named_with_how_slow_it_is_now_not_where_the_span_crossed():
 
 
 def test_the_supervision_loop_names_a_straggler_from_the_heartbeat_files(tmp_path):
-    """The loop of every backend, a real watchdog reading real heartbeat files on a test
-    clock: rank 1 (pid 101) computes 70 ms against 40 for a minute; its line is the launcher's
-    and the outcome carries the episode."""
+    """The loop of every backend, the launcher's reader of worker reports reading real
+    heartbeat files on a test clock, beside a real watchdog: rank 1 (pid 101) computes 70 ms
+    against 40 for a minute; its line is the launcher's and the outcome carries the episode."""
+    from mxlarge.launcher.reports import WorkerReports
     from mxlarge.launcher.supervisor import Supervisor, supervise
     from mxlarge.launcher.watchdog import Watchdog
     from mxlarge.protocol.heartbeat import Record, path_for
@@ -287,7 +288,10 @@ def test_the_supervision_loop_names_a_straggler_from_the_heartbeat_files(tmp_pat
     lines = io.StringIO()
     sup = Supervisor(lines)
     sup.children = [_Kid("worker", 0, 100), _Kid("worker", 1, 101)]
-    out = supervise(sup, job, dog, threading.Event(), [], clock=run.clock, sleep=run.sleep)
+    reports = WorkerReports(tmp_path, None, lambda line: sup.sink.emit("launcher", line),
+                            run.clock)
+    out = supervise(sup, job, dog, threading.Event(), [], reports=reports, clock=run.clock,
+                    sleep=run.sleep)
     assert [(e.rank, e.pid, e.host, e.part, e.ratio, e.ended) for e in out.stragglers] == [
         (1, 101, "hostA", "compute", 70 / 40, None)]
     assert lines.getvalue() == f"[launcher] {out.stragglers[0].line()}\n"

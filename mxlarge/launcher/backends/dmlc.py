@@ -34,7 +34,7 @@ from mxlarge.launcher.backends.dmlc_job import (
     Submission,
     Tool,
     dmlc_args,
-    heartbeat_dir,
+    job_dirs,
     job_env,
     remove_if_empty,
 )
@@ -47,6 +47,7 @@ from mxlarge.launcher.hostfile import HostEntry, Layout, is_loopback, layout_of,
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.preflight import check_hosts
 from mxlarge.launcher.reach import unreachable_hosts
+from mxlarge.launcher.reports import WorkerReports
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
 from mxlarge.launcher.watchdog import Watchdog
 
@@ -101,14 +102,15 @@ class DmlcBackend(LaunchBackend):
             RuntimeError: dmlc_tracker itself failed, or another submission is running.
             FirewallError: ``firewall="on"`` and a host cannot take the filter; nothing started.
         """
-        workers, servers = spec.world.processes, spec.servers
+        workers = spec.world.processes
+        servers = spec.servers
         command = supervisor.check_job(spec.argv, workers, servers)
         entries = self.check_hosts(spec.hostfile, workers, servers, spec.server_hosts)
         if shutil.which(self.tool.command) is None:
             raise FileNotFoundError(f"the {self.name} launcher needs {self.tool.command!r} on "
                                     "PATH")
         env, hide_ps_verbose = job_env(spec, entries)
-        beats = heartbeat_dir(spec, env)
+        beats, reports = job_dirs(spec, env)
         words = render_command(guard_command(command, reraise=self.tool.reraise,
                                              from_first_byte=self.tool.from_first_byte), env)
         self.check_words(words)
@@ -118,16 +120,16 @@ class DmlcBackend(LaunchBackend):
         try:
             with contextlib.ExitStack() as stack:
                 args.host_file, hosts = self.prepare(spec.hostfile, entries, stack)
-                if beats is not None:
-                    os.makedirs(beats, exist_ok=True)  # the parent goes too once no job uses it
-                    stack.callback(remove_if_empty, os.path.dirname(beats))
-                    stack.callback(shutil.rmtree, beats, True)
+                for folder in (beats, reports):
+                    os.makedirs(folder, exist_ok=True)  # the parent goes once no job uses it
+                    stack.callback(remove_if_empty, os.path.dirname(folder))
+                    stack.callback(shutil.rmtree, folder, True)
                 cut: dict[str, str] = {}  # hosts found not answering during the job, and why
                 own: set[str] = set()  # the job's processes' ip:port, once it ran
                 stack.enter_context(self._job_filter(spec, args.host_ip, entries, hosts, env,
                                                      output, cut, own))
                 job = Submission(
-                    spec, env["MXLARGE_JOB_ID"], args, hosts, beats, hide_ps_verbose,
+                    spec, env["MXLARGE_JOB_ID"], args, hosts, beats, reports, hide_ps_verbose,
                     {e.host: int(e.port) for e in entries or () if e.port},
                     self.layout(entries, servers, workers, args.host_ip), cut,
                     self.shutdown_timeout if spec.shutdown_timeout is None
@@ -310,7 +312,8 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
     from dmlc_tracker import tracker  # late: only cluster jobs need dmlc_tracker
 
     module = importlib.import_module(f"dmlc_tracker.{backend.name}")
-    args, grace = job.args, job.spec.grace
+    args = job.args
+    grace = job.spec.grace
     sink = ReportSink(output, backend.tool.reports)
     sup = supervisor.Supervisor(output, sink=sink, hide_ps_verbose=job.hide_ps_verbose,
                                 heartbeats=job.beats,
@@ -323,10 +326,12 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
         job.cut.update(found)
         return found
 
-    watchdog = None if job.beats is None else Watchdog(
-        job.beats, args.num_workers, job.spec.stall_timeout,
-        emit=lambda line: sup.sink.emit("launcher", line), probe=probe,
+    def emit(line: str) -> None:
+        sup.sink.emit("launcher", line)
+    watchdog = Watchdog(
+        job.beats, args.num_workers, job.spec.stall_timeout, emit=emit, probe=probe,
         stopped=lambda: [s for c in list(sup.children) for s in list(c.guard.stopped.values())])
+    reports = WorkerReports(job.beats, job.reports, emit)
     shim = _SubprocessShim(sup, backend)
     stop = threading.Event()
     received: list[int] = []
@@ -353,7 +358,7 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
             thread.start()
             outcome = supervisor.supervise(
                 sup, DmlcRun(backend, context, thread, errors, job.shutdown_timeout), watchdog,
-                stop, received)
+                stop, received, reports=reports)
             if outcome.message:
                 bad = outcome.exit_code != 0 and not stop.is_set()
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job" if bad

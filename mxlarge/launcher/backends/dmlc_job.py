@@ -1,7 +1,7 @@
 """A dmlc job's parts, decided before anything starts
 (:meth:`~mxlarge.launcher.backends.dmlc.DmlcBackend.run` reads them): the backend's tool, each
-command as launched, every process's environment, the heartbeat directory, dmlc's ``args`` and
-the frozen :class:`Submission`."""
+command as launched, every process's environment, the job's heartbeat and report directories,
+dmlc's ``args`` and the frozen :class:`Submission`."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +19,7 @@ from mxlarge.launcher.hostfile import HostEntry, Layout, is_ip
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.tuning import cluster_env
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.protocol.reports import ENV as REPORTS_ENV
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Launched:
 @dataclass(frozen=True)
 class Submission:
     """One job as dmlc submits it: the spec, the job id, dmlc's ``args``, the hosts it may run
-    on, the heartbeat directory (None: no watchdog), whether ps-lite's verbose lines are the
+    on, the heartbeat and report directories, whether ps-lite's verbose lines are the
     launcher's, the hosts' ssh ports, the layout, the hosts found cut off (filled during the
     job), the seconds the rest may take once the scheduler exited and the ``ip:port`` of the
     job's processes (filled when it ends: the packet filter's count)."""
@@ -62,7 +63,8 @@ class Submission:
     job_id: str
     args: Any
     hosts: list[str]
-    beats: str | None
+    beats: str
+    reports: str
     hide_ps_verbose: bool
     ports: Mapping[str, int]
     layout: Layout
@@ -87,17 +89,18 @@ def job_env(spec: Spec, entries: list[HostEntry] | None) -> tuple[dict[str, str]
     return env, bool(ps_verbose)
 
 
-def heartbeat_dir(spec: Spec, env: dict[str, str]) -> str | None:
-    """Where workers write their heartbeats (``.mxlarge-heartbeat/<job id>`` here, which the
-    ssh backend also ``cd``s to on every host: a filesystem every host shares, or the watchdog
-    stays unarmed); None with the watchdog off."""
+def job_dirs(spec: Spec, env: dict[str, str]) -> tuple[str, str]:
+    """Where workers write their heartbeats and their reports: ``.mxlarge-heartbeat/<job id>``
+    and ``.mxlarge-reports/<job id>`` here, which the ssh backend also ``cd``s to on every
+    host (a filesystem every host shares, or the watchdog stays unarmed and no timeline is
+    merged)."""
     if spec.stall_timeout is not None and spec.stall_timeout < 0:
         raise ValueError(f"stall_timeout must be >= 0 (0 disables), got {spec.stall_timeout}")
-    if spec.stall_timeout == 0:
-        return None
     beats = os.path.abspath(os.path.join(".mxlarge-heartbeat", env["MXLARGE_JOB_ID"]))
+    reports = os.path.abspath(os.path.join(".mxlarge-reports", env["MXLARGE_JOB_ID"]))
     env[HEARTBEAT_ENV] = beats
-    return beats
+    env[REPORTS_ENV] = reports
+    return beats, reports
 
 
 def dmlc_args(name: str, spec: Spec, words: Sequence[str]) -> Any:

@@ -31,6 +31,7 @@ from mxlarge.launcher.firewall import LOOPBACK_ONLY
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.pslog import verbose_env
+from mxlarge.launcher.reports import WorkerReports
 from mxlarge.launcher.restart import Elastic, Probe
 from mxlarge.launcher.supervisor import (
     Child,
@@ -45,6 +46,7 @@ from mxlarge.launcher.tuning import local_role_env
 from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.plan import World
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
+from mxlarge.protocol.reports import ENV as REPORTS_ENV
 
 LOOPBACK = "127.0.0.1"
 
@@ -54,7 +56,7 @@ LOOPBACK = "127.0.0.1"
 OWNED_ENV = frozenset({
     "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
     "DMLC_NODE_HOST", "DMLC_INTERFACE", "DMLC_RANK", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER",
-    "MXLARGE_ROLE", "MXLARGE_LOCAL_RANK", "MXLARGE_JOB_ID", HEARTBEAT_ENV,
+    "MXLARGE_ROLE", "MXLARGE_LOCAL_RANK", "MXLARGE_JOB_ID", HEARTBEAT_ENV, REPORTS_ENV,
 })
 
 # A worker that joined the parameter server leaves through ps-lite's exit barrier together with
@@ -199,7 +201,8 @@ class LocalBackend(LaunchBackend):
             ValueError: on invalid arguments.
             PortInUseError: ``spec.port`` is already in use; nothing has been started.
         """
-        workers, servers = spec.world.processes, spec.servers
+        workers = spec.world.processes
+        servers = spec.servers
         command = check_job(spec.argv, workers, servers)
         shutdown_timeout = (self.shutdown_timeout if spec.shutdown_timeout is None
                             else spec.shutdown_timeout)
@@ -215,19 +218,21 @@ class LocalBackend(LaunchBackend):
             ensure_port_free(port)
 
         job_id = uuid.uuid4().hex[:12]
-        beats = None
-        if spec.stall_timeout != 0:
-            beats = tempfile.mkdtemp(prefix=f"mxlarge-heartbeat-{job_id}-")
-            base[HEARTBEAT_ENV] = beats
+        # the job's directories: heartbeats (the watchdog's) and reports (the timeline's)
+        beats = tempfile.mkdtemp(prefix=f"mxlarge-heartbeat-{job_id}-")
+        reported = tempfile.mkdtemp(prefix=f"mxlarge-reports-{job_id}-")
+        base[HEARTBEAT_ENV] = beats
+        base[REPORTS_ENV] = reported
         sup = Supervisor(sys.stdout if output is None else output,
                          hide_ps_verbose=bool(ps_verbose), heartbeats=beats,
                          roles={"server": servers, "worker": workers})
         stop = threading.Event()
         received: list[int] = []
-        watchdog = None
-        if beats is not None:
-            watchdog = Watchdog(beats, workers, spec.stall_timeout,
-                                emit=lambda line: sup.sink.emit("launcher", line))
+
+        def emit(line: str) -> None:
+            sup.sink.emit("launcher", line)
+        watchdog = Watchdog(beats, workers, spec.stall_timeout, emit=emit)
+        reports = WorkerReports(beats, reported, emit)
         try:
             with termination_signals(stop, received):
                 sup.sink.emit("launcher", f"job {job_id}: scheduler on {LOOPBACK}:{port}, "
@@ -240,7 +245,7 @@ class LocalBackend(LaunchBackend):
                             env.update(local_role_env(role, workers, env))
                         sup.spawn(role, None if role == "scheduler" else i, command, env=env)
                 outcome = supervise(sup, LocalRun(sup, watchdog, shutdown_timeout), watchdog,
-                                    stop, received)
+                                    stop, received, reports=reports)
                 if outcome.reason is not None:
                     sup.sink.emit("launcher", f"{outcome.message}; stopping the job")
                 else:
@@ -250,8 +255,8 @@ class LocalBackend(LaunchBackend):
             return outcome
         finally:
             sup.close(spec.grace)
-            if watchdog is not None:
-                shutil.rmtree(watchdog.directory, ignore_errors=True)
+            shutil.rmtree(beats, ignore_errors=True)
+            shutil.rmtree(reported, ignore_errors=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +270,8 @@ class LocalRun:
 
     def explain(self, failed: Child) -> Outcome:
         assert failed.status is not None
-        step = record = None
+        step = None
+        record = None
         if self.watchdog is not None:
             self.watchdog.read(force=True)  # the failed worker's last record
             record = self.watchdog.record_of_pid(failed.pid) if failed.role == "worker" else None

@@ -111,7 +111,8 @@ class SlurmBackend(DmlcBackend):
                 raise ValueError(f"dist.server_hosts: every node of the allocation "
                                  f"({', '.join(nodes)}) is a server host; expected at least "
                                  f"one node left for the workers")
-        self._nodes, self._homes = nodes, homes
+        self._nodes = nodes
+        self._homes = homes
         self._left_out = [n for n in allocation if n not in nodes]
         return None
 
@@ -170,7 +171,8 @@ class SlurmBackend(DmlcBackend):
             tasks = int(step.group("tasks"))
             server = "DMLC_ROLE=server " in command
             if server and self._homes:
-                nodes, where = len(self._homes), f"-w {','.join(self._homes)}"
+                nodes = len(self._homes)
+                where = f"-w {','.join(self._homes)}"
             else:
                 out = self._left_out + ([] if server else self._homes)
                 nodes = min(tasks, len(self._nodes) - (0 if server else len(self._homes)))

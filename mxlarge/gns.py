@@ -52,7 +52,8 @@ class NoiseScale:
 
     def metrics(self) -> dict[str, float]:
         corr = 1 - self.decay ** self.count
-        g2, trace = self.g2 / corr, self.trace / corr
+        g2 = self.g2 / corr
+        trace = self.trace / corr
         out = {"gns/g2": g2, "gns/trace": trace}
         # Early on the unbiased |G|² estimate can be <= 0: no meaningful B_simple yet (MLflow
         # would store an infinity as the largest float).

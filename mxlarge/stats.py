@@ -60,7 +60,8 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     n = len(values)
     if n < 2:
         return None
-    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values)
     half = _t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
     return mean - half, mean + half
 
@@ -84,8 +85,10 @@ def welch(a: Sequence[float], b: Sequence[float]) -> Welch | None:
     """
     if len(a) < 2 or len(b) < 2:
         return None
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    ma = statistics.fmean(a)
+    mb = statistics.fmean(b)
+    va = statistics.variance(a) / len(a)
+    vb = statistics.variance(b) / len(b)
     diff = ma - mb
     if va + vb == 0:
         return Welch(diff, math.copysign(math.inf, diff) if diff else 0.0, math.nan,

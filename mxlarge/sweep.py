@@ -230,7 +230,8 @@ def run_cell(sweep: Sweep, cell: Cell, parent: Any = None) -> CellOutcome:
     run = tracking.RunHandle.create(cell.cfg, uri, cell_tags(sweep, cell), parent=parent,
                                     source=str(cell.config_path))
     runner = _run_launched if sweep.mode == "launch" else _run_in_process
-    ok, message = False, "interrupted"
+    ok = False
+    message = "interrupted"
     try:
         ok, message = runner(sweep, cell, run)
     finally:

@@ -263,7 +263,8 @@ SetEnv {session_env}
                           "-o", f"PidFile={r}/run/sshd-{h}.pid", "-E", f"{r}/log/sshd-{h}.log"))
 
     def _slurm(self) -> None:
-        r, s = self.root, self.root / "slurm"
+        r = self.root
+        s = self.root / "slurm"
         key = r / "keys" / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))

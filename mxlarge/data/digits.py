@@ -39,7 +39,8 @@ def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float,
     if len(images) != NUM_IMAGES:  # pragma: no cover - a different scikit-learn dataset
         raise RuntimeError(f"load_digits() returned {len(images)} images, expected {NUM_IMAGES}")
     order = np.random.RandomState(SPLIT_SEED).permutation(NUM_IMAGES)
-    train, val = order[:NUM_TRAIN], order[NUM_TRAIN:]
+    train = order[:NUM_TRAIN]
+    val = order[NUM_TRAIN:]
     mean = float(images[train].mean(dtype=np.float64))
     std = float(images[train].std(dtype=np.float64))
     norm = _normalizer(mean, std)
@@ -50,7 +51,8 @@ def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float,
 
 
 def _normalizer(mean: float, std: float):
-    mean32, std32 = np.float32(mean), np.float32(std)
+    mean32 = np.float32(mean)
+    std32 = np.float32(std)
     return lambda x: (x - mean32) / std32
 
 

@@ -122,7 +122,8 @@ def train_size(cfg: DataConfig) -> int:
 
 
 def _normalize_kwargs(cfg: DataConfig) -> dict[str, Any]:
-    (mr, mg, mb), (sr, sg, sb) = cfg.mean, cfg.std
+    (mr, mg, mb) = cfg.mean
+    (sr, sg, sb) = cfg.std
     return dict(mean_r=mr, mean_g=mg, mean_b=mb, std_r=sr, std_g=sg, std_b=sb)
 
 
@@ -134,9 +135,11 @@ def _copy(batch: Any, n: int | None = None) -> Batch:
     neither aliases later batches nor mixes contexts with the network's parameters.
     """
     import mxnet as mx
-    data, label = batch.data[0], batch.label[0]
+    data = batch.data[0]
+    label = batch.label[0]
     if n is not None and n < data.shape[0]:
-        data, label = data[:n], label[:n]
+        data = data[:n]
+        label = label[:n]
     out = (data.copyto(mx.cpu()), label.reshape((-1,)).copyto(mx.cpu()))
     # Wait, so that the source buffer may be recycled as soon as we ask for the next batch.
     for arr in out:

@@ -89,13 +89,15 @@ def generate(num_train: int, num_val: int) -> tuple[np.ndarray, ...]:
     total = num_train + num_val
     if total % NUM_CLASSES:
         raise ValueError(f"num_train + num_val = {total}: expected a multiple of {NUM_CLASSES}")
-    np_state, py_state = np.random.get_state(), random.getstate()
+    np_state = np.random.get_state()
+    py_state = random.getstate()
     try:
         ds = make_dataset(ObjectView({**GENERATOR_ARGS, "num_samples": total}))
     finally:
         np.random.set_state(np_state)
         random.setstate(py_state)
-    x, y = ds["x"].astype(np.float32), ds["y"].astype(np.int64)
+    x = ds["x"].astype(np.float32)
+    y = ds["y"].astype(np.int64)
     if x.shape != (total, SEQ_LEN):  # pragma: no cover - another mnist1d
         raise RuntimeError(f"mnist1d.make_dataset returned {x.shape}, expected ({total}, 40)")
     return x[:num_train], y[:num_train], x[num_train:], y[num_train:]

@@ -191,7 +191,8 @@ def _bn_ends_branch(block: Block, bn: nn.BatchNorm) -> bool:
             consumers[j].append(i)
 
     def reach(starts: list[int], through=lambda i: True) -> set[int]:
-        seen, stack = set(starts), list(starts)
+        seen = set(starts)
+        stack = list(starts)
         while stack:
             for c in consumers[stack.pop()]:
                 if c not in seen and through(c):

@@ -82,9 +82,10 @@ def write_report(name: str, out_dir: str | Path, target_fraction: float = 0.99,
         run = parent
         run.tag({f"report_{k}": v for k, v in facts.items()})
     else:
-        owned = run = tracking.RunHandle.create_plain(
+        run = tracking.RunHandle.create_plain(
             uri, experiment, {"sweep": name, "summary": "true",
                               "mlflow.runName": f"{name} report"}, facts)
+        owned = run
     ok = False
     try:
         images = ["compare.png", "val_error.png", "final_error_vs_batch.png", "loss_lr.png"]

@@ -105,7 +105,8 @@ def select_runs(runs: Sequence[RunData]) -> tuple[list[RunData], list[str]]:
     for r in sorted(runs, key=lambda r: -r.start_time):
         if r.status == "FINISHED" and (r.label, r.seed) not in used:
             used[(r.label, r.seed)] = r
-    notes, diverged = [], {r.run_id for r in diverged_runs(runs)}
+    notes = []
+    diverged = {r.run_id for r in diverged_runs(runs)}
     for r in sorted(runs, key=lambda r: (r.label, r.seed, r.start_time)):
         if used.get((r.label, r.seed)) is r:
             continue

@@ -31,7 +31,8 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
     read under the current metric names (:func:`metric_names`)."""
     out = []
     for rec in tracking.find_runs(uri, experiment, {"sweep": name}):
-        tags, params = rec["tags"], rec["params"]
+        tags = rec["tags"]
+        params = rec["params"]
         if tags.get("summary") == "true" or "sweep_label" not in tags or "seed" not in tags:
             continue
         finished = rec["status"] == "FINISHED"

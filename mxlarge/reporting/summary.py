@@ -213,7 +213,9 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
                     and o["fingerprint"] == s["fingerprint"]), None)
         if s["workers"] == 1 and s["fingerprint"] is not None:
             ref = label
-        speedup = efficiency = conv = None
+        speedup = None
+        efficiency = None
+        conv = None
         if ref is not None and s["workers"] is not None:
             o = stats[ref]
             if s["ips"] is not None and o["ips"]:

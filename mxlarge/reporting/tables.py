@@ -246,7 +246,9 @@ def largest_within(study: Sequence[StudyRow], target: Target) -> list[str]:
     if target.error is None or not recipe:
         return []
     ref_mean = target.error - target.tolerance
-    held, largest, all_so_far = [], None, True
+    held = []
+    largest = None
+    all_so_far = True
     for r in recipe:
         delta = statistics.fmean(r.final_errors) - ref_mean
         ok = delta <= target.tolerance + 1e-12  # the reference itself holds at exactly 0

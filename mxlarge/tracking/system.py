@@ -95,7 +95,8 @@ class JobMonitor(BaseMetricsMonitor):
             procs = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
             return  # the root is gone: the job is ending
-        cpu = memory = 0.0
+        cpu = 0.0
+        memory = 0.0
         alive = {}
         for proc in procs:
             mine = self._seen.get(proc.pid, proc)

@@ -1,11 +1,12 @@
-"""Where a worker's step goes: waiting for data, forward+backward, waiting for the exchange, the
-update (how to read it: docs/breakdown.md).
+"""Where a worker's step goes: waiting for data, forward+backward, waiting for the
+exchange, the update (how to read it: docs/breakdown.md).
 
-This module is the arithmetic: which steps are sampled (:func:`sampled`), a sampled step's
-parts (:class:`Sample`), the recent ones' medians (:class:`RecentSamples`), the comparison
-across ranks (:func:`summary`, :func:`describe`), and the loop's hook that puts them in a run
-(:class:`BreakdownHook`). The steps are timed by a step observer,
-:class:`mxlarge.observers.timer.StepTimer`, the same for the loop and a script's own steps.
+This module is the arithmetic: which steps are sampled (:func:`sampled`), a sampled
+step's parts (:class:`Sample`), the recent ones' medians (:class:`RecentSamples`), the
+comparison across ranks (:func:`summary`, :func:`describe`), and the loop's hook that
+puts them in a run (:class:`BreakdownHook`). The steps are timed by a step observer,
+:class:`mxlarge.observers.timer.StepTimer`, the same for the loop and a script's own
+steps.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from mxlarge.hooks import MEASURE, Hook
 EVERY = 10
 #: round(2³² / φ): frac((t − 1) / φ) is ((t − 1) · ALPHA mod 2³²) / 2³², in integers.
 ALPHA = 2654435769
-#: Sampled steps in the window (the heartbeat's medians, which the launcher's straggler rule
-#: reads, and the run's at each epoch's end).
+#: Sampled steps in the window (the heartbeat's medians, which the launcher's straggler
+#: rule reads, and the run's at each epoch's end).
 WINDOW = 20
 #: The parts of a step, in the order a step runs them.
 PARTS = ("data", "compute", "exchange", "update")
@@ -32,21 +33,24 @@ HOST_FLOATS = 16
 
 
 def sampled(step: int) -> bool:
-    """Whether step t = ``step`` is timed with engine syncs: frac((t − 1) / φ) < 1 / EVERY.
+    """Whether step t = ``step`` is timed with engine syncs: frac((t − 1) / φ) < 1 /
+    EVERY.
 
-    A golden-ratio sequence: one step in EVERY, 5, 8 or 13 steps apart, step 1 (right after
-    step 0's warm-up) the first, and at every position of an epoch alike: a rule on
-    t mod EVERY would time the same position of every epoch whenever the epoch's steps share a
-    factor with EVERY (the digits proxy's 5: always its first or second step, whose waits for
-    data differ 8-fold). The same steps on every rank (the launcher compares ranks at one)."""
+    A golden-ratio sequence: one step in EVERY, 5, 8 or 13 steps apart, step 1 (right
+    after step 0's warm-up) the first, and at every position of an epoch alike: a rule
+    on t mod EVERY would time the same position of every epoch whenever the epoch's
+    steps share a factor with EVERY (the digits proxy's 5: always its first or second
+    step, whose waits for data differ 8-fold). The same steps on every rank (the
+    launcher compares ranks at one)."""
     return ((step - 1) * ALPHA) % 2 ** 32 < 2 ** 32 // EVERY
 
 
 @dataclass(frozen=True)
 class Sample:
     """One sampled step ``at``, seconds: ``step`` = data + compute + exchange + update;
-    ``end`` the wall-clock time (``time.time()``) its exchange ended; ``micro`` each simulated
-    worker's forward+backward in turn (together about ``compute``), empty without them."""
+    ``end`` the wall-clock time (``time.time()``) its exchange ended; ``micro`` each
+    simulated worker's forward+backward in turn (together about ``compute``), empty
+    without them."""
 
     at: int
     data: float
@@ -62,8 +66,9 @@ class Sample:
 
 
 def medians_ms(samples: Sequence[Sample]) -> dict[str, float]:
-    """Per part (and ``step``), the median over ``samples`` in ms, rounded to 0.1 ms; with
-    simulated workers also ``micro``, the median over every micro-batch of every sample."""
+    """Per part (and ``step``), the median over ``samples`` in ms, rounded to 0.1 ms;
+    with simulated workers also ``micro``, the median over every micro-batch of every
+    sample."""
     out = {p: round(1e3 * statistics.median(getattr(s, p) for s in samples), 1)
            for p in (*PARTS, "step")}
     micro = [m for s in samples for m in s.micro]
@@ -83,8 +88,8 @@ class RecentSamples:
         self.samples.append(s)
 
     def record(self) -> dict[str, float]:
-        """The medians of the parts and ``step`` (ms), ``n`` samples, the newest one's step
-        ``at`` and exchange ``end``."""
+        """The medians of the parts and ``step`` (ms), ``n`` samples, the newest one's
+        step ``at`` and exchange ``end``."""
         newest = self.samples[-1]
         medians = medians_ms(self.samples)
         return {**{p: medians[p] for p in (*PARTS, "step")}, "n": float(len(self.samples)),
@@ -92,10 +97,10 @@ class RecentSamples:
 
 
 def summary(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Across ranks (``ranks[r]``: rank r's medians in ms, :func:`medians_ms`), with x_r rank
-    r's exchange and w_r = step_r − x_r its own work in a step (the step's median less its wait
-    for the exchange: a worker slowed now and then is slowed in whichever part runs, which no
-    part's median shows, but its step does):
+    """Across ranks (``ranks[r]``: rank r's medians in ms, :func:`medians_ms`), with x_r
+    rank r's exchange and w_r = step_r − x_r its own work in a step (the step's median
+    less its wait for the exchange: a worker slowed now and then is slowed in whichever
+    part runs, which no part's median shows, but its step does):
 
     * ``slowest_rank`` = argmax_r w_r; ``spread`` = max w ÷ min w;
     * ``wait_share`` = Σ x_r ÷ Σ step_r: the share of the ranks' steps spent waiting for the
@@ -117,9 +122,10 @@ def summary(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 def describe(ranks: Sequence[Mapping[str, float]], hosts: Sequence[str]) -> str:
-    """The run's ``breakdown`` tag: ``worker rank 1 on h2 is the slowest: 69.8 ms of its own
-    work a step (its step 72.5 less 2.7 waiting for the exchange), 2.68x the fastest rank's;
-    the ranks wait 33% of a step for the exchange (29% for each other)`` (:func:`summary`)."""
+    """The run's ``breakdown`` tag: ``worker rank 1 on h2 is the slowest: 69.8 ms of its
+    own work a step (its step 72.5 less 2.7 waiting for the exchange), 2.68x the fastest
+    rank's; the ranks wait 33% of a step for the exchange (29% for each other)``
+    (:func:`summary`)."""
     s = summary(ranks)
     r = int(s["slowest_rank"])
     step = ranks[r]["step"]
@@ -132,8 +138,9 @@ def describe(ranks: Sequence[Mapping[str, float]], hosts: Sequence[str]) -> str:
 
 
 def encode_host(name: str) -> list[float]:
-    """``name`` as :data:`HOST_FLOATS` floats, each an integer < 2²⁴ holding 3 of its UTF-8
-    bytes (exact in float32, so an exact gather returns them unchanged); longer names are cut."""
+    """``name`` as :data:`HOST_FLOATS` floats, each an integer < 2²⁴ holding 3 of its
+    UTF-8 bytes (exact in float32, so an exact gather returns them unchanged); longer
+    names are cut."""
     data = name.encode()[:3 * HOST_FLOATS].ljust(3 * HOST_FLOATS, b"\0")
     return [float(int.from_bytes(data[i:i + 3], "big")) for i in range(0, len(data), 3)]
 

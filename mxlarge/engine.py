@@ -1,17 +1,19 @@
-"""When MXNet's engine reaches an array: the one helper everything that needs to know uses.
+"""When MXNet's engine reaches an array: the one helper everything that needs to know
+uses.
 
-MXNet's engine is asynchronous: a call returns when its work is queued, not done. A *probe* of
-an array is a small copy of its first row, made by an operator that reads the array. That
-operator runs once every write of the array issued before it is done. Waiting for the probe
-(``probe.wait_to_read()``) waits for exactly those writes, and for no write issued later.
+MXNet's engine is asynchronous: a call returns when its work is queued, not done. A
+*probe* of an array is a small copy of its first row, made by an operator that reads the
+array. That operator runs once every write of the array issued before it is done.
+Waiting for the probe (``probe.wait_to_read()``) waits for exactly those writes, and for
+no write issued later.
 
-The operator reads the whole array, never a view of it: on a CPU, a weight is in MKLDNN's
-layout after an inference forward pass, and MXNet refuses to copy a view of such an array
-(``Check failed: !is_view``). ``slice_axis`` has no MKLDNN kernel, so MXNet hands it the array
-in the default layout.
+The operator reads the whole array, never a view of it: on a CPU, a weight is in
+MKLDNN's layout after an inference forward pass, and MXNet refuses to copy a view of
+such an array (``Check failed: !is_view``). ``slice_axis`` has no MKLDNN kernel, so
+MXNet hands it the array in the default layout.
 
-A :class:`Mark` notes the wall clock (``time.time()``) when its probe lands, from a thread of
-its own, so the training thread never waits for it.
+A :class:`Mark` notes the wall clock (``time.time()``) when its probe lands, from a
+thread of its own, so the training thread never waits for it.
 """
 from __future__ import annotations
 
@@ -33,10 +35,11 @@ def probe(array: mx.nd.NDArray) -> mx.nd.NDArray:
 
 
 def probe_all(arrays: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
-    """One element ready once every write issued so far to every one of ``arrays`` is done.
+    """One element ready once every write issued so far to every one of ``arrays`` is
+    done.
 
-    One engine operation reads the first elements of all their probes (as float32 when their
-    dtypes differ)."""
+    One engine operation reads the first elements of all their probes (as float32 when
+    their dtypes differ)."""
     heads = [head(probe(a)) for a in arrays]
     if len({h.dtype for h in heads}) > 1:
         heads = [h.astype("float32") for h in heads]
@@ -56,11 +59,12 @@ def probe_after_reads(array: mx.nd.NDArray) -> mx.nd.NDArray:
 
 
 class Mark:
-    """The moment the engine reaches a probe: :attr:`t` (``time.time()``) once it has, None
-    before.
+    """The moment the engine reaches a probe: :attr:`t` (``time.time()``) once it has,
+    None before.
 
-    A mark is only ever noted late: its thread waits for the probe, then for the interpreter
-    lock. Give it the probe with :func:`mark`, or note a moment the caller saw itself.
+    A mark is only ever noted late: its thread waits for the probe, then for the
+    interpreter lock. Give it the probe with :func:`mark`, or note a moment the caller
+    saw itself.
     """
 
     __slots__ = ("t", "probe")
@@ -86,8 +90,8 @@ def _land(mark: Mark) -> None:
 
 
 def mark(array: mx.nd.NDArray, threads: list[threading.Thread]) -> Mark:
-    """A :class:`Mark` of the moment every write of ``array`` issued so far is done, noted by a
-    new thread (appended to ``threads``, for the caller to join)."""
+    """A :class:`Mark` of the moment every write of ``array`` issued so far is done,
+    noted by a new thread (appended to ``threads``, for the caller to join)."""
     return watch(probe(array), threads)
 
 

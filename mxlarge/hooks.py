@@ -1,8 +1,9 @@
-"""The hook contract of :class:`mxlarge.loop.TrainLoop` (no MXNet import: trackers subclass it).
+"""The hook contract of :class:`mxlarge.loop.TrainLoop` (no MXNet import: trackers
+subclass it).
 
 A hook overrides what it needs of ``before_train`` / ``after_step`` / ``after_epoch`` /
-``after_train``. Hooks never hold one another: what one produces travels in the data the loop
-hands to the next,
+``after_train``. Hooks never hold one another: what one produces travels in the data the
+loop hands to the next,
 
 * per step, ``StepOutput.metrics`` (declared keys: ``train/loss`` from the loss hook on
   logging steps; ``gns/g2``, ``gns/trace``, ``gns/b_simple`` from the loop on measuring steps)
@@ -19,12 +20,13 @@ hands to the next,
   net's ``net.export`` (symbol + those parameters), both written by the final-parameters hook;
   ``breakdown``, the directory of rank 0's ``ranks.png``, by the breakdown hook).
 
-Metric names are MLflow's: the part before the first ``/`` is the section the MLflow UI groups
-a run's charts in (``train``, ``val``, ``perf``, ``gns``; MLflow's own ``system``). Stores
-written before these names used :data:`mxlarge.reporting.runs.LEGACY_METRICS`.
+Metric names are MLflow's: the part before the first ``/`` is the section the MLflow UI
+groups a run's charts in (``train``, ``val``, ``perf``, ``gns``; MLflow's own
+``system``). Stores written before these names used
+:data:`mxlarge.reporting.runs.LEGACY_METRICS`.
 
-The order is stated once, as each hook class's :attr:`Hook.stage`; the loop runs hooks sorted by
-stage (stable for equal stages), so producers always run before consumers:
+The order is stated once, as each hook class's :attr:`Hook.stage`; the loop runs hooks
+sorted by stage (stable for equal stages), so producers always run before consumers:
 """
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ __doc__ += "\n".join(f"``{name}`` = {value}" for name, value in STAGES.items()) 
 
 
 class Hook:
-    """Base class: override what you need. ``loop`` is the :class:`mxlarge.loop.TrainLoop`;
-    ``loop.step`` is the number of updates applied."""
+    """Base class: override what you need. ``loop`` is the
+    :class:`mxlarge.loop.TrainLoop`; ``loop.step`` is the number of updates applied."""
 
     stage: int = REPORT
 

@@ -1,9 +1,10 @@
 """A small training loop with hooks (detectron2-style), owning the only step counter.
 
-``before_train`` / ``after_step`` / ``after_epoch`` / ``after_train`` run inside try/finally, so
-``after_train`` always runs and is told whether training failed. Tracking, evaluation, timing
-and progress are hooks; hooks that only rank 0 needs are simply not registered elsewhere. The
-hook contract, the data hooks exchange and their order are in :mod:`mxlarge.hooks`.
+``before_train`` / ``after_step`` / ``after_epoch`` / ``after_train`` run inside
+try/finally, so ``after_train`` always runs and is told whether training failed.
+Tracking, evaluation, timing and progress are hooks; hooks that only rank 0 needs are
+simply not registered elsewhere. The hook contract, the data hooks exchange and their
+order are in :mod:`mxlarge.hooks`.
 """
 from __future__ import annotations
 
@@ -60,14 +61,16 @@ class TrainLoop:
         self.hooks = sorted(self.hooks, key=lambda h: h.stage)  # stable: equal stages keep order
 
     def train_step(self, data: mx.nd.NDArray, label: mx.nd.NDArray) -> StepOutput:
-        """Forward/backward on each device's (or virtual worker's) slice, one synchronised update.
+        """Forward/backward on each device's (or virtual worker's) slice, one
+        synchronised update.
 
-        With K simulated workers the batch holds K consecutive slices of n images; each runs
-        under its own BN statistics and the gradients accumulate, exactly as K real workers'
-        gradients are summed by the servers. The step is the Trainer's one sequence
-        (:mod:`mxlarge.observers`): begun here with the wait for the batch, the forward and
-        backward of each slice told to its observers, then ``allreduce_grads()``, the gradient
-        noise scale on measuring steps, and ``update()``.
+        With K simulated workers the batch holds K consecutive slices of n images; each
+        runs under its own BN statistics and the gradients accumulate, exactly as K real
+        workers' gradients are summed by the servers. The step is the Trainer's one
+        sequence (:mod:`mxlarge.observers`): begun here with the wait for the batch, the
+        forward and backward of each slice told to its observers, then
+        ``allreduce_grads()``, the gradient noise scale on measuring steps, and
+        ``update()``.
         """
         t = self.trainer
         observers = t.observers
@@ -116,8 +119,8 @@ class TrainLoop:
             sq_big = gns_sum_sq(t.grads(0)) / self.gns.b_big ** 2
             metrics.update(self.gns.update(sq_small, sq_big))
         if self.amp:
-            # Gluon's rule under AMP: a skipped step does not count, so the trainer's own
-            # update count (not the batch count) is the schedule's step
+            # Gluon's rule under AMP: a skipped step does not count, so the trainer's
+            # own update count (not the batch count) is the schedule's step
             lr = t.lr_at(t.num_update)
             applied = t.update(data.shape[0])
         else:
@@ -127,8 +130,8 @@ class TrainLoop:
                           skipped=not applied, sample=step.sample)
 
     def _scaled(self, losses: list[mx.nd.NDArray]) -> list[mx.nd.NDArray]:
-        """The losses to differentiate (inside ``autograd.record()``): AMP's loss-scaled ones
-        under AMP (which also sets the trainer's rescale to undo the scale)."""
+        """The losses to differentiate (inside ``autograd.record()``): AMP's loss-scaled
+        ones under AMP (which also sets the trainer's rescale to undo the scale)."""
         if not self.amp:
             return losses
         from mxnet.contrib import amp
@@ -167,20 +170,22 @@ class TrainLoop:
             error = exc
             raise
         finally:
-            # rank 0 may upload artifacts for a while, the others wait in ps-lite's exit barrier
+            # rank 0 may upload artifacts for a while, the others wait in ps-lite's exit
+            # barrier
             with self.trainer.busy("finishing"):
                 for h in self.hooks:
                     h.after_train(self, error)
 
 
 class LossHook(Hook):
-    """Reads the training loss every ``every`` steps and at each epoch's last step (every
-    ``steps_per_epoch`` steps from where this process started; 0: unknown) and the run's last
-    (``loop.max_steps``); the divergence guard.
+    """Reads the training loss every ``every`` steps and at each epoch's last step
+    (every ``steps_per_epoch`` steps from where this process started; 0: unknown) and
+    the run's last (``loop.max_steps``); the divergence guard.
 
-    Stops the run (``DivergenceError``) when the loss or the gradient norm is not finite, or the
-    loss exceeds ``factor`` × its first value read in this process (0 disables that rule): the
-    classic warmup explosion, caught before more compute is spent.
+    Stops the run (``DivergenceError``) when the loss or the gradient norm is not
+    finite, or the loss exceeds ``factor`` × its first value read in this process (0
+    disables that rule): the classic warmup explosion, caught before more compute is
+    spent.
     """
 
     stage = H.MEASURE
@@ -223,20 +228,22 @@ class LossHook(Hook):
     def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
         if self.count:
             metrics["train/loss"] = self.sum / self.count
-        # the LR in force from this step on, as MLflow's train/lr and `show --lr-at` read it
+        # the LR in force from this step on, as MLflow's train/lr and `show --lr-at`
+        # read it
         metrics["train/lr"] = loop.trainer.lr_at(loop.step)
         self.sum = 0.0
         self.count = 0
 
 
 class TimerHook(Hook):
-    """Images per second over each epoch's training steps: the images of the steps after the
-    epoch's first ÷ the time from the end of its first step to the end of its last (the first
-    step, with its warm-up, and evaluation are left out; :class:`ProgressHook` shows the same
-    measure). ``perf/images_per_sec`` = Σ over workers of each worker's own rate (a collective
-    through the store's ``sum_scalars``, so registered on every rank),
-    ``perf/images_per_sec_rank{r}`` = worker r's own rate (only with more than one worker: with
-    one it equals the sum), ``perf/train_seconds`` cumulative."""
+    """Images per second over each epoch's training steps: the images of the steps after
+    the epoch's first ÷ the time from the end of its first step to the end of its last
+    (the first step, with its warm-up, and evaluation are left out;
+    :class:`ProgressHook` shows the same measure). ``perf/images_per_sec`` = Σ over
+    workers of each worker's own rate (a collective through the store's ``sum_scalars``,
+    so registered on every rank), ``perf/images_per_sec_rank{r}`` = worker r's own rate
+    (only with more than one worker: with one it equals the sum), ``perf/train_seconds``
+    cumulative."""
 
     stage = H.MEASURE
 
@@ -286,7 +293,8 @@ class EvalHook(Hook):
     """Top-1/top-5 validation error every ``every`` epochs, sharded over the ranks.
 
     Rank r evaluates the validation batches i with i mod k = r under the ``bn_stats``
-    statistics; the counts are summed through the store, so every rank gets the global numbers.
+    statistics; the counts are summed through the store, so every rank gets the global
+    numbers.
     """
 
     stage = H.EVALUATE
@@ -341,12 +349,13 @@ class ReplicaCheckHook(Hook):
 class FinalParamsHook(Hook):
     """After a successful run, saves the parameters with the ``bn_stats`` statistics.
 
-    Registered on every rank because choosing the statistics is collective. Rank 0 writes
-    ``tmpdir/final.params`` and publishes it as ``loop.artifacts['final_params']`` (a hybridized
-    net is also exported, ``net.export``, to ``tmpdir/model/`` as ``loop.artifacts['model']``:
-    symbol + parameters anyone can load without mxlarge's code); with
-    ``template`` every unit also writes ``template.format(rank=unit)`` and, with its own BN
-    statistics, that path + ``.local`` (units: :mod:`mxlarge.bnstats`).
+    Registered on every rank because choosing the statistics is collective. Rank 0
+    writes ``tmpdir/final.params`` and publishes it as
+    ``loop.artifacts['final_params']`` (a hybridized net is also exported,
+    ``net.export``, to ``tmpdir/model/`` as ``loop.artifacts['model']``: symbol +
+    parameters anyone can load without mxlarge's code); with ``template`` every unit
+    also writes ``template.format(rank=unit)`` and, with its own BN statistics, that
+    path + ``.local`` (units: :mod:`mxlarge.bnstats`).
     """
 
     stage = H.PERSIST
@@ -415,17 +424,18 @@ def _duration(seconds: float) -> str:
 
 
 class ProgressHook(Hook):
-    """Where users look (rank 0): a progress line every ``every`` steps and one per epoch.
+    """Where users look (rank 0): a progress line every ``every`` steps and one per
+    epoch.
 
-    The line is ``step N/TOTAL epoch E/EPOCHS loss=… lr=… images/s=… eta=…``: images/s is
-    :class:`TimerHook`'s measure of the epoch so far, over all ranks (this rank's images ×
-    workers, every worker takes the same batch): the images of the epoch's steps after its
-    first ÷ the time since its first step ended (none on a line at the first step), so at an
-    epoch's last step it is that epoch's ``perf/images_per_sec``; ETA = remaining steps ×
-    seconds per step since the previous line (evaluation included). On a terminal a tqdm bar
-    per epoch (``bar``) carries the same numbers instead, and nothing else writes
-    carriage-return frames; in a pipe or a launched job (the launcher prefixes each line) only
-    the lines are printed.
+    The line is ``step N/TOTAL epoch E/EPOCHS loss=… lr=… images/s=… eta=…``: images/s
+    is :class:`TimerHook`'s measure of the epoch so far, over all ranks (this rank's
+    images × workers, every worker takes the same batch): the images of the epoch's
+    steps after its first ÷ the time since its first step ended (none on a line at the
+    first step), so at an epoch's last step it is that epoch's ``perf/images_per_sec``;
+    ETA = remaining steps × seconds per step since the previous line (evaluation
+    included). On a terminal a tqdm bar per epoch (``bar``) carries the same numbers
+    instead, and nothing else writes carriage-return frames; in a pipe or a launched job
+    (the launcher prefixes each line) only the lines are printed.
     """
 
     stage = H.REPORT

@@ -1,9 +1,11 @@
-"""Any other MXNet optimizer (Adam, LAMB, RMSProp, ...) under the recipe's schedule and roles.
+"""Any other MXNet optimizer (Adam, LAMB, RMSProp, ...) under the recipe's schedule and
+roles.
 
-:class:`~mxlarge.kvstore.updater.LargeBatchSGD` reproduces the momentum-SGD family with its
-own kernels; every other optimizer runs MXNet's own ``update_multi_precision`` on the summed
-gradients, called as ``mx.optimizer.Updater`` calls it under ``gluon.Trainer`` (grouped by
-dtype, in chunks of ``aggregate_num``), with three things set before each call:
+:class:`~mxlarge.kvstore.updater.LargeBatchSGD` reproduces the momentum-SGD family with
+its own kernels; every other optimizer runs MXNet's own ``update_multi_precision`` on
+the summed gradients, called as ``mx.optimizer.Updater`` calls it under
+``gluon.Trainer`` (grouped by dtype, in chunks of ``aggregate_num``), with three things
+set before each call:
 
 * the LR: ``lr = η(t)``, the Trainer's schedule (scaling, warmup, the user's ``lr_scheduler``),
   with the optimizer's own scheduler detached (a stateful scheduler would count twice);
@@ -13,9 +15,9 @@ dtype, in chunks of ``aggregate_num``), with three things set before each call:
 * the decay roles: ``wd_mult[i] = 0`` for the tensors without weight decay (BN γ/β, biases),
   read by MXNet's ``_get_wds``; ``rescale_grad = 1/(k·n)``.
 
-Momentum correction (Goyal's η_t/η_{t−1} on the velocity) applies to optimizers whose state
-carries the LR (eq. 10); Adam-family moments carry none (the LR multiplies m/√v at the
-update, eq. 9's form already), so nothing is corrected here.
+Momentum correction (Goyal's η_t/η_{t−1} on the velocity) applies to optimizers whose
+state carries the LR (eq. 10); Adam-family moments carry none (the LR multiplies m/√v at
+the update, eq. 9's form already), so nothing is corrected here.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ REFUSED = {
 
 
 class MXNetUpdate(ScheduledLR, mxopt.Optimizer):
-    """Runs ``optimizer`` (an ``mx.optimizer`` instance, copied) at η(t) (module docstring).
+    """Runs ``optimizer`` (an ``mx.optimizer`` instance, copied) at η(t) (module
+    docstring).
 
     Args:
         schedule: ``schedule(step) -> lr``.
@@ -78,9 +81,10 @@ class MXNetUpdate(ScheduledLR, mxopt.Optimizer):
         return self.inner.create_state_multi_precision(index, weight)
 
     def parts(self, state: Any, dtype: Any) -> dict[str, nd.NDArray]:
-        """The named arrays of one state (``mxlarge.trainer.states``): ``master`` (MXNet's base
-        layout ``(master, state)`` for a ``dtype`` float16 weight under ``multi_precision``)
-        and ``state0``, ``state1``, ... the optimizer's arrays in order (Adam: mean, var)."""
+        """The named arrays of one state (``mxlarge.trainer.states``): ``master``
+        (MXNet's base layout ``(master, state)`` for a ``dtype`` float16 weight under
+        ``multi_precision``) and ``state0``, ``state1``, ... the optimizer's arrays in
+        order (Adam: mean, var)."""
         out = {}
         if self.multi_precision and np.dtype(dtype) == np.float16:
             out["master"], state = state

@@ -1,7 +1,8 @@
-"""The store's collectives (a component of :class:`mxlarge.kvstore.sync.SyncStore`): exact
-gathers of small float32 vectors, where slot r of the pushed buffer holds rank r's vector and
-every other slot zeros, so the pulled sum holds each rank's vector unchanged, the same on every
-rank and under 2-bit compression (each float then travels as its 32 bits, as 0 or t)."""
+"""The store's collectives (a component of :class:`mxlarge.kvstore.sync.SyncStore`):
+exact gathers of small float32 vectors, where slot r of the pushed buffer holds rank r's
+vector and every other slot zeros, so the pulled sum holds each rank's vector unchanged,
+the same on every rank and under 2-bit compression (each float then travels as its 32
+bits, as 0 or t)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -66,8 +67,8 @@ class Collectives:
         return bool((rows.view(np.uint32) == rows[0].view(np.uint32)).all())
 
     def sum_scalars(self, values: Sequence[float]) -> list[float]:
-        """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms; summed in
-        rank order in float64, exactly the same on every rank."""
+        """Σ over workers of a few floats (≤ 8), e.g. per-worker gradient norms; summed
+        in rank order in float64, exactly the same on every rank."""
         if len(values) > SCALARS:
             raise ValueError(f"at most {SCALARS} scalars per call")
         if not self.distributed:
@@ -97,8 +98,8 @@ class Collectives:
 
     def check_replicas(self, step: int, weights: Sequence[mx.nd.NDArray],
                        names: Sequence[str]) -> None:
-        """Compares each of ``weights``' sums with rank 0's, bitwise (rank 0's vector is row 0
-        of an exact gather).
+        """Compares each of ``weights``' sums with rank 0's, bitwise (rank 0's vector is
+        row 0 of an exact gather).
 
         Raises:
             ReplicaMismatch: naming the step and the first differing parameter.
@@ -114,8 +115,8 @@ class Collectives:
                 f"{mine[j]!r}, rank 0's to {ref[j]!r}; the workers' weights have diverged")
 
     def sum_stat(self, i: int, arrays: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
-        """Σ over workers and devices of statistic ``i``'s per-device ``arrays`` (collective):
-        devices summed in this process, then ranks in rank order."""
+        """Σ over workers and devices of statistic ``i``'s per-device ``arrays``
+        (collective): devices summed in this process, then ranks in rank order."""
         local = mx.nd.add_n(*[a.as_in_context(arrays[0].context) for a in arrays])
         if not self.distributed:
             return local

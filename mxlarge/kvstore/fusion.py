@@ -1,17 +1,17 @@
 """Gradient fusion's bucket plan: which gradients travel together under one key (pure).
 
-Per-key push/pull costs a round trip and a server request per tensor, which dominates for nets
-of many small tensors (a BN layer is two tensors of C floats): Horovod's tensor fusion on a
-parameter server. :func:`fuse` packs the pushed gradients, in backward order, into buckets of
-at most a given size and one dtype; the store (:class:`mxlarge.kvstore.sync.SyncStore`) makes
-the members' gradient arrays views of the bucket's buffer. :func:`spread` picks the buckets'
-keys so that every server sums as many of their elements as every other (MXNet sends a key
-below its big-array bound whole to one server, chosen by the key). With several servers on
-several hosts a tensor larger than ``servers`` buckets travels as pieces of that size
-(:func:`piece_floats`), so MXNet
-slices each over the servers into messages of a bucket's size: a server starts returning a sum
-once every worker's piece arrived, not the whole tensor's third (measured on the testbed,
-``make bench-cluster`` rows ``floor_*``).
+Per-key push/pull costs a round trip and a server request per tensor, which dominates
+for nets of many small tensors (a BN layer is two tensors of C floats): Horovod's tensor
+fusion on a parameter server. :func:`fuse` packs the pushed gradients, in backward
+order, into buckets of at most a given size and one dtype; the store
+(:class:`mxlarge.kvstore.sync.SyncStore`) makes the members' gradient arrays views of
+the bucket's buffer. :func:`spread` picks the buckets' keys so that every server sums as
+many of their elements as every other (MXNet sends a key below its big-array bound whole
+to one server, chosen by the key). With several servers on several hosts a tensor larger
+than ``servers`` buckets travels as pieces of that size (:func:`piece_floats`), so MXNet
+slices each over the servers into messages of a bucket's size: a server starts returning
+a sum once every worker's piece arrived, not the whole tensor's third (measured on the
+testbed, ``make bench-cluster`` rows ``floor_*``).
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ FUSE_KEY = 150_000
 
 @dataclass(frozen=True)
 class Bucket:
-    """Gradients that travel as one key: ``members`` (parameter indices, backward order) at
-    element ``offsets`` of a flat buffer of ``size`` floats. One member: its own key, no buffer
-    (:attr:`alone`), or elements ``offsets[0]`` to ``offsets[0] + size`` of it (a piece)."""
+    """Gradients that travel as one key: ``members`` (parameter indices, backward order)
+    at element ``offsets`` of a flat buffer of ``size`` floats. One member: its own key,
+    no buffer (:attr:`alone`), or elements ``offsets[0]`` to ``offsets[0] + size`` of it
+    (a piece)."""
 
     key: int
     members: tuple[int, ...]
@@ -46,15 +47,16 @@ class Bucket:
 def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
          alone: frozenset[int] = frozenset(),
          kinds: Sequence[str] | None = None, piece: int = 0) -> list[Bucket]:
-    """Greedy buckets over the parameters ``order`` (backward order) of ``sizes`` elements each.
+    """Greedy buckets over the parameters ``order`` (backward order) of ``sizes``
+    elements each.
 
-    A parameter of ``limit`` elements or more (or every one when ``limit`` ≤ 0) is a bucket of
-    its own under key ``i``, as is every index in ``alone``; the others fill buckets in order
-    while their total stays ≤ ``limit`` and their ``kinds`` (dtypes: a buffer has one) agree.
-    Buckets come in the order they are complete (a bucket
-    is ready when its last member is); bucket ``b`` of several members gets key
-    ``FUSE_KEY + b``. With ``piece`` > 0 a lone tensor of more than ``piece`` elements travels
-    as k = ⌈n / piece⌉ consecutive pieces of ⌊n / k⌋ elements (the last one takes the rest),
+    A parameter of ``limit`` elements or more (or every one when ``limit`` ≤ 0) is a
+    bucket of its own under key ``i``, as is every index in ``alone``; the others fill
+    buckets in order while their total stays ≤ ``limit`` and their ``kinds`` (dtypes: a
+    buffer has one) agree. Buckets come in the order they are complete (a bucket is
+    ready when its last member is); bucket ``b`` of several members gets key ``FUSE_KEY
+    + b``. With ``piece`` > 0 a lone tensor of more than ``piece`` elements travels as k
+    = ⌈n / piece⌉ consecutive pieces of ⌊n / k⌋ elements (the last one takes the rest),
     numbered and keyed as the buckets of several members are.
     """
     groups: list[list[int]] = []
@@ -100,11 +102,12 @@ def fuse(sizes: Sequence[int], order: Sequence[int], limit: int,
 
 
 def piece_floats(servers: int, limit: int, spans_hosts: bool) -> int:
-    """The ``piece`` of :func:`fuse` for a job with ``servers`` and buckets of ``limit`` floats:
-    ``servers · limit`` (each piece one bucket per server) when its processes are on several
-    hosts; 0 (no pieces) with one server or on one machine, where no link is to be pipelined
-    and each extra message only costs CPU (2 workers + 2 servers on loopback, ResNet-50: 181 ms
-    a push+pull in pieces against 168 ms whole, 152 ms MXNet's own one key per tensor)."""
+    """The ``piece`` of :func:`fuse` for a job with ``servers`` and buckets of ``limit``
+    floats: ``servers · limit`` (each piece one bucket per server) when its processes
+    are on several hosts; 0 (no pieces) with one server or on one machine, where no link
+    is to be pipelined and each extra message only costs CPU (2 workers + 2 servers on
+    loopback, ResNet-50: 181 ms a push+pull in pieces against 168 ms whole, 152 ms
+    MXNet's own one key per tensor)."""
     return servers * limit if servers > 1 and limit > 0 and spans_hosts else 0
 
 
@@ -116,15 +119,15 @@ def server_of(key: int, servers: int) -> int:
 
 def spread(buckets: Sequence[Bucket], servers: int, bound: int, limit: int,
            lone_key: Callable[[Bucket], int] | None = None) -> list[Bucket]:
-    """``buckets`` with their multi-member buckets re-keyed so that every server receives the
-    same elements within one bucket, in every prefix of the push order: bucket after bucket,
-    a whole one (below ``bound`` elements) goes to the server with the fewest so far (its key:
-    the next free ``FUSE_KEY + j`` below ``FUSE_KEY + limit`` that MXNet sends there,
-    :func:`server_of`); a lone tensor goes where the key it travels under sends it
-    (``lone_key``, default its own), and an array of
-    ``bound`` elements or more is sliced evenly over all servers by MXNet (each gets
-    size/servers). Members, offsets and order are unchanged: only which server sums a bucket
-    changes, not what is summed, so every sum is bitwise the same.
+    """``buckets`` with their multi-member buckets re-keyed so that every server
+    receives the same elements within one bucket, in every prefix of the push order:
+    bucket after bucket, a whole one (below ``bound`` elements) goes to the server with
+    the fewest so far (its key: the next free ``FUSE_KEY + j`` below ``FUSE_KEY +
+    limit`` that MXNet sends there, :func:`server_of`); a lone tensor goes where the key
+    it travels under sends it (``lone_key``, default its own), and an array of ``bound``
+    elements or more is sliced evenly over all servers by MXNet (each gets
+    size/servers). Members, offsets and order are unchanged: only which server sums a
+    bucket changes, not what is summed, so every sum is bitwise the same.
     """
     if servers <= 1:
         return list(buckets)

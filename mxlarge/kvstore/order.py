@@ -1,13 +1,14 @@
-"""The order of a step's exchanges when a link is the bottleneck (P3: Jayarajan et al., SysML 2019).
+"""The order of a step's exchanges when a link is the bottleneck (P3: Jayarajan et al.,
+SysML 2019).
 
-Sent in backward order as backward produces them, the first layers' gradients go last, so
-their sums land last and the next forward, which starts with them, waits for the whole
-exchange. Here only the first ``lead`` of the pushed bytes go in backward order, as backward
-produces them; the rest is held until backward ends and then sent in forward order with
-priorities by layer, so the first layers' sums land first and the next forward overlaps the
-remaining pulls. Each held array is gated on the gradient written last (the first
-parameter's) by a one-element identity that changes no bit, so that MXNet's engine cannot
-send it earlier in backward order.
+Sent in backward order as backward produces them, the first layers' gradients go last,
+so their sums land last and the next forward, which starts with them, waits for the
+whole exchange. Here only the first ``lead`` of the pushed bytes go in backward order,
+as backward produces them; the rest is held until backward ends and then sent in forward
+order with priorities by layer, so the first layers' sums land first and the next
+forward overlaps the remaining pulls. Each held array is gated on the gradient written
+last (the first parameter's) by a one-element identity that changes no bit, so that
+MXNet's engine cannot send it earlier in backward order.
 
 The lead is the share of the pushed bytes a link can send during backward, measured on steps
 in backward order (:data:`PROBE_CALLS`): t₀ when the first group's gradient is ready, t₁ when
@@ -16,10 +17,11 @@ backward ends, t₂ when the last sum has landed::
     lead = 2 · (t₁ − t₀) / (t₂ − t₀)
 
 The 2: with the servers on the workers' hosts, during backward a host's link carries its
-pushes, over the whole exchange also as many bytes of its server's replies. With server hosts
-the order stays backward. Each rank takes the median of its probes, every rank the median of
-those over the ranks; a lead ≥ 1 (a fast link, a small net) keeps the backward order. Why the
-medians, and the launches that measured it: docs/design/sync.md, "The order of the exchange".
+pushes, over the whole exchange also as many bytes of its server's replies. With server
+hosts the order stays backward. Each rank takes the median of its probes, every rank the
+median of those over the ranks; a lead ≥ 1 (a fast link, a small net) keeps the backward
+order. Why the medians, and the launches that measured it: docs/design/sync.md, "The
+order of the exchange".
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ import mxnet as mx
 from mxlarge import engine
 from mxlarge.errors import InputError
 
-#: The ``allreduce_grads`` calls that measure the lead (the first ones warm the servers' buffers).
+#: The ``allreduce_grads`` calls that measure the lead (the first ones warm the servers'
+#: buffers).
 PROBE_CALLS = (3, 4, 5)
 
 
@@ -44,8 +47,9 @@ def lead_share(t0: float, t1: float, t2: float) -> float:
 
 
 def lead_groups(sizes: Sequence[int], share: float | None) -> int:
-    """How many of the groups of ``sizes`` (bytes, in backward order) go in backward order: all
-    with no share or a share ≥ 1, else the fewest whose bytes reach ``share`` of the total."""
+    """How many of the groups of ``sizes`` (bytes, in backward order) go in backward
+    order: all with no share or a share ≥ 1, else the fewest whose bytes reach ``share``
+    of the total."""
     if share is None or share >= 1.0:
         return len(sizes)
     total = sum(sizes)
@@ -58,8 +62,9 @@ def lead_groups(sizes: Sequence[int], share: float | None) -> int:
 
 
 def gate(arrays: Sequence[mx.nd.NDArray], gates: Sequence[mx.nd.NDArray]) -> None:
-    """Makes every write after this to ``arrays[d]`` (its exchange) wait for ``gates[d]``: its
-    first element is copied onto itself by an op that also reads the gate."""
+    """Makes every write after this to ``arrays[d]`` (its exchange) wait for
+    ``gates[d]``: its first element is copied onto itself by an op that also reads the
+    gate."""
     for a, g in zip(arrays, gates, strict=True):
         head = engine.head(a)
         mx.nd._internal._identity_with_attr_like_rhs(head, engine.head(g), out=head)
@@ -83,7 +88,8 @@ def lead_from_env(text: str) -> float:
 
 class Order:
     """The lead of one store's exchanges (module docstring): measured on the calls
-    :data:`PROBE_CALLS`, agreed on the next. ``MXLARGE_LEAD`` (a share ≥ 0) sets it instead."""
+    :data:`PROBE_CALLS`, agreed on the next. ``MXLARGE_LEAD`` (a share ≥ 0) sets it
+    instead."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -101,10 +107,11 @@ class Order:
 
     def measure(self, first: mx.nd.NDArray, last: mx.nd.NDArray,
                 landed: Callable[[], Sequence[mx.nd.NDArray]]) -> Callable[[], None]:
-        """Probes ``first`` (the first group's gradient) and ``last`` (written when backward
-        ends) now, before any exchange writes them (:func:`mxlarge.engine.probe`); returns what
-        to call after the exchanges are issued: it probes ``landed()`` (each group's gradient,
-        after its sum) and times the three in a thread."""
+        """Probes ``first`` (the first group's gradient) and ``last`` (written when
+        backward ends) now, before any exchange writes them
+        (:func:`mxlarge.engine.probe`); returns what to call after the exchanges are
+        issued: it probes ``landed()`` (each group's gradient, after its sum) and times
+        the three in a thread."""
         marks = [engine.probe(first), engine.probe(last)]
 
         def after() -> None:
@@ -124,8 +131,8 @@ class Order:
         self._measured.append(lead_share(*stamps, time.perf_counter()))
 
     def agree(self, median: Callable[[float], float]) -> None:
-        """On the call after the probes: their threads joined, and ``median`` (a collective, over
-        the ranks) of every rank's median probe becomes the share."""
+        """On the call after the probes: their threads joined, and ``median`` (a
+        collective, over the ranks) of every rank's median probe becomes the share."""
         if not (self.enabled and not self.fixed and self.calls == PROBE_CALLS[-1] + 1):
             return
         for thread in self._threads:

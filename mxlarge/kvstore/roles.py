@@ -24,7 +24,8 @@ class ParamRole:
 
 
 def param_roles(params: Mapping[str, Any], decay_bn_bias: bool = False) -> list[ParamRole]:
-    """Roles of ``params`` (a Gluon ``ParameterDict`` or name → Parameter), in their order.
+    """Roles of ``params`` (a Gluon ``ParameterDict`` or name → Parameter), in their
+    order.
 
     Args:
         params: the network's parameters; shapes must be known (initialised).

@@ -1,20 +1,21 @@
 """The sync layer: the one place that creates the KVStore and pushes or pulls anything.
 
-Servers only aggregate (they sum the k pushes of a key; no optimizer is ever sent to them), and
-every worker runs the same updater on the identical pulled sum, so the replicas stay identical.
-Every collective is an exact *gather* (rank r writes its vector into slot r of a zero buffer),
-summed locally in rank order, so it is the same on every rank and under 2-bit compression.
+Servers only aggregate (they sum the k pushes of a key; no optimizer is ever sent to
+them), and every worker runs the same updater on the identical pulled sum, so the
+replicas stay identical. Every collective is an exact *gather* (rank r writes its vector
+into slot r of a zero buffer), summed locally in rank order, so it is the same on every
+rank and under 2-bit compression.
 
 MXNet 1.9.1's traps met here (docs/design/sync.md says why and how): unknown store names
-(validated first), lazy init racing the first push (every key initialised and pulled first), a
-CPU push keeping the pushed array (non-gradients pushed as copies), compression on every push, a
-second dist store hanging, and queued pushes skipped at exit (the worker session leaves together:
-:mod:`mxlarge.protocol.session`).
-Gradients travel fused in buckets whose members are views of the bucket's buffer
-(:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per key. What travels (float32, the 16-bit
-wire, 2-bit compression) is the job's :class:`~mxlarge.kvstore.wires.Wire`, chosen once. The
-store tells its step observers (:mod:`mxlarge.observers`) of each bucket's push and pull in a
-marked step, where the two go as separate calls.
+(validated first), lazy init racing the first push (every key initialised and pulled
+first), a CPU push keeping the pushed array (non-gradients pushed as copies),
+compression on every push, a second dist store hanging, and queued pushes skipped at
+exit (the worker session leaves together: :mod:`mxlarge.protocol.session`). Gradients
+travel fused in buckets whose members are views of the bucket's buffer
+(:mod:`mxlarge.kvstore.fusion`), one ``pushpull`` per key. What travels (float32, the
+16-bit wire, 2-bit compression) is the job's :class:`~mxlarge.kvstore.wires.Wire`,
+chosen once. The store tells its step observers (:mod:`mxlarge.observers`) of each
+bucket's push and pull in a marked step, where the two go as separate calls.
 
 Keys: parameter ``i`` uses int key ``i``; its float16 wire key (lone float32 gradients under the
 16-bit wire) is ``WIRE_KEY + i``; BN-statistic reductions use ``STAT_KEY + i``; bucket ``b`` uses
@@ -48,8 +49,9 @@ from mxlarge.protocol.session import SESSION
 KVSTORE_TYPES = ("local", "device", "dist_sync", "dist_device_sync", "dist")
 #: MXNet runs ``'dist'`` as ``'dist_sync'`` (no ``_async`` suffix: synchronous).
 SAME_STORE = {"dist": "dist_sync"}
-# MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C int:
-# keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with 2 servers.
+# MXNet 1.9.1 places a small array on server (key * 9973) % num_servers computed in a C
+# int: keys from 215,330 on overflow it; odd ones fail `ps_key < krs[server].end()` with
+# 2 servers.
 MAX_PARAMS = 50_000
 MAX_KEY = 2**31 // 9973 - 1
 BIGARRAY_BOUND = 1_000_000  # MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND (kvstore_dist.h)
@@ -65,8 +67,8 @@ def validate_kvstore(kind: str) -> str:
 
 def live_dist_store() -> mx.kv.KVStore | None:
     """The dist store this process already has, if any: the worker session's, else one a
-    script made with ``mx.kv.create`` (MXNet keeps no registry of its stores, so the garbage
-    collector's objects are searched: a few ms)."""
+    script made with ``mx.kv.create`` (MXNet keeps no registry of its stores, so the
+    garbage collector's objects are searched: a few ms)."""
     live = SESSION.dist_store()
     if live is not None:
         return live
@@ -76,14 +78,15 @@ def live_dist_store() -> mx.kv.KVStore | None:
     return None
 
 
-#: How ``mxlarge train`` runs a dist store: the fix :func:`require_launched` names by default.
+#: How ``mxlarge train`` runs a dist store: the fix :func:`require_launched` names by
+#: default.
 LAUNCH_FIX = ("run it with `mxlarge launch CONFIG -n K` or `python -m mxlarge.launcher -n K -s S "
               "-- CMD`, or use a local store (dist.kvstore=local)")
 
 
 def require_launched(kind: str, fix: str = LAUNCH_FIX) -> None:
-    """Refuses a dist store outside a launched job (MXNet would abort with a long C++ traceback
-    when it finds no scheduler to talk to), naming ``fix``.
+    """Refuses a dist store outside a launched job (MXNet would abort with a long C++
+    traceback when it finds no scheduler to talk to), naming ``fix``.
 
     Raises:
         InputError: ``kind`` is a dist store and this process is no launched worker.
@@ -94,10 +97,10 @@ def require_launched(kind: str, fix: str = LAUNCH_FIX) -> None:
 
 
 def create(kind: str) -> mx.kv.KVStore:
-    """``mx.kv.create`` after validating the type; a dist store the process already has (a
-    script's own ``mx.kv.create('dist_sync')``) is returned instead: MXNet 1.9.1 hangs in a
-    second store's start-up barrier. A dist store leaves with the worker session
-    (:meth:`~mxlarge.protocol.session.WorkerSession.leave_together`).
+    """``mx.kv.create`` after validating the type; a dist store the process already has
+    (a script's own ``mx.kv.create('dist_sync')``) is returned instead: MXNet 1.9.1
+    hangs in a second store's start-up barrier. A dist store leaves with the worker
+    session (:meth:`~mxlarge.protocol.session.WorkerSession.leave_together`).
 
     Raises:
         InputError: a dist store outside a launched job (:func:`require_launched`), a dist
@@ -124,8 +127,9 @@ def create(kind: str) -> mx.kv.KVStore:
 
 @dataclass(frozen=True)
 class ExchangePlan:
-    """What :meth:`SyncStore.plan` decided: the positions of the parameters whose gradients
-    are summed (``pushed``) and of the local statistics (``stats``, BN running mean/var)."""
+    """What :meth:`SyncStore.plan` decided: the positions of the parameters whose
+    gradients are summed (``pushed``) and of the local statistics (``stats``, BN running
+    mean/var)."""
 
     pushed: tuple[int, ...]
     stats: tuple[int, ...]
@@ -135,12 +139,12 @@ class SyncStore:
     """Push/pull of gradients over one KVStore; its :attr:`collectives` (a
     :class:`~mxlarge.kvstore.collectives.Collectives`) for everything else.
 
-    Built in two stages, so that parameters initialised at the first forward (Gluon's deferred
-    initialisation) work: the constructor opens the store (rank and world size are known from
-    then on); :meth:`init_params` gives parameters rank 0's values as they get their shapes;
-    :meth:`plan` (given the roles, once every shape is known) plans the exchange and
-    initialises the remaining keys. With ``roles`` the constructor does all three at once. Then
-    one :meth:`allreduce_grads` per step.
+    Built in two stages, so that parameters initialised at the first forward (Gluon's
+    deferred initialisation) work: the constructor opens the store (rank and world size
+    are known from then on); :meth:`init_params` gives parameters rank 0's values as
+    they get their shapes; :meth:`plan` (given the roles, once every shape is known)
+    plans the exchange and initialises the remaining keys. With ``roles`` the
+    constructor does all three at once. Then one :meth:`allreduce_grads` per step.
 
     Args:
         kvstore: ``local``, ``device``, ``dist_sync`` or ``dist_device_sync``, or a store made
@@ -179,7 +183,8 @@ class SyncStore:
         if self.kv is None and (kind.startswith("dist") or num_devices > 1):
             self.kv = create(kind)
         elif self.kv is not None and kind.startswith("dist"):
-            # a script's own store (kvstore=kv) has queued pushes at exit like create()'s
+            # a script's own store (kvstore=kv) has queued pushes at exit like
+            # create()'s
             SESSION.leave_together(self.kv, mx.nd.waitall)
         if len(self.params) > MAX_PARAMS:
             raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
@@ -205,8 +210,9 @@ class SyncStore:
 
     @property
     def lead(self) -> float | None:
-        """The share of the pushed bytes sent in backward order (:mod:`mxlarge.kvstore.order`):
-        None until measured, or on one host (all of them)."""
+        """The share of the pushed bytes sent in backward order
+        (:mod:`mxlarge.kvstore.order`): None until measured, or on one host (all of
+        them)."""
         return self._order.share
 
     @property
@@ -214,7 +220,8 @@ class SyncStore:
         return self.kv is not None and self.kind.startswith("dist")
 
     def init_params(self, indices: Sequence[int]) -> None:
-        """Rank 0's values of parameters ``indices`` (initialised) on every worker and device.
+        """Rank 0's values of parameters ``indices`` (initialised) on every worker and
+        device.
 
         Collective: every rank calls it with the same indices in the same order (a key's
         ``kv.init`` is a barrier, and the value the store keeps is rank 0's). The values are
@@ -224,9 +231,9 @@ class SyncStore:
         self._init(todo, [], [])
 
     def plan(self, roles: Sequence[ParamRole], in_forward: bool = False) -> ExchangePlan:
-        """Every shape is known: plans the exchange (buckets, pieces, the members' gradient
-        arrays) and initialises every key not yet initialised (parameters not broadcast yet,
-        buckets, gather keys) in one collective.
+        """Every shape is known: plans the exchange (buckets, pieces, the members'
+        gradient arrays) and initialises every key not yet initialised (parameters not
+        broadcast yet, buckets, gather keys) in one collective.
 
         ``in_forward``: called from inside a forward pass (the deferred initialisation of its
         last parameter; Gluon pauses recording there, so it cannot be seen): the buckets'
@@ -281,10 +288,11 @@ class SyncStore:
         return ExchangePlan(tuple(self.pushed), tuple(self.stats))
 
     def _init(self, indices: list[int], keys: list[int], values: list[mx.nd.NDArray]) -> None:
-        """One ``kv.init`` of parameters ``indices`` (this rank's values; the store keeps rank
-        0's) and of ``keys``/``values``; then rank 0's values of the trainable ones pulled into
-        every device and waited for (what keeps the first gradient push from racing the
-        broadcast); local statistics (``grad_req='null'``) keep this worker's values."""
+        """One ``kv.init`` of parameters ``indices`` (this rank's values; the store
+        keeps rank 0's) and of ``keys``/``values``; then rank 0's values of the
+        trainable ones pulled into every device and waited for (what keeps the first
+        gradient push from racing the broadcast); local statistics (``grad_req='null'``)
+        keep this worker's values."""
         self._broadcast.update(indices)
         if self.kv is None or not (indices or keys):
             return
@@ -292,14 +300,14 @@ class SyncStore:
         # weight may be in MKLDNN's, which the store cannot read ("!IsMKLDNNData()").
         self.kv.init(list(indices) + keys,
                      [self.params[i].list_data()[0].copy() for i in indices] + values)
-        # Pulled into fresh default-layout arrays, then copied in (the store cannot write into
-        # an MKLDNN-layout weight either).
+        # Pulled into fresh default-layout arrays, then copied in (the store cannot
+        # write into an MKLDNN-layout weight either).
         for i in indices:
             p = self.params[i]
             if p.grad_req == "null":
-                # a local statistic (BN running mean/var) is each worker's own: what a resumed
-                # worker loaded before the Trainer was built stays (a fresh one is the same
-                # constant on every rank anyway)
+                # a local statistic (BN running mean/var) is each worker's own: what a
+                # resumed worker loaded before the Trainer was built stays (a fresh one
+                # is the same constant on every rank anyway)
                 continue
             pulled = [mx.nd.zeros(p.shape, ctx=a.context, dtype=a.dtype) for a in p.list_data()]
             self.kv.pull(i, out=pulled, priority=-i)
@@ -307,16 +315,18 @@ class SyncStore:
                 src.copyto(dst)
         mx.nd.waitall()
 
-    # -- gradients ------------------------------------------------------------------------------
+    # -- gradients
+    # ------------------------------------------------------------------------------
     def allreduce_grads(self, prescale: float = 1.0, step: Step | None = None) -> None:
-        """Replaces every pushed gradient by its sum over workers and devices; ``prescale``: s
-        of the 16-bit wire (:mod:`mxlarge.kvstore.wires`), ignored by the others; ``step``: the
-        step in progress, whose observers hear of each bucket when it is marked. Buckets
-        (:func:`fuse`) go in backward order with priority −(their first parameter), so MXNet's
-        engine starts each bucket's push once its last gradient is ready, overlapping the rest
-        of backward; a tensor's pieces go together (:mod:`mxlarge.kvstore.pieces`). On several
-        hosts only the lead goes so; the rest follows backward in forward order
-        (:mod:`mxlarge.kvstore.order`)."""
+        """Replaces every pushed gradient by its sum over workers and devices;
+        ``prescale``: s of the 16-bit wire (:mod:`mxlarge.kvstore.wires`), ignored by
+        the others; ``step``: the step in progress, whose observers hear of each bucket
+        when it is marked. Buckets (:func:`fuse`) go in backward order with priority
+        −(their first parameter), so MXNet's engine starts each bucket's push once its
+        last gradient is ready, overlapping the rest of backward; a tensor's pieces go
+        together (:mod:`mxlarge.kvstore.pieces`). On several hosts only the lead goes
+        so; the rest follows backward in forward order (:mod:`mxlarge.kvstore.order`).
+        """
         if self.kv is None:
             return
         s = self.wire.prescale(prescale)
@@ -352,8 +362,8 @@ class SyncStore:
 
     def _group(self, group: list[Bucket], s: float, step: Step | None,
                gates: list[mx.nd.NDArray] | None = None) -> None:
-        """Exchanges one bucket, or one tensor's pieces, each array first gated on ``gates``
-        (:func:`mxlarge.kvstore.order.gate`) if given."""
+        """Exchanges one bucket, or one tensor's pieces, each array first gated on
+        ``gates`` (:func:`mxlarge.kvstore.order.gate`) if given."""
         b, *rest = group
         priority = -min(b.members)
 
@@ -372,9 +382,9 @@ class SyncStore:
 
     def _exchange(self, b: Bucket, arrays: list[mx.nd.NDArray], priority: int,
                   prescale: float, step: Step | None) -> None:
-        """Sum of ``arrays`` over devices and workers, written back into them, through the
-        wire's arrays: one pushpull, or a push and a pull where the wire splits them or the
-        step is marked (then the observers hear of each)."""
+        """Sum of ``arrays`` over devices and workers, written back into them, through
+        the wire's arrays: one pushpull, or a push and a pull where the wire splits them
+        or the step is marked (then the observers hear of each)."""
         sent = self.wire.outbound(b, arrays, prescale)
         key = self.wire.key(b)
         if step is not None and step.marked and self.distributed:
@@ -392,10 +402,12 @@ class SyncStore:
         self.wire.inbound(b, arrays, sent, prescale)
 
     def gather(self, key: int, mine: np.ndarray) -> np.ndarray:
-        """Every rank's float32 vector ``mine`` as rows of a (k, n) array, exactly (collective).
+        """Every rank's float32 vector ``mine`` as rows of a (k, n) array, exactly
+        (collective).
 
-        Slot r of the pushed buffer holds rank r's vector (raw, or under compression its bits as
-        0/t), every other slot zeros, so the pulled sum holds each rank's vector unchanged.
+        Slot r of the pushed buffer holds rank r's vector (raw, or under compression its
+        bits as 0/t), every other slot zeros, so the pulled sum holds each rank's vector
+        unchanged.
         """
         mine = np.ascontiguousarray(mine, np.float32).ravel()
         k = self.kv.num_workers

@@ -9,16 +9,18 @@ whereas the update the paper analyses (and whose LR scaling rule holds) is eq. (
 
     u ← m·u + (r·g + λ·w);       w ← w − η_t·u                                 (eq. 9)
 
-With v = −η_t·u the two agree iff the velocity is rescaled by η_t/η_{t−1} whenever the LR
-changes ("momentum correction"). Scaling v by that ratio before the kernel is the same as passing
-the kernel the momentum m·η_t/η_{t−1}, so the correction costs nothing and needs no stored LR:
-the ratio follows from the schedule and the step. ``r`` is 1/(k·n), the global batch, so that
-the summed gradient of k workers becomes the mean over all k·n images.
+With v = −η_t·u the two agree iff the velocity is rescaled by η_t/η_{t−1} whenever the
+LR changes ("momentum correction"). Scaling v by that ratio before the kernel is the
+same as passing the kernel the momentum m·η_t/η_{t−1}, so the correction costs nothing
+and needs no stored LR: the ratio follows from the schedule and the step. ``r`` is
+1/(k·n), the global batch, so that the summed gradient of k workers becomes the mean
+over all k·n images.
 
-MXNet's Nesterov kernel (``nag_mom_update``) is the eq. (10) form too (measured: v ← m·v − η·d;
-w ← w + m·v − η·d with d = r·g + λw, whatever the ``NAG`` docstring says), so it gets the same
-correction. Called in place (``out=weight``) it reads the *updated* weight for the decay term of
-the velocity (measured), so the updater writes to a temporary and copies.
+MXNet's Nesterov kernel (``nag_mom_update``) is the eq. (10) form too (measured: v ← m·v
+− η·d; w ← w + m·v − η·d with d = r·g + λw, whatever the ``NAG`` docstring says), so it
+gets the same correction. Called in place (``out=weight``) it reads the *updated* weight
+for the decay term of the velocity (measured), so the updater writes to a temporary and
+copies.
 
 LARS (You et al. 2017) rescales the LR of each decayed tensor by
 η_l = η_t · eta · ‖w‖ / (‖r·g‖ + λ‖w‖) (left at η_t when a norm is zero), using MXNet's
@@ -26,19 +28,22 @@ LARS (You et al. 2017) rescales the LR of each decayed tensor by
 directly: it picks the excluded tensors by name suffix, and its momentum correction keeps the
 previous LR in the object and so resets to 1 after the first aggregated group of a step.
 
-Which kernel runs a tensor: on CPU (with momentum) a tensor of :data:`ALONE` elements or more
-gets ``sgd_mom_update`` of its own and the smaller ones share the multi-tensor kernel; on a GPU
-every tensor goes through the multi-tensor kernel. Both give bitwise the same result
-(``tests/kvstore/test_updater.py``); why: docs/design/sync.md, "The update's kernels".
+Which kernel runs a tensor: on CPU (with momentum) a tensor of :data:`ALONE` elements or
+more gets ``sgd_mom_update`` of its own and the smaller ones share the multi-tensor
+kernel; on a GPU every tensor goes through the multi-tensor kernel. Both give bitwise
+the same result (``tests/kvstore/test_updater.py``); why: docs/design/sync.md, "The
+update's kernels".
 
-**Mixed precision** (``multi_precision=True``, as MXNet's SGD): a float16 weight keeps a float32
-master copy and float32 momentum in its state ``(momentum, master)``; the kernels are MXNet's
-multi-precision ones (``multi_mp_sgd_mom_update``, ``preloaded_multi_mp_sgd_mom_update``; NAG
-runs its float32 kernel on the master copy), which update the master copy in float32 and write
-the float16 weight as its rounding, with the same momentum correction and per-role decay: the
-master copies follow the float32 update exactly (``tests/kvstore/test_updater.py``).
+**Mixed precision** (``multi_precision=True``, as MXNet's SGD): a float16 weight keeps a
+float32 master copy and float32 momentum in its state ``(momentum, master)``; the
+kernels are MXNet's multi-precision ones (``multi_mp_sgd_mom_update``,
+``preloaded_multi_mp_sgd_mom_update``; NAG runs its float32 kernel on the master copy),
+which update the master copy in float32 and write the float16 weight as its rounding,
+with the same momentum correction and per-role decay: the master copies follow the
+float32 update exactly (``tests/kvstore/test_updater.py``).
 
-Every attribute is a plain Python value so the object survives MXNet's protocol-0 pickle.
+Every attribute is a plain Python value so the object survives MXNet's protocol-0
+pickle.
 """
 from __future__ import annotations
 
@@ -51,9 +56,9 @@ from mxnet import ndarray as nd
 from mxnet import optimizer as mxopt
 
 _CHUNK = 16  # tensors per multi-tensor kernel call (MXNet's aggregation is bounded)
-#: On CPU, tensors of at least this many elements are updated by a kernel call of their own
-#: (module docstring): about where one launch (~25 µs) costs what the multi-tensor kernel's
-#: slower elements (~1.8 ns each) do.
+#: On CPU, tensors of at least this many elements are updated by a kernel call of their
+#: own (module docstring): about where one launch (~25 µs) costs what the multi-tensor
+#: kernel's slower elements (~1.8 ns each) do.
 ALONE = 1 << 14
 
 
@@ -106,7 +111,8 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         self.lars_eta = float(lars_eta)
         self.lars_eps = float(lars_eps)
 
-    # -- pure functions of the step ------------------------------------------------------------
+    # -- pure functions of the step
+    # ------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         return float(self.schedule(step))
 
@@ -118,20 +124,23 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         return self.momentum * self.lr_at(step) / prev if prev > 0 else self.momentum
 
     def wd_for(self, index: int) -> float:
-        # no_decay is sorted: a binary search keeps the per-step weight-decay lookup O(log n)
+        # no_decay is sorted: a binary search keeps the per-step weight-decay lookup
+        # O(log n)
         j = bisect.bisect_left(self.no_decay, index)
         decayed = j == len(self.no_decay) or self.no_decay[j] != index
         return float(self.wd) if decayed else 0.0
 
-    # -- MXNet optimizer protocol --------------------------------------------------------------
+    # -- MXNet optimizer protocol
+    # --------------------------------------------------------------
     def create_state(self, index: int, weight: nd.NDArray) -> nd.NDArray | None:
         if self.momentum == 0.0:
             return None
         return nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
 
     def create_state_multi_precision(self, index: int, weight: nd.NDArray) -> Any:
-        """``(momentum, master)`` in float32 for a float16 weight under ``multi_precision``
-        (MXNet's layout, so its kernels and states files apply), else :meth:`create_state`."""
+        """``(momentum, master)`` in float32 for a float16 weight under
+        ``multi_precision`` (MXNet's layout, so its kernels and states files apply),
+        else :meth:`create_state`."""
         if self.multi_precision and weight.dtype == np.float16:
             master = weight.astype(np.float32)
             return (self.create_state(index, master), master)
@@ -161,7 +170,8 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         """The float16 weights' ``(momentum, master)`` states are handled by :meth:`apply`."""
         self.update(index, weight, grad, state)
 
-    # -- the update ----------------------------------------------------------------------------
+    # -- the update
+    # ----------------------------------------------------------------------------
     def apply(self, step: int, indices: Sequence[int], weights: Sequence[nd.NDArray],
               grads: Sequence[nd.NDArray], states: Sequence[nd.NDArray | None],
               rescale_grad: float) -> None:
@@ -189,8 +199,8 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
             self._apply_mixed(weights, grads, states, lr, momentum, wds, rescale_grad, indices)
             return
         if self.nesterov:
-            # The NAG kernel also uses m for the look-ahead term, so the correction is applied
-            # to the velocity itself rather than folded into m.
+            # The NAG kernel also uses m for the look-ahead term, so the correction is
+            # applied to the velocity itself rather than folded into m.
             ratio = momentum / self.momentum if self.momentum > 0 else 1.0
             for w, g, s, wd in zip(weights, grads, states, wds):
                 if s is None:
@@ -205,8 +215,8 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         if self.lars:
             self._apply_lars(indices, weights, grads, states, lr, momentum, wds, rescale_grad)
             return
-        # sgd_update is not bitwise multi_sgd_update (measured), so without momentum every
-        # tensor stays on the multi-tensor kernel.
+        # sgd_update is not bitwise multi_sgd_update (measured), so without momentum
+        # every tensor stays on the multi-tensor kernel.
         split = self.momentum > 0 and bool(weights) and weights[0].context.device_type == "cpu"
         shared = []
         for j, w in enumerate(weights):
@@ -232,8 +242,9 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         moms = [s[0] for s in states]
         masters = [s[1] for s in states]
         if self.nesterov:
-            # the float32 path on the master copy (its NAG kernel, written to a temporary:
-            # in place it would read the updated weight in its decay term), then rounded
+            # the float32 path on the master copy (its NAG kernel, written to a
+            # temporary: in place it would read the updated weight in its decay term),
+            # then rounded
             ratio = momentum / self.momentum if self.momentum > 0 else 1.0
             for w, g, m, w32, wd in zip(weights, grads, moms, masters, wds):
                 if m is None:

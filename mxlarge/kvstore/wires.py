@@ -1,8 +1,9 @@
 """What travels between workers and servers: one exchange strategy per job, chosen once.
 
-As DDP's communication hooks do for PyTorch, a :class:`Wire` decides what a bucket's gradients
-become on the wire and what comes back. The store (:class:`mxlarge.kvstore.sync.SyncStore`)
-moves whatever the wire hands it, and never branches on which wire it is.
+As DDP's communication hooks do for PyTorch, a :class:`Wire` decides what a bucket's
+gradients become on the wire and what comes back. The store
+(:class:`mxlarge.kvstore.sync.SyncStore`) moves whatever the wire hands it, and never
+branches on which wire it is.
 
 * :class:`Float32Wire`: every gradient travels in its own dtype (float32, or float16 for
   float16 weights). The servers sum.
@@ -25,8 +26,8 @@ import numpy as np
 from mxlarge.kvstore.fusion import Bucket
 
 WIRE_DTYPES = ("float32", "float16")
-#: A lone float32 gradient's float16 key is ``WIRE_KEY + i``: its own key ``i`` holds the
-#: float32 weight of the initial broadcast.
+#: A lone float32 gradient's float16 key is ``WIRE_KEY + i``: its own key ``i`` holds
+#: the float32 weight of the initial broadcast.
 WIRE_KEY = 50_000
 
 

@@ -7,17 +7,18 @@
   transport; the launcher only starts, watches, prefixes the output of and tears down processes.
 * :func:`run_local` is ``run_job`` of a local job, by keywords.
 
-``python -m mxlarge.launcher -n 2 -s 1 -- CMD ...`` is a small manual front end. Importing this
-package does not import MXNet.
+``python -m mxlarge.launcher -n 2 -s 1 -- CMD ...`` is a small manual front end.
+Importing this package does not import MXNet.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-# Loaded on first use (PEP 562): ``python -m mxlarge.launcher.guard`` (the guard every cluster
-# process runs under) then imports this package without importing ``probe`` first, which runpy
-# would warn about in every job's output, and without the launcher's other modules.
+# Loaded on first use (PEP 562): ``python -m mxlarge.launcher.guard`` (the guard every
+# cluster process runs under) then imports this package without importing ``probe``
+# first, which runpy would warn about in every job's output, and without the launcher's
+# other modules.
 _FROM = {"SUPPORTED": "registry", "UNSUPPORTED": "registry",
          "forwarded_env": "environment", "tracker_compat": "dmlc_compat", "Outcome": "outcome",
          "ProcessFailure": "outcome", "JobSpec": "job", "run_job": "job", "run_local": "job",

@@ -1,6 +1,6 @@
 """``python -m mxlarge.launcher -n 2 -s 1 [--launcher ssh -H hosts] [--stall-timeout S]
-[--max-restarts N] [--firewall auto|on|off] -- CMD ...`` (manual use, e.g. your own training
-script)."""
+[--max-restarts N] [--firewall auto|on|off] -- CMD ...`` (manual use, e.g. your own
+training script)."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +19,8 @@ from mxlarge.plan import World
 from mxlarge.timeline import ENV as TIMELINE_ENV
 from mxlarge.timeline import TimelineWindow
 
-#: Where a job's merged timeline goes (:mod:`mxlarge.timeline`): this launcher has no run.
+#: Where a job's merged timeline goes (:mod:`mxlarge.timeline`): this launcher has no
+#: run.
 TIMELINE_FILE = "mxlarge-timeline.json"
 
 

@@ -7,12 +7,12 @@
     if outcome.failure is not None:
         print(outcome.failure.role, outcome.failure.kvstore_rank, outcome.failure.host)
 
-:class:`JobSpec` names the backend (``local``, ``ssh``, ``mpi``, ``slurm``) and what every
-process runs; :func:`run_job` runs it once, supervised, and returns the :class:`Outcome`, whose
-:class:`ProcessFailure` is the one record of the process the job failed in (the kvstore rank,
-the launch index, the host, pid, status, step and last lines of output). Restarts are
-:func:`run_with_restarts` under a :class:`RestartPolicy`. Importing this module does not import
-MXNet.
+:class:`JobSpec` names the backend (``local``, ``ssh``, ``mpi``, ``slurm``) and what
+every process runs; :func:`run_job` runs it once, supervised, and returns the
+:class:`Outcome`, whose :class:`ProcessFailure` is the one record of the process the job
+failed in (the kvstore rank, the launch index, the host, pid, status, step and last
+lines of output). Restarts are :func:`run_with_restarts` under a :class:`RestartPolicy`.
+Importing this module does not import MXNet.
 """
 from __future__ import annotations
 

@@ -1,16 +1,18 @@
-"""What dmlc_tracker (shipped in the MXNet 1.9.1 wheel) needs to run here, while a submission runs.
+"""What dmlc_tracker (shipped in the MXNet 1.9.1 wheel) needs to run here, while a
+submission runs.
 
-dmlc_tracker calls ``Thread.isAlive()`` (removed in Python 3.9: ``tracker.submit`` would crash
-right after starting the scheduler and leave it orphaned) and ``Thread.setDaemon()``
-(deprecated since 3.10): :func:`tracker_compat` aliases the first and silences the second, and
-restores both after. Its mpi and slurm backends never pass the scheduler address on, and its
-guess leaks a socket: :func:`scheduler_address` makes ``tracker.submit`` use the one we chose
-(:func:`guess_host_ip`, same logic without the leak).
+dmlc_tracker calls ``Thread.isAlive()`` (removed in Python 3.9: ``tracker.submit`` would
+crash right after starting the scheduler and leave it orphaned) and
+``Thread.setDaemon()`` (deprecated since 3.10): :func:`tracker_compat` aliases the first
+and silences the second, and restores both after. Its mpi and slurm backends never pass
+the scheduler address on, and its guess leaks a socket: :func:`scheduler_address` makes
+``tracker.submit`` use the one we chose (:func:`guess_host_ip`, same logic without the
+leak).
 
-Its backends start every process with ``subprocess.check_call`` in daemon threads and never look
-at the result; :func:`patched_subprocess` swaps the ``subprocess`` name in its modules for the
-launcher's shim (:mod:`mxlarge.launcher.backends.dmlc`) for the time of a submission. The
-history is in ``docs/design/launcher.md``.
+Its backends start every process with ``subprocess.check_call`` in daemon threads and
+never look at the result; :func:`patched_subprocess` swaps the ``subprocess`` name in
+its modules for the launcher's shim (:mod:`mxlarge.launcher.backends.dmlc`) for the time
+of a submission. The history is in ``docs/design/launcher.md``.
 """
 from __future__ import annotations
 
@@ -35,9 +37,9 @@ def _set_daemon(self: threading.Thread, daemonic: bool) -> None:
 def tracker_compat() -> Iterator[None]:
     """Let dmlc_tracker 1.9.1 run on Python >= 3.9 while the block runs.
 
-    Adds ``threading.Thread.isAlive`` (an alias of ``is_alive``) and replaces the deprecated
-    ``setDaemon`` by a silent equivalent. Reentrant and thread-safe; the original class
-    attributes are restored when the outermost block exits.
+    Adds ``threading.Thread.isAlive`` (an alias of ``is_alive``) and replaces the
+    deprecated ``setDaemon`` by a silent equivalent. Reentrant and thread-safe; the
+    original class attributes are restored when the outermost block exits.
     """
     global _compat_depth
     with _compat_lock:
@@ -64,8 +66,9 @@ def tracker_compat() -> Iterator[None]:
 def guess_host_ip() -> str:
     """The scheduler address dmlc_tracker would pick (``get_host_ip('auto')``).
 
-    Same logic (the address of this host's FQDN, or, if that is a 127.x address, the one of the
-    interface that routes outward), minus the UDP socket dmlc's version never closes.
+    Same logic (the address of this host's FQDN, or, if that is a 127.x address, the one
+    of the interface that routes outward), minus the UDP socket dmlc's version never
+    closes.
     """
     try:
         ip = socket.gethostbyname(socket.getfqdn())
@@ -82,8 +85,8 @@ def guess_host_ip() -> str:
 def scheduler_address(tracker: ModuleType, host_ip: str) -> Iterator[None]:
     """Make ``tracker.submit`` use ``host_ip`` even when the backend does not pass it.
 
-    dmlc's mpi and slurm backends call ``tracker.submit`` without ``hostIP``, so ``--host-ip``
-    is silently ignored there and the scheduler address is always guessed.
+    dmlc's mpi and slurm backends call ``tracker.submit`` without ``hostIP``, so
+    ``--host-ip`` is silently ignored there and the scheduler address is always guessed.
     """
     original = tracker.submit
 

@@ -1,14 +1,16 @@
-"""What reaches a cluster job's processes: the forwarded environment and the quoted command.
+"""What reaches a cluster job's processes: the forwarded environment and the quoted
+command.
 
-``ssh`` forwards only a handful of variables (not PYTHONPATH), ``mpirun`` only its ``-x`` list.
-So the variables of :func:`forwarded_env` are put on the command line itself, as
-``env K=V ... command`` (:func:`render_command`), which every backend (and the local scheduler)
-runs unchanged. Values on a command line are visible to ``ps`` on every host, so names with
-PASSWORD, TOKEN or SECRET are never forwarded automatically.
+``ssh`` forwards only a handful of variables (not PYTHONPATH), ``mpirun`` only its
+``-x`` list. So the variables of :func:`forwarded_env` are put on the command line
+itself, as ``env K=V ... command`` (:func:`render_command`), which every backend (and
+the local scheduler) runs unchanged. Values on a command line are visible to ``ps`` on
+every host, so names with PASSWORD, TOKEN or SECRET are never forwarded automatically.
 
 dmlc's ssh backend wraps the whole remote command in single quotes, so our own quoting
-(:func:`shell_word`) uses double quotes only: the words parse the same in one shell layer
-(scheduler, mpirun, srun) and in two (the local shell, then the remote one behind ssh).
+(:func:`shell_word`) uses double quotes only: the words parse the same in one shell
+layer (scheduler, mpirun, srun) and in two (the local shell, then the remote one behind
+ssh).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from mxlarge.protocol.heartbeat import ENV as HEARTBEAT_ENV
 from mxlarge.protocol.reports import ENV as REPORTS_ENV
 
-# Forwarded to every process when set in the launcher's environment; ``env`` adds to this.
+# Forwarded to every process when set in the launcher's environment; ``env`` adds to
+# this.
 FORWARD_VARS = frozenset({
     "PYTHONPATH", "OMP_NUM_THREADS", "DMLC_INTERFACE", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID",
     "MXLARGE_PIECES", "MXLARGE_LEAD",  # the exchange's knobs (mxlarge.kvstore)
@@ -28,8 +31,8 @@ FORWARD_PREFIXES = ("MLFLOW_", "MXNET_")
 # Never forwarded automatically: they would appear in process listings on every host.
 _SECRET_WORDS = ("PASSWORD", "TOKEN", "SECRET")
 
-# Set by dmlc_tracker per process or by us; overriding them from ``env`` (which is applied after
-# the tracker's own exports) would break the job.
+# Set by dmlc_tracker per process or by us; overriding them from ``env`` (which is
+# applied after the tracker's own exports) would break the job.
 OWNED_ENV = frozenset({
     "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
     "DMLC_NODE_HOST", "DMLC_RANK", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER", "MXLARGE_JOB_ID",
@@ -50,9 +53,9 @@ def forwarded_env(env: Mapping[str, str] | None = None,
                   environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables a cluster job's processes receive on top of what the backend sets.
 
-    ``PYTHONPATH``, ``OMP_NUM_THREADS``, ``DMLC_INTERFACE``, ``MLFLOW_*`` and ``MXNET_*`` from
-    ``environ`` (default: this process's environment), except names containing PASSWORD, TOKEN
-    or SECRET, then ``env`` on top.
+    ``PYTHONPATH``, ``OMP_NUM_THREADS``, ``DMLC_INTERFACE``, ``MLFLOW_*`` and
+    ``MXNET_*`` from ``environ`` (default: this process's environment), except names
+    containing PASSWORD, TOKEN or SECRET, then ``env`` on top.
 
     Raises:
         ValueError: if ``env`` sets a variable the tracker owns or an invalid name.
@@ -72,9 +75,10 @@ def forwarded_env(env: Mapping[str, str] | None = None,
 def shell_word(word: str) -> str:
     """Quote ``word`` for a POSIX shell without using single quotes.
 
-    dmlc's ssh backend wraps the whole remote command in single quotes, so our own quoting must
-    use double quotes; the result parses the same in one shell layer (scheduler, mpirun, srun)
-    and in two (the local shell, then the remote one behind ssh).
+    dmlc's ssh backend wraps the whole remote command in single quotes, so our own
+    quoting must use double quotes; the result parses the same in one shell layer
+    (scheduler, mpirun, srun) and in two (the local shell, then the remote one behind
+    ssh).
     """
     if SHELL_SAFE.match(word):
         return word

@@ -1,13 +1,13 @@
-"""Naming the process behind a failed cluster job: the reports mpirun and srun print, the
-kvstore rank of the process a failed ssh client, mpirun or srun carried, and the one
+"""Naming the process behind a failed cluster job: the reports mpirun and srun print,
+the kvstore rank of the process a failed ssh client, mpirun or srun carried, and the one
 :class:`~mxlarge.launcher.outcome.Outcome` that blames it.
 
-A cluster launcher sees only its local children. For ssh there is one client per process, and
-the process's own lines (its guard's, its ps-lite Bind line) come back through it; mpirun and
-srun carry every rank of a role and print which rank failed on which host. The kvstore rank
-comes from the scheduler's assignments, else from the one rank of the role on the named host,
-else from the heartbeats; the line names ``worker (launch 1)`` while it is not known. Each
-backend decides which of these it uses
+A cluster launcher sees only its local children. For ssh there is one client per
+process, and the process's own lines (its guard's, its ps-lite Bind line) come back
+through it; mpirun and srun carry every rank of a role and print which rank failed on
+which host. The kvstore rank comes from the scheduler's assignments, else from the one
+rank of the role on the named host, else from the heartbeats; the line names ``worker
+(launch 1)`` while it is not known. Each backend decides which of these it uses
 (:meth:`~mxlarge.launcher.backends.dmlc.DmlcBackend.explain`).
 """
 from __future__ import annotations
@@ -46,8 +46,8 @@ class Report:
 
 
 class ReportSink(LineSink):
-    """A :class:`LineSink` that also keeps the first failed rank/host a tool (mpirun, srun)
-    reports, by the backend's ``patterns``."""
+    """A :class:`LineSink` that also keeps the first failed rank/host a tool (mpirun,
+    srun) reports, by the backend's ``patterns``."""
 
     def __init__(self, output: IO[str] | Any, patterns: Sequence[re.Pattern[str]] = ()) -> None:
         super().__init__(output)
@@ -78,8 +78,9 @@ def _reported_status(fields: Mapping[str, str | None]) -> int | None:
 
 
 def who(role: str, rank: int | None, launch: int | None, host: str | None) -> str:
-    """``worker rank 1 on h2``; ``worker (launch 1) on h2`` while the kvstore rank is not known
-    (the one number the launcher's lines, the tags and the watchdog use is the kvstore rank)."""
+    """``worker rank 1 on h2``; ``worker (launch 1) on h2`` while the kvstore rank is
+    not known (the one number the launcher's lines, the tags and the watchdog use is the
+    kvstore rank)."""
     name = (f"{role} rank {rank}" if rank is not None else
             f"{role} (launch {launch})" if launch is not None else role)
     return f"{name} on {host}" if host else name
@@ -101,12 +102,12 @@ _INTERRUPTED = frozenset(128 + s for s in (signal.SIGINT, signal.SIGTERM, signal
 def blame(code: int, message: str, role: str, rank: int | None, launch: int | None,
           host: str | None, status: int | None, child: Child | None = None,
           pid: int | None = None) -> Outcome:
-    """The :class:`Outcome` blaming one process (``rank``: its kvstore rank, for a server or
-    worker; ``launch``: its launch index or task rank; ``child``: the local process that
-    carried it; ``pid``: its own, where known).
+    """The :class:`Outcome` blaming one process (``rank``: its kvstore rank, for a
+    server or worker; ``launch``: its launch index or task rank; ``child``: the local
+    process that carried it; ``pid``: its own, where known).
 
-    128 + SIGINT/SIGTERM/SIGHUP, or the launcher itself failing first (``scancel``), is the
-    launcher having been interrupted: no ``reason``, so not restarted.
+    128 + SIGINT/SIGTERM/SIGHUP, or the launcher itself failing first (``scancel``), is
+    the launcher having been interrupted: no ``reason``, so not restarted.
     """
     interrupted = code in _INTERRUPTED or role == "launcher"
     failure = ProcessFailure(role, rank if role in ("server", "worker") else None, launch, host,
@@ -121,11 +122,11 @@ def terminated(sig: int, host_ip: str) -> Outcome:
 
 
 class FailureContext:
-    """What a backend has to hand when it names the process behind a failed local child (ssh
-    client, mpirun, srun): the job's children and their output, the tools' reports, the hosts
-    commands were sent to (``targets``: child pid -> host), the heartbeats, the probe of the
-    job's hosts (``cut``: the hosts it, or a backend, found not answering) and the launcher's
-    signals."""
+    """What a backend has to hand when it names the process behind a failed local child
+    (ssh client, mpirun, srun): the job's children and their output, the tools' reports,
+    the hosts commands were sent to (``targets``: child pid -> host), the heartbeats,
+    the probe of the job's hosts (``cut``: the hosts it, or a backend, found not
+    answering) and the launcher's signals."""
 
     def __init__(self, host_ip: str, sup: Supervisor, sink: ReportSink,
                  targets: Mapping[int, str], watchdog: Watchdog | None,
@@ -151,9 +152,10 @@ class FailureContext:
 
     def rank(self, child: Child, host: str | None, remote_pid: int | None,
              by_bind: bool = False) -> int | None:
-        """The kvstore rank of the process behind ``child`` (on ``host``, with ``remote_pid``
-        if known): from its own Bind line (``by_bind``: one process per child, as with ssh),
-        from the one rank of its role on that host, or from the heartbeats."""
+        """The kvstore rank of the process behind ``child`` (on ``host``, with
+        ``remote_pid`` if known): from its own Bind line (``by_bind``: one process per
+        child, as with ssh), from the one rank of its role on that host, or from the
+        heartbeats."""
         if by_bind and child.find_rank() is not None:  # its Bind line (or its heartbeat)
             return child.rank
         assigned = self._assigned()
@@ -174,13 +176,14 @@ class FailureContext:
         return None
 
     def explain_reported(self, child: Child, task: str) -> Outcome:
-        """A failed mpirun or srun: the rank its report names (``task``: what the tool calls a
-        rank), or, with no report, the hosts the probe finds cut off."""
+        """A failed mpirun or srun: the rank its report names (``task``: what the tool
+        calls a rank), or, with no report, the hosts the probe finds cut off."""
         assert child.status is not None
         report = self.sink.reports.get(child.label)
         if report is None:
-            # no rank reported: mpirun lost a daemon (its ssh's keepalive gave up on a host),
-            # srun a node; the probe tells whether a host is cut off, as for ssh's 255
+            # no rank reported: mpirun lost a daemon (its ssh's keepalive gave up on a
+            # host), srun a node; the probe tells whether a host is cut off, as for
+            # ssh's 255
             cut = self.probe()
             line = failure_message(child) + "".join(
                 f"; host {h} unreachable ({why})" for h, why in sorted(cut.items()))

@@ -1,13 +1,15 @@
-"""The packet filter of a cluster job: only the job's own hosts reach the job's ports (nftables).
+"""The packet filter of a cluster job: only the job's own hosts reach the job's ports
+(nftables).
 
-While a job runs, every host of the job gets one table ``mxlarge_<job id>_<guard pid>`` that
-rejects new TCP connections to :data:`SCHEDULER_PORTS`, :data:`PS_LITE_PORTS` and the ephemeral
-range from any address but the job hosts', and counts those attempts per port, so that a job
-reports the ones at its own ports only (another job's table on a shared host may be the one
-that refused them); a guard process per host (:data:`GUARD`) installs it and deletes it when
-its input ends or its lease stops. ``mode``: ``auto`` where it can, ``on``
-or :class:`FirewallError`, ``off``. The table, its lifetime and the rights it needs: "The
-packet filter" in docs/design/launcher.md. Importing this module does not import MXNet.
+While a job runs, every host of the job gets one table ``mxlarge_<job id>_<guard pid>``
+that rejects new TCP connections to :data:`SCHEDULER_PORTS`, :data:`PS_LITE_PORTS` and
+the ephemeral range from any address but the job hosts', and counts those attempts per
+port, so that a job reports the ones at its own ports only (another job's table on a
+shared host may be the one that refused them); a guard process per host (:data:`GUARD`)
+installs it and deletes it when its input ends or its lease stops. ``mode``: ``auto``
+where it can, ``on`` or :class:`FirewallError`, ``off``. The table, its lifetime and the
+rights it needs: "The packet filter" in docs/design/launcher.md. Importing this module
+does not import MXNet.
 """
 from __future__ import annotations
 
@@ -28,17 +30,20 @@ from mxlarge.launcher.guard import LEASE_EVERY
 from mxlarge.launcher.reach import PROBE_TIMEOUT, unreachable_hosts
 
 MODES = ("auto", "on", "off")
-#: dmlc_tracker's ``PSTracker(port=9091, port_end=9999)``: the scheduler takes the first free one.
+#: dmlc_tracker's ``PSTracker(port=9091, port_end=9999)``: the scheduler takes the first
+#: free one.
 SCHEDULER_PORTS = (9091, 9998)
-#: ps-lite's ``ZMQVan::Bind`` retries ``10000 + rand() % 40000`` when its first port is taken.
+#: ps-lite's ``ZMQVan::Bind`` retries ``10000 + rand() % 40000`` when its first port is
+#: taken.
 PS_LITE_PORTS = (10000, 49999)
 # How long a guard may take to report and to install (ssh login included).
 _TIMEOUT = 30.0
 _REMOVE_TIMEOUT = 10.0  # a host that does not answer is left to the next job (stale)
 _CONFIRM_FIRST = 1.0  # then a host that has not confirmed is probed (_close)
 
-# $0 and $1 are "mxlarge-guard" and the job id: they are in the guard's command line, which is
-# how a later guard on the same host tells a live table (its guard runs) from a stale one.
+# $0 and $1 are "mxlarge-guard" and the job id: they are in the guard's command line,
+# which is how a later guard on the same host tells a live table (its guard runs) from a
+# stale one.
 GUARD = r"""PATH=$PATH:/usr/sbin:/sbin
 t=mxlarge_$1_$$
 ours='s/^table ip \(mxlarge_[0-9a-f]*_[0-9]*\)$/\1/p'
@@ -140,10 +145,10 @@ def ruleset(table: str, allowed: Sequence[str], ports: Sequence[tuple[int, int]]
 
 
 def refusals(said: str, addresses: Collection[str], own: Collection[str]) -> tuple[int, bool]:
-    """The connection attempts a host's guard counted at the job's own ports: ``said`` is its
-    ``port:attempts ...`` (:data:`GUARD`), ``addresses`` the host's, ``own`` the job's
-    processes' ``ip:port``. Returns (the sum, whether the job's ports there were known; if not,
-    the sum over every port)."""
+    """The connection attempts a host's guard counted at the job's own ports: ``said``
+    is its ``port:attempts ...`` (:data:`GUARD`), ``addresses`` the host's, ``own`` the
+    job's processes' ``ip:port``. Returns (the sum, whether the job's ports there were
+    known; if not, the sum over every port)."""
     counted = {int(p): int(n) for p, _, n in (x.partition(":") for x in said.split()) if n}
     mine = {int(a.rsplit(":", 1)[1]) for a in own if a.rsplit(":", 1)[0] in addresses}
     if not mine:
@@ -158,7 +163,8 @@ class _Guard:
         self.host = host
         cmd = ["sh", "-c", GUARD, "mxlarge-guard", job_id]
         argv = [*host.prefix, shlex.join(cmd)] if host.prefix else cmd
-        # Its own session: a Ctrl-C or the job's teardown must not kill it before it cleans up.
+        # Its own session: a Ctrl-C or the job's teardown must not kill it before it
+        # cleans up.
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
@@ -210,9 +216,9 @@ class _Guard:
 
     def finish(self, emit: Callable[[str], None], timeout: float = _REMOVE_TIMEOUT,
                cut: str | None = None, own: Collection[str] = ()) -> None:
-        """Wait for the guard (after :meth:`end_input`) up to ``timeout`` s, not at all for a
-        host found ``cut`` off (why); report what it removed and the attempts at the job's
-        own ports (``own``, :func:`refusals`) it refused."""
+        """Wait for the guard (after :meth:`end_input`) up to ``timeout`` s, not at all
+        for a host found ``cut`` off (why); report what it removed and the attempts at
+        the job's own ports (``own``, :func:`refusals`) it refused."""
         try:
             if cut is not None:
                 raise subprocess.TimeoutExpired(self.proc.args, 0)
@@ -247,10 +253,11 @@ class _Guard:
 def packet_filter(job_id: str, hosts: Sequence[Host], scheduler_ports: tuple[int, int],
                   emit: Callable[[str], None], cut: Mapping[str, str] | None = None,
                   own: Collection[str] = ()) -> Iterator[list[str]]:
-    """The job's filter on every host of ``hosts`` while the block runs; yields the allowed
-    addresses. Removed when the block ends, however it ends (see the module docstring); a host
-    in ``cut`` (found not answering during the job: why) is not waited for; the attempts
-    reported are those at ``own``, the job's processes' ``ip:port`` (filled while it runs).
+    """The job's filter on every host of ``hosts`` while the block runs; yields the
+    allowed addresses. Removed when the block ends, however it ends (see the module
+    docstring); a host in ``cut`` (found not answering during the job: why) is not
+    waited for; the attempts reported are those at ``own``, the job's processes'
+    ``ip:port`` (filled while it runs).
 
     Raises:
         FirewallError: a host could not take it; then it is on none of them.
@@ -300,10 +307,10 @@ def _lease(guards: Sequence[_Guard], stop: threading.Event) -> None:
 
 def _close(guards: Sequence[_Guard], emit: Callable[[str], None],
            known: Mapping[str, str] | None = None, own: Collection[str] = ()) -> None:
-    """End every guard at once (a slow host does not hold up the others); a host ``known``
-    not to answer is not waited for, nor is a remote one that has not confirmed within
-    :data:`_CONFIRM_FIRST` s and does not answer a probe (it cannot answer: the cut-off host's
-    guard ends itself by its lease)."""
+    """End every guard at once (a slow host does not hold up the others); a host
+    ``known`` not to answer is not waited for, nor is a remote one that has not
+    confirmed within :data:`_CONFIRM_FIRST` s and does not answer a probe (it cannot
+    answer: the cut-off host's guard ends itself by its lease)."""
     known = dict(known or {})
     for g in guards:
         g.end_input()

@@ -1,5 +1,6 @@
-"""The job flags both front ends take (``mxlarge launch`` and ``python -m mxlarge.launcher``),
-declared once (:func:`add_job_flags`). Importing this module does not import MXNet."""
+"""The job flags both front ends take (``mxlarge launch`` and ``python -m
+mxlarge.launcher``), declared once (:func:`add_job_flags`). Importing this module does
+not import MXNet."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,9 @@ from mxlarge.launcher.watchdog import STALL_HELP, stall_seconds
 
 def add_job_flags(p: argparse.ArgumentParser, *, servers: str, restarts: str) -> None:
     """Adds ``-s/--servers``, ``--launcher``, ``-H/--hostfile``, ``--port``,
-    ``--stall-timeout``, ``--no-tuning``, ``--firewall`` and ``--max-restarts`` to ``p``;
-    ``servers`` and ``restarts`` are the help of the two whose meaning is the front end's."""
+    ``--stall-timeout``, ``--no-tuning``, ``--firewall`` and ``--max-restarts`` to
+    ``p``; ``servers`` and ``restarts`` are the help of the two whose meaning is the
+    front end's."""
     for names, options in (
         (("-s", "--servers"), {"type": int, "default": None, "help": servers}),
         (("--launcher",), {"default": "local", "type": launcher_choice,

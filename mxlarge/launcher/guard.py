@@ -1,23 +1,25 @@
 """The guard every cluster process runs under, and the lease that keeps it going.
 
-``python -m mxlarge.launcher.guard [--reraise] [--from-first-byte] -- CMD...`` runs CMD as its
-child in a process group of its own and prints what ssh cannot tell (``ssh`` exits 255 both for
-a refused connection and for a remote ``kill -9``): :data:`TAG` lines when the command started
-(its pid and host), when it died of a signal, and when the launcher's **lease** ran out. The
-launcher (:class:`Lease`) writes a byte every :data:`LEASE_EVERY` s to the stdin of each ssh
-client, ``mpirun --stdin all`` or ``srun --input=all`` it starts; no byte for
-:data:`LEASE_TIMEOUT` s, or end of file, means the launcher or the link is gone (a partitioned
-host notices nothing else), and the guard ends the command's group. At a job's teardown the
-launcher writes :data:`TEARDOWN` first: the guard ends the command and says so.
+``python -m mxlarge.launcher.guard [--reraise] [--from-first-byte] -- CMD...`` runs CMD
+as its child in a process group of its own and prints what ssh cannot tell (``ssh``
+exits 255 both for a refused connection and for a remote ``kill -9``): :data:`TAG` lines
+when the command started (its pid and host), when it died of a signal, and when the
+launcher's **lease** ran out. The launcher (:class:`Lease`) writes a byte every
+:data:`LEASE_EVERY` s to the stdin of each ssh client, ``mpirun --stdin all`` or ``srun
+--input=all`` it starts; no byte for :data:`LEASE_TIMEOUT` s, or end of file, means the
+launcher or the link is gone (a partitioned host notices nothing else), and the guard
+ends the command's group. At a job's teardown the launcher writes :data:`TEARDOWN`
+first: the guard ends the command and says so.
 
-A command stopped for :data:`STOPPED_AFTER` s (``SIGSTOP``: state ``T``) is said too (and its
-continuation): the watchdog names it when every worker waits (:class:`Stopped`).
+A command stopped for :data:`STOPPED_AFTER` s (``SIGSTOP``: state ``T``) is said too
+(and its continuation): the watchdog names it when every worker waits
+(:class:`Stopped`).
 
-``--reraise`` (mpi, slurm) dies of the command's signal so that mpirun's and srun's own reports
-stay what they would be unguarded; ``--from-first-byte`` (mpi) starts the lease at the first
-byte, because Open MPI 4.1's ``--stdin all`` gives ranks on mpirun's own host none. The
-measurements behind these choices are in ``docs/design/launcher.md``. Importing this module
-does not import MXNet.
+``--reraise`` (mpi, slurm) dies of the command's signal so that mpirun's and srun's own
+reports stay what they would be unguarded; ``--from-first-byte`` (mpi) starts the lease
+at the first byte, because Open MPI 4.1's ``--stdin all`` gives ranks on mpirun's own
+host none. The measurements behind these choices are in ``docs/design/launcher.md``.
+Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -71,13 +73,15 @@ class Stopped:
 @dataclass
 class GuardReport:
     """What a guard said about its command: ``pid``/``host`` once started, ``signal`` (a
-    number) if the command died of one, ``lost`` if the guard ended it for a lost lease."""
+    number) if the command died of one, ``lost`` if the guard ended it for a lost lease.
+    """
 
     pid: int | None = None
     host: str | None = None
     signal: int | None = None
     lost: bool = False
-    #: the processes stopped now, of every guard whose lines come this way (mpirun, srun)
+    #: the processes stopped now, of every guard whose lines come this way (mpirun,
+    #: srun)
     stopped: dict[tuple[str, int], Stopped] = field(default_factory=dict)
 
     def see(self, line: str) -> bool:
@@ -103,8 +107,8 @@ class GuardReport:
 
 def guard_command(command: Sequence[str], reraise: bool = False,
                   from_first_byte: bool = False) -> list[str]:
-    """``command`` run under the guard by this Python (which must exist at the same path on
-    every host, as the command itself must), with :func:`guard`'s ``reraise`` and
+    """``command`` run under the guard by this Python (which must exist at the same path
+    on every host, as the command itself must), with :func:`guard`'s ``reraise`` and
     ``from_first_byte`` (``--reraise``, ``--from-first-byte``)."""
     return [sys.executable, "-m", "mxlarge.launcher.guard", "guard",
             *(["--reraise"] if reraise else []),
@@ -150,8 +154,9 @@ def _become_subreaper() -> None:
 
 
 def _reap(child: subprocess.Popen[bytes]) -> None:
-    """Reap ``child`` and every other dead child (:func:`_become_subreaper`'s orphans): a dead
-    leader left as a zombie would keep its group "alive" until the grace ran out."""
+    """Reap ``child`` and every other dead child (:func:`_become_subreaper`'s orphans):
+    a dead leader left as a zombie would keep its group "alive" until the grace ran out.
+    """
     child.poll()
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0] != 0:
@@ -160,7 +165,8 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
 
 def _die_of(signum: int) -> None:
     """End this process by signal ``signum`` (its default action, no core file), as the
-    command would have ended unguarded: mpirun and srun then report the signal itself."""
+    command would have ended unguarded: mpirun and srun then report the signal itself.
+    """
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     with contextlib.suppress(OSError, ValueError):  # SIGKILL/SIGSTOP have no handler to reset
         signal.signal(signum, signal.SIG_DFL)
@@ -177,9 +183,9 @@ def process_state(pid: int) -> str | None:
 
 
 class _StopWatch:
-    """Says once when the command has been stopped (``T``, ``t``) for :data:`STOPPED_AFTER` s,
-    and when it continues: a stopped server or scheduler writes no heartbeat, so only its
-    guard can tell the launcher where the job stands still."""
+    """Says once when the command has been stopped (``T``, ``t``) for
+    :data:`STOPPED_AFTER` s, and when it continues: a stopped server or scheduler writes
+    no heartbeat, so only its guard can tell the launcher where the job stands still."""
 
     def __init__(self, pid: int, host: str) -> None:
         self.pid = pid
@@ -204,12 +210,13 @@ class _StopWatch:
 
 def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
           reraise: bool = False, from_first_byte: bool = False) -> int:
-    """Run ``command`` as the module docstring says; returns the exit status to exit with.
+    """Run ``command`` as the module docstring says; returns the exit status to exit
+    with.
 
-    With ``reraise`` an end by signal n (the command killed by n, or n received by the guard)
-    is not returned as 128 + n: the guard kills itself with n (:func:`_die_of`). With
-    ``from_first_byte`` the lease runs from the first byte received, not from the start (an end
-    of file still ends the command at once).
+    With ``reraise`` an end by signal n (the command killed by n, or n received by the
+    guard) is not returned as 128 + n: the guard kills itself with n (:func:`_die_of`).
+    With ``from_first_byte`` the lease runs from the first byte received, not from the
+    start (an end of file still ends the command at once).
     """
     host = socket.gethostname()
     stdin = sys.stdin.fileno()
@@ -281,9 +288,9 @@ def guard(command: Sequence[str], lease_timeout: float = LEASE_TIMEOUT,
 
 
 class Lease:
-    """Writes :data:`LEASE_BYTE` every :data:`LEASE_EVERY` s to the stdin of each guarded
-    process it was given, until :meth:`close` (which closes those pipes: end of file);
-    :meth:`tear_down` writes :data:`TEARDOWN` to them."""
+    """Writes :data:`LEASE_BYTE` every :data:`LEASE_EVERY` s to the stdin of each
+    guarded process it was given, until :meth:`close` (which closes those pipes: end of
+    file); :meth:`tear_down` writes :data:`TEARDOWN` to them."""
 
     def __init__(self) -> None:
         self._pipes: list[object] = []
@@ -310,8 +317,8 @@ class Lease:
                 pipe.flush()  # type: ignore[attr-defined]
 
     def tear_down(self) -> bool:
-        """Tells every guard, once, that the job is being torn down; returns whether this call
-        told any."""
+        """Tells every guard, once, that the job is being torn down; returns whether
+        this call told any."""
         with self._lock:
             told = not self._torn and bool(self._pipes)
             self._torn = True

@@ -1,15 +1,16 @@
 """Hostfiles as the backends read them: ``host``, ``host:port`` (ssh) or ``host:slots``
-(MPICH), ``slots=N``, ``role=server``, ``#`` comments; and the job's layout (:class:`Layout`).
+(MPICH), ``slots=N``, ``role=server``, ``#`` comments; and the job's layout
+(:class:`Layout`).
 
 A ``role=server`` line (or a host in ``dist.server_hosts`` / ``--server-hosts``,
-:func:`with_server_hosts`) is a *server host*: it runs parameter servers only, and the workers
-run on the other lines. Without one, servers share the worker hosts (co-located, MXNet's
-default). :func:`place` is where each server and worker goes.
+:func:`with_server_hosts`) is a *server host*: it runs parameter servers only, and the
+workers run on the other lines. Without one, servers share the worker hosts (co-located,
+MXNet's default). :func:`place` is where each server and worker goes.
 
-Each backend states which reading of ``host:N`` it uses and what it requires of the lines
-(:meth:`~mxlarge.launcher.backends.base.LaunchBackend.check_hosts`); the parsing and the checks
-every backend shares (a file that exists and lists hosts) are here. Importing this module does
-not import MXNet.
+Each backend states which reading of ``host:N`` it uses and what it requires of the
+lines (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.check_hosts`); the parsing
+and the checks every backend shares (a file that exists and lists hosts) are here.
+Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def read_hostfile(path: str, colon: str = "port") -> list[HostEntry]:
 
 
 def listed_hosts(path: str | None, launcher: str, colon: str = "port") -> list[HostEntry]:
-    """The lines of the hostfile ``launcher`` was given, checked for what every backend needs.
+    """The lines of the hostfile ``launcher`` was given, checked for what every backend
+    needs.
 
     Raises:
         ValueError: naming the file and what is missing (no file given, none there, no hosts).
@@ -96,8 +98,9 @@ def listed_hosts(path: str | None, launcher: str, colon: str = "port") -> list[H
 
 def with_server_hosts(entries: Sequence[HostEntry], server_hosts: Sequence[str],
                       source: str) -> list[HostEntry]:
-    """The hostfile's lines with ``server_hosts`` (``dist.server_hosts``) as server lines:
-    every line of such a host becomes one, a host the file does not list is added.
+    """The hostfile's lines with ``server_hosts`` (``dist.server_hosts``) as server
+    lines: every line of such a host becomes one, a host the file does not list is
+    added.
 
     Raises:
         ValueError: the file has ``role=server`` lines of other hosts (two answers to one
@@ -121,7 +124,8 @@ def with_server_hosts(entries: Sequence[HostEntry], server_hosts: Sequence[str],
 
 
 def check_server_hosts(entries: Sequence[HostEntry], servers: int, source: str) -> list[str]:
-    """The server hosts of ``entries`` (in order, each once), checked against ``servers``.
+    """The server hosts of ``entries`` (in order, each once), checked against
+    ``servers``.
 
     Raises:
         ValueError: more server hosts than servers (a host would run nothing).
@@ -138,9 +142,9 @@ def place(entries: Sequence[HostEntry], servers: int, workers: int
           ) -> tuple[list[HostEntry], list[HostEntry]]:
     """Where each server and worker goes: (each server's line, each worker's line).
 
-    With server lines (``role=server``), server i goes on server line i mod S and worker j on
-    worker line j mod W. Without, dmlc's own round-robin (co-located): process i, servers
-    first, on line i mod L of all L lines.
+    With server lines (``role=server``), server i goes on server line i mod S and worker
+    j on worker line j mod W. Without, dmlc's own round-robin (co-located): process i,
+    servers first, on line i mod L of all L lines.
     """
     homes = [e for e in entries if e.server]
     if not homes:
@@ -154,8 +158,9 @@ def place(entries: Sequence[HostEntry], servers: int, workers: int
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a job's processes run: the scheduler's host, the hosts of its ``servers`` and
-    ``workers`` (in order, each once), and whether the servers have hosts of their own."""
+    """Where a job's processes run: the scheduler's host, the hosts of its ``servers``
+    and ``workers`` (in order, each once), and whether the servers have hosts of their
+    own."""
 
     scheduler: str
     servers: int
@@ -169,10 +174,11 @@ class Layout:
         return not set(self.server_hosts) & set(self.worker_hosts)
 
     def describe(self) -> str:
-        """The launcher's layout line: where each role runs and what each worker host moves
-        per step each way, |g| the gradient's bytes and n the worker hosts: |g| with server
-        hosts (it pushes |g| and pulls |g|), 2(n-1)/n·|g| co-located (the (n-1)/n of its pushes
-        that leave it, and the slices its server sends to the n-1 other workers)."""
+        """The launcher's layout line: where each role runs and what each worker host
+        moves per step each way, |g| the gradient's bytes and n the worker hosts: |g|
+        with server hosts (it pushes |g| and pulls |g|), 2(n-1)/n·|g| co-located (the
+        (n-1)/n of its pushes that leave it, and the slices its server sends to the n-1
+        other workers)."""
         where, moves = (("on their own host(s)", "|g|") if self.dedicated else
                         ("co-located with the workers", "2(n-1)/n·|g|"))
         return (f"layout: scheduler on {self.scheduler}; {self.servers} server(s) {where}: "

@@ -1,12 +1,13 @@
 """A job as data (:class:`JobSpec`) and one attempt of it on the chosen backend
-(:func:`run_job`): what both front ends (``mxlarge launch`` and ``python -m mxlarge.launcher``)
-run, once per attempt of :func:`~mxlarge.launcher.restart.run_with_restarts`.
+(:func:`run_job`): what both front ends (``mxlarge launch`` and ``python -m
+mxlarge.launcher``) run, once per attempt of
+:func:`~mxlarge.launcher.restart.run_with_restarts`.
 
-The front ends only turn argv into a :class:`JobSpec`; the backend that runs it is looked up
-once, by its name, in :mod:`mxlarge.launcher.registry` (which also decides which
-``--launcher`` names are accepted, :func:`launcher_choice`), and everything after that asks the
-backend object (:class:`~mxlarge.launcher.backends.base.LaunchBackend`). Importing this module
-does not import MXNet.
+The front ends only turn argv into a :class:`JobSpec`; the backend that runs it is
+looked up once, by its name, in :mod:`mxlarge.launcher.registry` (which also decides
+which ``--launcher`` names are accepted, :func:`launcher_choice`), and everything after
+that asks the backend object (:class:`~mxlarge.launcher.backends.base.LaunchBackend`).
+Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ __all__ = ["BACKENDS", "JobSpec", "firewall_refusal", "launcher_choice", "run_jo
 
 
 def firewall_refusal(launcher: str, mode: str) -> str | None:
-    """Why ``--firewall on`` cannot be honoured for ``launcher`` here (checked before any
-    process starts), or None (``auto`` and ``off`` are never refused)."""
+    """Why ``--firewall on`` cannot be honoured for ``launcher`` here (checked before
+    any process starts), or None (``auto`` and ``off`` are never refused)."""
     if mode != "on":
         return None
     return backend_for(launcher).firewall_refusal() or local_refusal()
@@ -34,8 +35,9 @@ def firewall_refusal(launcher: str, mode: str) -> str | None:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What a job runs, built once by a front end from its argv (an attempt of a restarted or
-    elastic job is :func:`dataclasses.replace` of it); :func:`run_job` runs it.
+    """What a job runs, built once by a front end from its argv (an attempt of a
+    restarted or elastic job is :func:`dataclasses.replace` of it); :func:`run_job` runs
+    it.
 
     Attributes:
         launcher: the backend (:data:`BACKENDS`).
@@ -90,15 +92,16 @@ class JobSpec:
     @property
     def argv(self) -> tuple[str, ...]:
         """What every role runs: ``command``, and with ``pass_world`` the world as
-        ``--world PxDxSxN`` (:meth:`~mxlarge.plan.World.to_arg`), the one place it is written."""
+        ``--world PxDxSxN`` (:meth:`~mxlarge.plan.World.to_arg`), the one place it is
+        written."""
         if not self.pass_world:
             return self.command
         return (*self.command, "--world", self.world.to_arg())
 
 
 def run_job(spec: JobSpec, output: IO[str] | Any = None) -> Outcome:
-    """Runs ``spec`` once on its backend, supervised until it ends; the children's lines and
-    the outcome's go to ``output`` (stdout if None)."""
+    """Runs ``spec`` once on its backend, supervised until it ends; the children's lines
+    and the outcome's go to ``output`` (stdout if None)."""
     return backend_for(spec.launcher).run(spec, output)
 
 
@@ -106,8 +109,8 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
               env: Mapping[str, str] | None = None, grace: float = 10.0,
               output: IO[str] | Any = None, shutdown_timeout: float | None = None,
               stall_timeout: float | None = None, tuning: bool = True) -> Outcome:
-    """:func:`run_job` of a local job of ``workers`` worker processes (the :class:`JobSpec`
-    fields by keyword; ``output`` stdout if None)."""
+    """:func:`run_job` of a local job of ``workers`` worker processes (the
+    :class:`JobSpec` fields by keyword; ``output`` stdout if None)."""
     spec = JobSpec("local", command, World(processes=workers), servers, env=env or {},
                    stall_timeout=stall_timeout, tuning=tuning, port=port, grace=grace,
                    shutdown_timeout=shutdown_timeout)

@@ -1,28 +1,29 @@
 """MXNet's own ``tools/launch.py``, runnable on Python 3.11.
 
-``python -m mxlarge.launcher.mxnet_launch -n 2 -s 1 --launcher local mxlarge train CFG`` runs
-the unmodified launch.py from the installed wheel inside :func:`tracker_compat` (without it the
-tracker crashes on ``Thread.isAlive`` after starting the scheduler and leaves it orphaned) and
-:func:`claimed_scheduler_port` (two jobs started at once from one host would take the same
-scheduler port). The command is the same ``mxlarge train`` as everywhere: its scheduler and
-server roles start inside ``import mxnet``.
+``python -m mxlarge.launcher.mxnet_launch -n 2 -s 1 --launcher local mxlarge train CFG``
+runs the unmodified launch.py from the installed wheel inside :func:`tracker_compat`
+(without it the tracker crashes on ``Thread.isAlive`` after starting the scheduler and
+leaves it orphaned) and :func:`claimed_scheduler_port` (two jobs started at once from
+one host would take the same scheduler port). The command is the same ``mxlarge train``
+as everywhere: its scheduler and server roles start inside ``import mxnet``.
 
 ``--launcher local`` keeps every process on loopback. dmlc's local backend calls
-``tracker.submit`` without an address, so the scheduler would bind (and advertise) the address of
-this host's FQDN or of its outward interface, reachable from the network; here the tracker is
-given 127.0.0.1 instead, and servers/workers get ``DMLC_NODE_HOST=127.0.0.1`` and
-``DMLC_INTERFACE=lo`` unless set. Other launchers (``ssh``, ``mpi``) keep launch.py's own
-address choice: the scheduler on the address of this host's name.
+``tracker.submit`` without an address, so the scheduler would bind (and advertise) the
+address of this host's FQDN or of its outward interface, reachable from the network;
+here the tracker is given 127.0.0.1 instead, and servers/workers get
+``DMLC_NODE_HOST=127.0.0.1`` and ``DMLC_INTERFACE=lo`` unless set. Other launchers
+(``ssh``, ``mpi``) keep launch.py's own address choice: the scheduler on the address of
+this host's name.
 
-Under ``--launcher local`` every process dmlc starts (the scheduler, the servers, the workers)
-runs under the launcher's :class:`~mxlarge.launcher.supervisor.Supervisor`: dmlc's
-``subprocess`` is a shim for the time of the submission (:class:`_LocalShim`), so each line is
-labelled ``[worker r]``/``[server r]``/``[scheduler]`` (r: the kvstore rank once ps-lite
-assigned it, with dmlc's launch index where it differs:
-:func:`~mxlarge.launcher.supervisor.process_label`), the first process to fail ends the job
-with its exit status (dmlc's local backend retries, logs and returns 0), and nothing outlives
-the command. ``mxlarge launch`` is still the
-recommended front end (stall watchdog, restarts, MLflow).
+Under ``--launcher local`` every process dmlc starts (the scheduler, the servers, the
+workers) runs under the launcher's :class:`~mxlarge.launcher.supervisor.Supervisor`:
+dmlc's ``subprocess`` is a shim for the time of the submission (:class:`_LocalShim`), so
+each line is labelled ``[worker r]``/``[server r]``/``[scheduler]`` (r: the kvstore rank
+once ps-lite assigned it, with dmlc's launch index where it differs:
+:func:`~mxlarge.launcher.supervisor.process_label`), the first process to fail ends the
+job with its exit status (dmlc's local backend retries, logs and returns 0), and nothing
+outlives the command. ``mxlarge launch`` is still the recommended front end (stall
+watchdog, restarts, MLflow).
 """
 from __future__ import annotations
 
@@ -76,10 +77,10 @@ def launcher_of(argv: list[str]) -> str:
 
 
 class _LocalShim:
-    """dmlc's ``subprocess`` during a local submission: each ``call``/``check_call`` (one per
-    process, in dmlc's threads) runs under the supervisor and returns its status; ``verbose``
-    (ps-lite's level-1 lines, which name each process's kvstore rank) goes into its
-    environment."""
+    """dmlc's ``subprocess`` during a local submission: each ``call``/``check_call``
+    (one per process, in dmlc's threads) runs under the supervisor and returns its
+    status; ``verbose`` (ps-lite's level-1 lines, which name each process's kvstore
+    rank) goes into its environment."""
 
     def __init__(self, sup: Supervisor, verbose: Mapping[str, str]) -> None:
         self._sup = sup
@@ -110,8 +111,8 @@ class _LocalShim:
         except RuntimeError:
             return 0  # teardown has begun
         child.wait_exit()
-        # 0 to dmlc, whatever happened: it would retry a failed worker or print a traceback;
-        # the supervision loop has seen the exit and acts on it
+        # 0 to dmlc, whatever happened: it would retry a failed worker or print a
+        # traceback; the supervision loop has seen the exit and acts on it
         return 0
 
     check_call = call
@@ -120,8 +121,8 @@ class _LocalShim:
 @dataclasses.dataclass(frozen=True)
 class _LaunchPyRun:
     """launch.py's local job as the supervision loop asks it
-    (:class:`~mxlarge.launcher.supervisor.Supervised`): ``returned`` is set once launch.py
-    returned."""
+    (:class:`~mxlarge.launcher.supervisor.Supervised`): ``returned`` is set once
+    launch.py returned."""
 
     sup: Supervisor
     returned: threading.Event
@@ -148,11 +149,12 @@ class _LaunchPyRun:
 
 
 def _run_local(path: Path, tracker: Any) -> int:
-    """launch.py's local submission under the supervisor (module docstring): its exit status.
+    """launch.py's local submission under the supervisor (module docstring): its exit
+    status.
 
-    launch.py runs in the main thread (it installs a SIGINT handler, which only the main thread
-    may), the supervision loop beside it; a failure's teardown ends the scheduler, so
-    ``tracker.submit`` and launch.py return."""
+    launch.py runs in the main thread (it installs a SIGINT handler, which only the main
+    thread may), the supervision loop beside it; a failure's teardown ends the
+    scheduler, so ``tracker.submit`` and launch.py return."""
     import signal
 
     import dmlc_tracker.local as local
@@ -193,8 +195,8 @@ def _run_local(path: Path, tracker: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run launch.py with ``argv``: under ``--launcher local`` the job's exit status (module
-    docstring); else 0 when it returns (it exits itself on errors)."""
+    """Run launch.py with ``argv``: under ``--launcher local`` the job's exit status
+    (module docstring); else 0 when it returns (it exits itself on errors)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     local = launcher_of(argv) == "local"
     if local:

@@ -1,13 +1,14 @@
 """How a job ended (:class:`Outcome`), and the one record of the process it failed in
 (:class:`ProcessFailure`), on every backend.
 
-"rank" means the kvstore rank everywhere: in the launcher's lines (``worker rank 1 on h2``), in
-the MLflow tags (``failed_kvstore_rank``) and in the watchdog's messages. A process's number
-within its role as the launcher started it is its launch index (``failed_launch_index``: a local
-job's ``worker 1``, an ssh job's ``launch 1``, mpirun's and srun's task rank); the scheduler
-assigns kvstore ranks later, by host and port, so the two differ. Runs recorded before this
-distinction carry ``failed_rank``, which :func:`failure_tags` reads. Importing this module
-imports nothing else of mxlarge but :mod:`mxlarge.launcher.straggler` (which imports none).
+"rank" means the kvstore rank everywhere: in the launcher's lines (``worker rank 1 on
+h2``), in the MLflow tags (``failed_kvstore_rank``) and in the watchdog's messages. A
+process's number within its role as the launcher started it is its launch index
+(``failed_launch_index``: a local job's ``worker 1``, an ssh job's ``launch 1``,
+mpirun's and srun's task rank); the scheduler assigns kvstore ranks later, by host and
+port, so the two differ. Runs recorded before this distinction carry ``failed_rank``,
+which :func:`failure_tags` reads. Importing this module imports nothing else of mxlarge
+but :mod:`mxlarge.launcher.straggler` (which imports none).
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ class ProcessFailure:
 
     @property
     def name(self) -> str:
-        """``worker-1`` (its kvstore rank), ``worker-launch1`` (its launch index while the rank
-        is not known), ``scheduler``: the name of its failure artifact."""
+        """``worker-1`` (its kvstore rank), ``worker-launch1`` (its launch index while
+        the rank is not known), ``scheduler``: the name of its failure artifact."""
         if self.kvstore_rank is not None:
             return f"{self.role}-{self.kvstore_rank}"
         if self.launch_index is not None:
@@ -65,8 +66,8 @@ class ProcessFailure:
 
     def tags(self) -> dict[str, str]:
         """The MLflow tags of the failure: ``failed_role``, ``failed_kvstore_rank``,
-        ``failed_launch_index``, ``failed_host``, ``failed_pid``, ``failed_status`` (those
-        known)."""
+        ``failed_launch_index``, ``failed_host``, ``failed_pid``, ``failed_status``
+        (those known)."""
         out = {"failed_role": self.role}
         for key, value in (("failed_kvstore_rank", self.kvstore_rank),
                            ("failed_launch_index", self.launch_index),
@@ -79,8 +80,8 @@ class ProcessFailure:
 
 @dataclass(frozen=True)
 class LastBeat:
-    """The launcher's view of one worker's last heartbeat (:mod:`mxlarge.protocol.heartbeat`)
-    when the job failed.
+    """The launcher's view of one worker's last heartbeat
+    (:mod:`mxlarge.protocol.heartbeat`) when the job failed.
 
     Attributes:
         rank, host, pid: the worker's kvstore rank, host and process id.
@@ -106,8 +107,9 @@ class LastBeat:
 
 @dataclass(frozen=True)
 class Tail:
-    """The last lines (stdout and stderr, one pipe) of one process the launcher started, when
-    the job failed; ``status`` is its Popen-style status then (None: still running)."""
+    """The last lines (stdout and stderr, one pipe) of one process the launcher started,
+    when the job failed; ``status`` is its Popen-style status then (None: still
+    running)."""
 
     label: str
     status: int | None
@@ -155,9 +157,9 @@ class Outcome:
 
 
 def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:
-    """The ``failed_*`` tags of a run, in today's names, from a run recorded now or before
-    ``failed_rank`` was split: there it was a local job's launch index (tag ``launcher`` =
-    ``local``) and a cluster job's kvstore rank."""
+    """The ``failed_*`` tags of a run, in today's names, from a run recorded now or
+    before ``failed_rank`` was split: there it was a local job's launch index (tag
+    ``launcher`` = ``local``) and a cluster job's kvstore rank."""
     out = {k: v for k, v in tags.items() if k.startswith("failed_") and k != "failed_rank"}
     old = tags.get("failed_rank")
     if old is None or old == "None":
@@ -171,9 +173,10 @@ def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:
 
 
 def last_completed_step(outcome: Outcome) -> int | None:
-    """The last step the job completed as the launcher knows it: the outcome's (the failed
-    worker's heartbeat, or every worker's for a stall or a server crash), else the failed
-    rank's last heartbeat, else the step every worker had completed; None without any."""
+    """The last step the job completed as the launcher knows it: the outcome's (the
+    failed worker's heartbeat, or every worker's for a stall or a server crash), else
+    the failed rank's last heartbeat, else the step every worker had completed; None
+    without any."""
     if outcome.step is not None:
         return outcome.step
     rank = outcome.failure.kvstore_rank if outcome.failure is not None else None
@@ -192,9 +195,9 @@ def _tail_head(tail: Tail) -> str:
 
 
 def failure_log(outcome: Outcome) -> str:
-    """The failed process's evidence (the artifact ``failure/<name>.log``): the failure, the
-    launcher's view of its last heartbeat and of the other ranks', then its last lines of
-    output (stdout and stderr, one pipe)."""
+    """The failed process's evidence (the artifact ``failure/<name>.log``): the failure,
+    the launcher's view of its last heartbeat and of the other ranks', then its last
+    lines of output (stdout and stderr, one pipe)."""
     failed = outcome.failure
     assert failed is not None
     lines = [f"# {outcome.message}; its last {len(failed.output)} line(s) of output (stdout "
@@ -211,8 +214,9 @@ def failure_log(outcome: Outcome) -> str:
 
 
 def job_log(outcome: Outcome) -> str:
-    """The job's evidence (the artifact ``failure/job.log``): the failure, every worker's last
-    heartbeat as the launcher saw it, and the last lines of every process."""
+    """The job's evidence (the artifact ``failure/job.log``): the failure, every
+    worker's last heartbeat as the launcher saw it, and the last lines of every process.
+    """
     lines = [f"# {outcome.message}", "# the launcher's view of every worker's last heartbeat:"]
     lines += [f"#   {b.line()}" for b in outcome.beats] or ["#   none (no worker reported)"]
     for tail in outcome.tails:

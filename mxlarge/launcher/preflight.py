@@ -1,19 +1,22 @@
-"""The pre-flight check of a cluster job: every host answers, is the host its name says, and
-can take the packet filter when ``--firewall on`` asks for it, before any run or process starts.
+"""The pre-flight check of a cluster job: every host answers, is the host its name says,
+and can take the packet filter when ``--firewall on`` asks for it, before any run or
+process starts.
 
-Without it an unreachable or misnamed host is found only once the job runs: the packet filter's
-guard cannot reach it and ``--firewall auto`` switches the filter off for every host, the other
-hosts' processes start, and the job dies 20-40 s later with ssh's status 255 (and a FAILED run).
-The check is one short probe of every host at once (:func:`check_hosts`): a TCP connect to its
-ssh port (:func:`mxlarge.launcher.reach.unreachable_hosts`), then one ``ssh host`` that reports
-the host's IPv4 addresses, whether ``nft`` is there and whether it runs as root. A host fails it
-when it does not answer, when ssh does not let the probe through, or when the address its name
-has here is not one of its own addresses (a stale ``/etc/hosts`` line, a typo'd address that
-belongs to another machine: ps-lite would bind an address the host does not have). The
-scheduler's address (``--host-ip``) must be an address of the launching host.
+Without it an unreachable or misnamed host is found only once the job runs: the packet
+filter's guard cannot reach it and ``--firewall auto`` switches the filter off for every
+host, the other hosts' processes start, and the job dies 20-40 s later with ssh's status
+255 (and a FAILED run). The check is one short probe of every host at once
+(:func:`check_hosts`): a TCP connect to its ssh port
+(:func:`mxlarge.launcher.reach.unreachable_hosts`), then one ``ssh host`` that reports
+the host's IPv4 addresses, whether ``nft`` is there and whether it runs as root. A host
+fails it when it does not answer, when ssh does not let the probe through, or when the
+address its name has here is not one of its own addresses (a stale ``/etc/hosts`` line,
+a typo'd address that belongs to another machine: ps-lite would bind an address the host
+does not have). The scheduler's address (``--host-ip``) must be an address of the
+launching host.
 
-Jobs whose every host is loopback (the tests' fake clusters) are not probed, as they get no
-packet filter: there is no other host. Importing this module does not import MXNet.
+Jobs whose every host is loopback (the tests' fake clusters) are not probed, as they get
+no packet filter: there is no other host. Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from mxlarge.launcher.reach import (
     unreachable_hosts,
 )
 
-# What the probe prints on the host: "addr A" per IPv4 address, "nft" if nft is there, "uid N".
+# What the probe prints on the host: "addr A" per IPv4 address, "nft" if nft is there,
+# "uid N".
 _FACTS = ("PATH=$PATH:/usr/sbin:/sbin; "
           "ip -4 -o addr show 2>/dev/null | awk '{sub(/\\/.*/, \"\", $4); print \"addr \" $4}'; "
           "command -v nft >/dev/null 2>&1 && echo nft; echo uid $(id -u)")
@@ -53,8 +57,8 @@ class HostFacts:
 
 def host_facts(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT
                ) -> HostFacts | str:
-    """The facts of ``host`` from one ``ssh -p port host`` (non-interactive), or why ssh did
-    not give them within ``timeout`` s."""
+    """The facts of ``host`` from one ``ssh -p port host`` (non-interactive), or why ssh
+    did not give them within ``timeout`` s."""
     r = ssh_run(host, port, _FACTS, timeout)
     if isinstance(r, str):
         return f"ssh: {r}"
@@ -120,7 +124,8 @@ def check_hosts(hosts: Mapping[str, int], where: str, *, firewall: str = "off",
         if address is None:
             raise HostCheckError(f"host {h} ({where}): the name does not resolve here; "
                                  "nothing started")
-        # 127.x is on the host's loopback, whatever `ip` lists (Debian names itself 127.0.1.1)
+        # 127.x is on the host's loopback, whatever `ip` lists (Debian names itself
+        # 127.0.1.1)
         if address not in found.addresses and not is_loopback(address):
             raise HostCheckError(
                 f"host {h} ({where}): {address} is not an address of the host that answers "

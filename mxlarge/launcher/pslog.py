@@ -1,4 +1,5 @@
-"""What the launcher reads in ps-lite's output (MXNet 1.9.1, ``3rdparty/ps-lite/src/van.cc``).
+"""What the launcher reads in ps-lite's output (MXNet 1.9.1,
+``3rdparty/ps-lite/src/van.cc``).
 
 Two facts, both measured with real processes (``tests/e2e/test_foreign_packets.py``):
 
@@ -30,18 +31,20 @@ import re
 import threading
 from collections.abc import Mapping
 
-#: Set by the launchers for every process where the user left it unset (see :class:`PsLog`).
+#: Set by the launchers for every process where the user left it unset (see
+#: :class:`PsLog`).
 VERBOSE_ENV = {"PS_VERBOSE": "1"}
 
 _BIND = re.compile(r"van\.cc:\d+: Bind to role=\w+, (?:id=\d+, )?ip=(?P<ip>[^,\s]+), "
                    r"port=(?P<port>\d+)")
-# ps-lite's level-1 lines (van.cc, zmq_van.h of MXNet 1.9.1), hidden when the launcher, not the
-# user, asked for them.
+# ps-lite's level-1 lines (van.cc, zmq_van.h of MXNet 1.9.1), hidden when the launcher,
+# not the user, asked for them.
 _VERBOSE = re.compile(r"(?:van\.cc|zmq_van\.h):\d+: (?:Bind to |assign rank=|the scheduler is "
                       r"connected to |\S+ is connected to others|Barrier count for "
                       r"|\S+ is stopp(?:ing|ed)$)")
-# The scheduler's "assign rank=ID to node role=R, ip=I, port=P": ps-lite node ids are 8 + 2r for
-# server r and 9 + 2r for worker r (kvstore rank r), so this names every process's kvstore rank.
+# The scheduler's "assign rank=ID to node role=R, ip=I, port=P": ps-lite node ids are 8
+# + 2r for server r and 9 + 2r for worker r (kvstore rank r), so this names every
+# process's kvstore rank.
 _ASSIGN = re.compile(r"van\.cc:\d+: assign rank=(?P<id>\d+) to node role=(?P<role>server|worker), "
                      r"ip=(?P<ip>[^,\s]+), port=(?P<port>\d+)")
 _ABORT = re.compile(r"(?P<line>van\.cc:\d+): Check failed: (?:pb\.ParseFromArray\(meta_buf, "
@@ -55,8 +58,8 @@ def verbose_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 class PsLog:
-    """Reads one supervised process's output (or one ``mpirun``'s/``srun``'s, which carries
-    several processes' lines) for :data:`_BIND` and :data:`_ABORT`.
+    """Reads one supervised process's output (or one ``mpirun``'s/``srun``'s, which
+    carries several processes' lines) for :data:`_BIND` and :data:`_ABORT`.
 
     Args:
         hide_verbose: drop ps-lite's level-1 lines from the shown output (the launcher set

@@ -1,10 +1,11 @@
 """Whether a job's hosts answer: what names a partitioned host in a failure or a stall.
 
-:func:`unreachable` is a TCP connect to a host's ssh port with a short timeout: an answer, even
-a refusal, means the host is up and reachable from here; silence or "no route" means it is not.
-:func:`ssh_fails` asks more: that ``ssh host true`` succeeds within a few seconds, which is what
-an ``--elastic`` ssh job asks of every host before a restart (a host that answers a connect but
-cannot run the job's processes is no host for it). Importing this module does not import MXNet.
+:func:`unreachable` is a TCP connect to a host's ssh port with a short timeout: an
+answer, even a refusal, means the host is up and reachable from here; silence or "no
+route" means it is not. :func:`ssh_fails` asks more: that ``ssh host true`` succeeds
+within a few seconds, which is what an ``--elastic`` ssh job asks of every host before a
+restart (a host that answers a connect but cannot run the job's processes is no host for
+it). Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ SSH_PROBE_TIMEOUT = 5.0
 
 
 def unreachable(host: str, port: int = 22, timeout: float = PROBE_TIMEOUT) -> str | None:
-    """``None`` if ``host`` answers a TCP connect to ``port`` (accepted or refused) within
-    ``timeout`` s, else why not, e.g. ``"no answer on port 22 within 2 s"``."""
+    """``None`` if ``host`` answers a TCP connect to ``port`` (accepted or refused)
+    within ``timeout`` s, else why not, e.g. ``"no answer on port 22 within 2 s"``."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return None
@@ -34,15 +35,16 @@ def unreachable(host: str, port: int = 22, timeout: float = PROBE_TIMEOUT) -> st
 
 def unreachable_hosts(hosts: Mapping[str, int], timeout: float = PROBE_TIMEOUT
                       ) -> dict[str, str]:
-    """:func:`unreachable` for every host at once (threads): ``{host: why}`` of those that did
-    not answer; takes at most ``timeout`` s (+ thread start)."""
+    """:func:`unreachable` for every host at once (threads): ``{host: why}`` of those
+    that did not answer; takes at most ``timeout`` s (+ thread start)."""
     return each_host(hosts, lambda host, port: unreachable(host, port, timeout), timeout)
 
 
 def ssh_run(host: str, port: int, command: str, timeout: float
             ) -> subprocess.CompletedProcess[str] | str:
-    """``ssh -p port host command`` (the ``ssh`` on PATH, non-interactive: no password prompt,
-    no host-key question), or why it gave no exit status within ``timeout`` s."""
+    """``ssh -p port host command`` (the ``ssh`` on PATH, non-interactive: no password
+    prompt, no host-key question), or why it gave no exit status within ``timeout`` s.
+    """
     cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
            "-o", f"ConnectTimeout={max(1, int(timeout))}", "-p", str(port), host, command]
     try:
@@ -66,15 +68,15 @@ def ssh_fails(host: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> 
 
 
 def ssh_silent(hosts: Mapping[str, int], timeout: float = SSH_PROBE_TIMEOUT) -> dict[str, str]:
-    """:func:`ssh_fails` for every host at once: ``{host: why}`` of those that did not let
-    ``ssh host true`` through; takes at most ``timeout`` s (+ thread start)."""
+    """:func:`ssh_fails` for every host at once: ``{host: why}`` of those that did not
+    let ``ssh host true`` through; takes at most ``timeout`` s (+ thread start)."""
     return each_host(hosts, lambda host, port: ssh_fails(host, port, timeout), timeout)
 
 
 def each_host(hosts: Mapping[str, int], fails: Callable[[str, int], str | None],
           timeout: float) -> dict[str, str]:
-    """``fails(host, port)`` for every host in threads of its own; ``{host: why}`` of the
-    hosts it gave a reason for, or that had no verdict after ``timeout`` + 1 s."""
+    """``fails(host, port)`` for every host in threads of its own; ``{host: why}`` of
+    the hosts it gave a reason for, or that had no verdict after ``timeout`` + 1 s."""
     found: dict[str, str] = {}
     lock = threading.Lock()
 

@@ -1,9 +1,9 @@
 """The one place a backend is looked up by its ``--launcher`` name.
 
-:data:`REGISTRY` maps each name that works to its class (:mod:`mxlarge.launcher.backends`);
-sge and yarn, which dmlc_tracker also names, are refused with the reason
-(:data:`UNSUPPORTED`). Everything else asks the backend object, never its name. Importing this
-module does not import MXNet.
+:data:`REGISTRY` maps each name that works to its class
+(:mod:`mxlarge.launcher.backends`); sge and yarn, which dmlc_tracker also names, are
+refused with the reason (:data:`UNSUPPORTED`). Everything else asks the backend object,
+never its name. Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ UNSUPPORTED: dict[str, str] = {
 
 
 def launcher_choice(name: str) -> str:
-    """``--launcher NAME`` (an argparse ``type``): a backend that works; sge and yarn are
-    refused with the reason (:data:`UNSUPPORTED`)."""
+    """``--launcher NAME`` (an argparse ``type``): a backend that works; sge and yarn
+    are refused with the reason (:data:`UNSUPPORTED`)."""
     if name in UNSUPPORTED:
         raise argparse.ArgumentTypeError(f"{name!r} is not supported: {UNSUPPORTED[name]}")
     if name not in BACKENDS:

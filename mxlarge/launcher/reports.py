@@ -1,11 +1,12 @@
 """The launcher's one reader of what workers report beyond being alive.
 
-While the job runs, :class:`WorkerReports` reads the step parts in the workers' heartbeats
-(:attr:`~mxlarge.protocol.heartbeat.Record.parts`) and names stragglers
-(:mod:`mxlarge.launcher.straggler`). When the job is over, it merges the timeline files the
-workers left in the job's report directory (:mod:`mxlarge.protocol.reports`,
-:mod:`mxlarge.timeline.trace`). It works beside the stall watchdog, not inside it: the stall
-rule may be off (``--stall-timeout 0``) and stragglers and timelines are still there.
+While the job runs, :class:`WorkerReports` reads the step parts in the workers'
+heartbeats (:attr:`~mxlarge.protocol.heartbeat.Record.parts`) and names stragglers
+(:mod:`mxlarge.launcher.straggler`). When the job is over, it merges the timeline files
+the workers left in the job's report directory (:mod:`mxlarge.protocol.reports`,
+:mod:`mxlarge.timeline.trace`). It works beside the stall watchdog, not inside it: the
+stall rule may be off (``--stall-timeout 0``) and stragglers and timelines are still
+there.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ class WorkerReports:
 
     def poll(self) -> None:
         """At each poll of the supervision loop: the heartbeats read (at most every
-        :data:`~mxlarge.launcher.watchdog.READ_EVERY` s, the watchdog's pace) and judged for
-        stragglers."""
+        :data:`~mxlarge.launcher.watchdog.READ_EVERY` s, the watchdog's pace) and judged
+        for stragglers."""
         if self.heartbeats is None:
             return
         now = self.clock()

@@ -1,11 +1,12 @@
-"""Automatic restart of a whole job after a failure (``--max-restarts N``), as torchrun does.
+"""Automatic restart of a whole job after a failure (``--max-restarts N``), as torchrun
+does.
 
-A failed attempt is followed by a fresh launch of every process; the job's own checkpoints
-carry the state across. :class:`RestartPolicy` decides whether to restart (at most ``N``; never
-twice for the same failure at the same step; never after an interrupt or a success),
-:class:`Elastic` which world fits the hosts that answer (``--elastic``), and
-:class:`RestartPlan` what each attempt runs. The rules and why: docs/design/launcher.md
-("Restarts"). Importing this module does not import MXNet.
+A failed attempt is followed by a fresh launch of every process; the job's own
+checkpoints carry the state across. :class:`RestartPolicy` decides whether to restart
+(at most ``N``; never twice for the same failure at the same step; never after an
+interrupt or a success), :class:`Elastic` which world fits the hosts that answer
+(``--elastic``), and :class:`RestartPlan` what each attempt runs. The rules and why:
+docs/design/launcher.md ("Restarts"). Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -128,11 +129,12 @@ def run_with_restarts(attempt: Callable[[int], Outcome], policy: RestartPolicy,
                       replan: Callable[[], str | None] | None = None) -> Outcome:
     """Runs ``attempt(0)``, then ``attempt(1)``, ... while failures are to be restarted.
 
-    ``on_failure(failure, restarts, gave_up)`` is told of each failure, with the restarts
-    granted so far and, when the policy stops, why. ``replan()`` runs before each granted
-    restart (``--elastic``: :meth:`Elastic.replan`); a reason from it ends the job like the
-    policy's, and the restart is not counted. Returns the last attempt's outcome. With
-    ``max_restarts = 0`` this is ``attempt(0)`` and nothing more (no lines, no callback).
+    ``on_failure(failure, restarts, gave_up)`` is told of each failure, with the
+    restarts granted so far and, when the policy stops, why. ``replan()`` runs before
+    each granted restart (``--elastic``: :meth:`Elastic.replan`); a reason from it ends
+    the job like the policy's, and the restart is not counted. Returns the last
+    attempt's outcome. With ``max_restarts = 0`` this is ``attempt(0)`` and nothing more
+    (no lines, no callback).
     """
     number = 0
     while True:
@@ -226,8 +228,8 @@ class RestartPlan:
 
     def run(self, attempt: Callable[[Attempt], Outcome], emit: Callable[[str], None],
             on_failure: Callable[[Failure, int, str | None], None] | None = None) -> Outcome:
-        """:func:`run_with_restarts` of ``attempt`` over :meth:`attempt`'s choices (an elastic
-        job probes its hosts before each granted restart)."""
+        """:func:`run_with_restarts` of ``attempt`` over :meth:`attempt`'s choices (an
+        elastic job probes its hosts before each granted restart)."""
         return run_with_restarts(lambda number: attempt(self.attempt(number)), self.policy,
                                  emit, on_failure,
                                  self.elastic.replan if self.elastic is not None else None)

@@ -1,13 +1,14 @@
 """The scheduler-port claim: two jobs launched from one host at once get two ports.
 
-dmlc's ``PSTracker`` takes the first port from 9091 up that it can bind, closes it, and starts
-the scheduler, which binds it seconds later (after ``import mxnet``): a second job's tracker
-meanwhile finds the same port free, and its scheduler dies with ``bind failed``. While a job's
-tracker picks its port and until its scheduler listens there, the launcher holds a lock file of
-this user's on this machine (:data:`PORT_LOCK`), so the next tracker finds the port taken.
+dmlc's ``PSTracker`` takes the first port from 9091 up that it can bind, closes it, and
+starts the scheduler, which binds it seconds later (after ``import mxnet``): a second
+job's tracker meanwhile finds the same port free, and its scheduler dies with ``bind
+failed``. While a job's tracker picks its port and until its scheduler listens there,
+the launcher holds a lock file of this user's on this machine (:data:`PORT_LOCK`), so
+the next tracker finds the port taken.
 
-Whether the scheduler listens is read from ``/proc/net/tcp{,6}`` (:func:`listening`), so nothing
-races the scheduler for the port. Importing this module does not import MXNet.
+Whether the scheduler listens is read from ``/proc/net/tcp{,6}`` (:func:`listening`), so
+nothing races the scheduler for the port. Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ SCHEDULER_LISTEN_TIMEOUT = 60.0
 
 
 def listening(port: int) -> bool:
-    """Whether a TCP socket of this network namespace listens on ``port`` (any address), read
-    from ``/proc/net/tcp{,6}`` (state 0A), so nothing races the scheduler for the port."""
+    """Whether a TCP socket of this network namespace listens on ``port`` (any address),
+    read from ``/proc/net/tcp{,6}`` (state 0A), so nothing races the scheduler for the
+    port."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -43,8 +45,9 @@ def listening(port: int) -> bool:
 
 @contextlib.contextmanager
 def claimed_scheduler_port(tracker: ModuleType) -> Iterator[None]:
-    """Make ``tracker.PSTracker`` hold :data:`PORT_LOCK` from choosing its port until its
-    scheduler listens there (or has ended, or :data:`SCHEDULER_LISTEN_TIMEOUT` passed)."""
+    """Make ``tracker.PSTracker`` hold :data:`PORT_LOCK` from choosing its port until
+    its scheduler listens there (or has ended, or :data:`SCHEDULER_LISTEN_TIMEOUT`
+    passed)."""
     import fcntl
 
     original = tracker.PSTracker

@@ -1,11 +1,12 @@
-"""What the Slurm backend asks Slurm: whether srun knows ``--overlap``, the allocation's nodes,
-which of them Slurm counts as not usable, whether the allocation is ending, and which nodes an
-elastic restart can run on (:func:`silent_nodes`).
+"""What the Slurm backend asks Slurm: whether srun knows ``--overlap``, the allocation's
+nodes, which of them Slurm counts as not usable, whether the allocation is ending, and
+which nodes an elastic restart can run on (:func:`silent_nodes`).
 
-Each is one short command (``srun --help``, ``scontrol show hostnames``, ``sinfo``, ``squeue``,
-``scontrol show config``) with a timeout; a Slurm that does not answer gives the conservative
-answer (no ``--overlap``, the unexpanded node list, no node known bad, "still running", the
-allocation as it started). Importing this module does not import MXNet.
+Each is one short command (``srun --help``, ``scontrol show hostnames``, ``sinfo``,
+``squeue``, ``scontrol show config``) with a timeout; a Slurm that does not answer gives
+the conservative answer (no ``--overlap``, the unexpanded node list, no node known bad,
+"still running", the allocation as it started). Importing this module does not import
+MXNet.
 """
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def _expand(nodelist: str) -> list[str]:
 
 
 def bad_nodes(nodes: list[str]) -> dict[str, str]:
-    """``{node: state}`` of the ``nodes`` Slurm counts as not usable: not responding (``*``
-    after the state, e.g. ``idle*``), down, drained or failed (``sinfo -N -o "%N %T"``)."""
+    """``{node: state}`` of the ``nodes`` Slurm counts as not usable: not responding
+    (``*`` after the state, e.g. ``idle*``), down, drained or failed (``sinfo -N -o "%N
+    %T"``)."""
     if not nodes:
         return {}
     try:
@@ -64,9 +66,9 @@ def bad_nodes(nodes: list[str]) -> dict[str, str]:
 
 
 def allocation_ending() -> str | None:
-    """Why this Slurm allocation is ending (``scancel``, a SIGTERM to ``salloc`` revoking it),
-    or ``None`` while it runs: then a failed step failed on its own (``--kill-on-bad-exit``
-    ends only the step)."""
+    """Why this Slurm allocation is ending (``scancel``, a SIGTERM to ``salloc``
+    revoking it), or ``None`` while it runs: then a failed step failed on its own
+    (``--kill-on-bad-exit`` ends only the step)."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         return None
@@ -93,10 +95,10 @@ def _query(*cmd: str) -> str | None:
 
 def silent_nodes(nodes: Sequence[str], timeout: float = PROBE_TIMEOUT) -> dict[str, str]:
     """``{node: why}`` of the ``nodes`` a new job step cannot run on: no longer in the
-    allocation (Slurm removed a failed node from a ``--no-kill`` allocation), not usable to
-    Slurm (:func:`bad_nodes`), or whose slurmd accepts no TCP connection at its ``NodeAddr``
-    and ``SlurmdPort`` within ``timeout`` s (Slurm counts a cut-off node as not responding only
-    after ``SlurmdTimeout``); all nodes probed at once."""
+    allocation (Slurm removed a failed node from a ``--no-kill`` allocation), not usable
+    to Slurm (:func:`bad_nodes`), or whose slurmd accepts no TCP connection at its
+    ``NodeAddr`` and ``SlurmdPort`` within ``timeout`` s (Slurm counts a cut-off node as
+    not responding only after ``SlurmdTimeout``); all nodes probed at once."""
     job = os.environ.get("SLURM_JOB_ID")
     current = _query("squeue", "-h", "-j", job, "-o", "%N") if job else None
     held = set(_expand(current.strip())) if current and current.strip() else set(nodes)

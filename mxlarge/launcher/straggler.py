@@ -1,36 +1,38 @@
-"""Stragglers named: a worker whose part of the step stays slower than the other workers', with
-what it costs them.
+"""Stragglers named: a worker whose part of the step stays slower than the other
+workers', with what it costs them.
 
 Every worker's heartbeat carries the medians (ms) of its recent sampled steps
 (:attr:`~mxlarge.protocol.heartbeat.Record.parts`: ``data``, ``compute``, ``exchange``,
-``update``, ``step``, ``n``) and the newest sampled step's number ``at`` and the wall-clock time
-``end`` its exchange ended. For rank r, a part p of ``data``, ``compute``, ``update`` and m(x)
-the median of x over the other ranks:
+``update``, ``step``, ``n``) and the newest sampled step's number ``at`` and the
+wall-clock time ``end`` its exchange ended. For rank r, a part p of ``data``,
+``compute``, ``update`` and m(x) the median of x over the other ranks:
 
     ratio = r.p / m(p),   excess = r.p - m(p),   wait = max(0, m(exchange) - r.exchange) / m(step)
 
-(on dist_sync the others wait at the exchange for r's push: ``wait`` is the share of their step
-spent waiting beyond what r itself waits). The part ``link`` is r's lag: at the newest step s
-every rank sampled,
+(on dist_sync the others wait at the exchange for r's push: ``wait`` is the share of
+their step spent waiting beyond what r itself waits). The part ``link`` is r's lag: at
+the newest step s every rank sampled,
 
     excess = lag = r.end(s) - m(end(s)),   ratio = 1 + lag / m(step),   wait = lag / m(step)
 
-(the rank whose pulled sums arrive last starts its next step last, and the others wait for its
-push that much; exchange durations are the same on every rank, docs/design/launcher.md).
+(the rank whose pulled sums arrive last starts its next step last, and the others wait
+for its push that much; exchange durations are the same on every rank,
+docs/design/launcher.md).
 
-Each heartbeat of r that has advanced is one :class:`Look`. r is slow in p when, over its looks
-of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the medians say it
-holds the others back: ratio >= :attr:`Rules.onset`, excess >= :attr:`Rules.min_ms` and >=
-:attr:`Rules.min_share` of m(step), wait >= :attr:`Rules.min_wait`. An episode
-(:class:`Episode`) begins, named for the first such part in the order of :data:`SLOW_PARTS` (a busy
-host slows every part: it is named for its forward+backward), with the medians of its looks
-of the last quarter of that span (how slow it is now). It ends when
-one of the four medians falls below half its floor (the ratio: below :attr:`Rules.recover`).
-Only windows of at least :attr:`Rules.samples` sampled steps are judged, only while every
-worker trains. Why these rules, with the noise they are set against: "Stragglers" in
-docs/design/launcher.md.
+Each heartbeat of r that has advanced is one :class:`Look`. r is slow in p when, over
+its looks of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the
+medians say it holds the others back: ratio >= :attr:`Rules.onset`, excess >=
+:attr:`Rules.min_ms` and >= :attr:`Rules.min_share` of m(step), wait >=
+:attr:`Rules.min_wait`. An episode (:class:`Episode`) begins, named for the first such
+part in the order of :data:`SLOW_PARTS` (a busy host slows every part: it is named for
+its forward+backward), with the medians of its looks of the last quarter of that span
+(how slow it is now). It ends when one of the four medians falls below half its floor
+(the ratio: below :attr:`Rules.recover`). Only windows of at least :attr:`Rules.samples`
+sampled steps are judged, only while every worker trains. Why these rules, with the
+noise they are set against: "Stragglers" in docs/design/launcher.md.
 
-:func:`judge` is the pure rule; :class:`Stragglers` is the supervision loop's keeper of it.
+:func:`judge` is the pure rule; :class:`Stragglers` is the supervision loop's keeper of
+it.
 """
 from __future__ import annotations
 
@@ -77,8 +79,8 @@ class Rules:
 
 @dataclass(frozen=True)
 class Episode:
-    """One worker slow in one part, from the step the job had completed when it was named
-    (``step``) to the one it recovered at (``ended``, None while it lasts).
+    """One worker slow in one part, from the step the job had completed when it was
+    named (``step``) to the one it recovered at (``ended``, None while it lasts).
 
     Attributes:
         rank, host, pid: the worker (kvstore rank).
@@ -98,16 +100,16 @@ class Episode:
     ended: int | None = None
 
     def line(self) -> str:
-        """``straggler: worker rank 1 (pid 7) on h2: forward+backward 2.1× the median; the
-        other ranks wait 38% of each step for it`` (a link: ``its exchange ends 26 ms after
-        the others' (a slow link)``)."""
+        """``straggler: worker rank 1 (pid 7) on h2: forward+backward 2.1× the median;
+        the other ranks wait 38% of each step for it`` (a link: ``its exchange ends 26
+        ms after the others' (a slow link)``)."""
         return (f"straggler: {self._who()}: {self._what()}; the other ranks wait "
                 f"{100 * self.wait:.0f}% of each step for it")
 
     def recovered_line(self) -> str:
-        """``straggler recovered: worker rank 1 (pid 7) on h2: forward+backward back near the
-        median at step 900 (slow from step 300)`` (a link: ``its exchange ends with the
-        others' again``)."""
+        """``straggler recovered: worker rank 1 (pid 7) on h2: forward+backward back
+        near the median at step 900 (slow from step 300)`` (a link: ``its exchange ends
+        with the others' again``)."""
         back = "ends with the others' again" if self.part == "link" else "back near the median"
         return (f"straggler recovered: {self._who()}: {SLOW_PARTS[self.part]} {back} at step "
                 f"{self.ended} (slow from step {self.step})")
@@ -129,9 +131,9 @@ class Episode:
 
 @dataclass(frozen=True)
 class Look:
-    """One new window of one rank against the other ranks' (module docstring): at time ``t``,
-    ``(ratio, excess, share, wait)`` of each part of :data:`SLOW_PARTS` it could be compared in
-    (``share``: the excess ÷ the others' median step)."""
+    """One new window of one rank against the other ranks' (module docstring): at time
+    ``t``, ``(ratio, excess, share, wait)`` of each part of :data:`SLOW_PARTS` it could
+    be compared in (``share``: the excess ÷ the others' median step)."""
 
     t: float
     parts: Mapping[str, tuple[float, float, float, float]]
@@ -139,8 +141,9 @@ class Look:
 
 def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: float,
          lag: float | None = None) -> Look:
-    """``mine`` against the median of ``others`` at time ``t``, with its ``lag`` (ms) if known
-    (the module docstring's formulas; a part the others spend no time in has ratio 1)."""
+    """``mine`` against the median of ``others`` at time ``t``, with its ``lag`` (ms) if
+    known (the module docstring's formulas; a part the others spend no time in has ratio
+    1)."""
     ref = {k: statistics.median(o[k] for o in others)
            for k in ("data", "compute", "update", "exchange", "step")}
     step = ref["step"] if ref["step"] > 0 else float("inf")
@@ -153,8 +156,8 @@ def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: fl
 
 
 def lag(ends: Mapping[int, Mapping[int, float]], rank: int) -> float | None:
-    """``rank``'s lag in ms at the newest step every rank in ``ends`` (rank -> sampled step ->
-    wall-clock seconds its exchange ended) sampled; None without such a step."""
+    """``rank``'s lag in ms at the newest step every rank in ``ends`` (rank -> sampled
+    step -> wall-clock seconds its exchange ended) sampled; None without such a step."""
     common = set.intersection(*(set(e) for e in ends.values()))
     if not common:
         return None
@@ -163,8 +166,8 @@ def lag(ends: Mapping[int, Mapping[int, float]], rank: int) -> float | None:
 
 
 def medians(looks: Sequence[Look], part: str) -> tuple[float, float, float, float] | None:
-    """The medians of ``(ratio, excess, share, wait)`` in ``part`` over ``looks``; None when
-    none of them has it."""
+    """The medians of ``(ratio, excess, share, wait)`` in ``part`` over ``looks``; None
+    when none of them has it."""
     seen = [lk.parts[part] for lk in looks if part in lk.parts]
     if not seen:
         return None
@@ -173,9 +176,9 @@ def medians(looks: Sequence[Look], part: str) -> tuple[float, float, float, floa
 
 
 def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float, float] | None:
-    """The first part of :data:`SLOW_PARTS` the medians of ``looks`` say is slow (module docstring)
-    over at least :attr:`Rules.hold` looks, as ``(part, ratio, excess, wait)``; None when
-    none is."""
+    """The first part of :data:`SLOW_PARTS` the medians of ``looks`` say is slow (module
+    docstring) over at least :attr:`Rules.hold` looks, as ``(part, ratio, excess,
+    wait)``; None when none is."""
     for part in SLOW_PARTS:
         found = medians(looks, part)
         if found is None or sum(part in lk.parts for lk in looks) < rules.hold:
@@ -188,8 +191,8 @@ def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float, flo
 
 
 def recovered(looks: Sequence[Look], part: str, rules: Rules) -> bool:
-    """Whether the medians of ``looks`` in ``part`` are back: ratio < :attr:`Rules.recover`,
-    or the excess, its share or the wait below half its floor."""
+    """Whether the medians of ``looks`` in ``part`` are back: ratio <
+    :attr:`Rules.recover`, or the excess, its share or the wait below half its floor."""
     found = medians(looks, part)
     if found is None:
         return False
@@ -200,9 +203,9 @@ def recovered(looks: Sequence[Look], part: str, rules: Rules) -> bool:
 
 @dataclass(frozen=True)
 class State:
-    """What :func:`judge` remembers between calls: each rank's steps done at its last look,
-    its looks of the last :attr:`Rules.seconds` (and the newest one before), its last
-    :data:`ENDS_KEPT` sampled steps' exchange ends, and its open episode."""
+    """What :func:`judge` remembers between calls: each rank's steps done at its last
+    look, its looks of the last :attr:`Rules.seconds` (and the newest one before), its
+    last :data:`ENDS_KEPT` sampled steps' exchange ends, and its open episode."""
 
     done: Mapping[int, int] = field(default_factory=dict)
     looks: Mapping[int, tuple[Look, ...]] = field(default_factory=dict)
@@ -212,8 +215,8 @@ class State:
 
 def judge(state: State, beats: Iterable[Record], now: float, rules: Rules = Rules()
           ) -> tuple[State, tuple[Episode, ...]]:
-    """One look at the workers' last heartbeats at time ``now`` (seconds): the new state and
-    the episodes that began (``ended`` None) or ended (``ended`` set) at it (module
+    """One look at the workers' last heartbeats at time ``now`` (seconds): the new state
+    and the episodes that began (``ended`` None) or ended (``ended`` set) at it (module
     docstring)."""
     beats = list(beats)
     windows = {b.rank: b.parts for b in beats
@@ -243,7 +246,8 @@ def judge(state: State, beats: Iterable[Record], now: float, rules: Rules = Rule
             if recovered(looks, episodes[rank].part, rules):
                 changes.append(dataclasses.replace(episodes.pop(rank), ended=step))
         elif (found := slowest(looks, rules)) is not None:
-            # named with how slow it is now: the span's medians only just crossed the floors
+            # named with how slow it is now: the span's medians only just crossed the
+            # floors
             recent = [lk for lk in looks if lk.t >= now - rules.seconds / 4]
             ratio, excess, _, wait = medians(recent, found[0]) or found
             b = by_rank[rank]
@@ -254,9 +258,10 @@ def judge(state: State, beats: Iterable[Record], now: float, rules: Rules = Rule
 
 
 class Stragglers:
-    """The supervision loop's keeper of :func:`judge`: :meth:`see` the workers' heartbeats at
-    each poll; each episode's line goes to ``emit`` when it begins and when it ends; every
-    episode of the job is in :attr:`episodes`, in the order they began."""
+    """The supervision loop's keeper of :func:`judge`: :meth:`see` the workers'
+    heartbeats at each poll; each episode's line goes to ``emit`` when it begins and
+    when it ends; every episode of the job is in :attr:`episodes`, in the order they
+    began."""
 
     def __init__(self, emit: Callable[[str], None], rules: Rules = Rules(),
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -1,12 +1,12 @@
-"""The supervision every backend runs: children in process groups of their own, their output
-as ``[label] line``, the one loop (:func:`supervise`) that ends a job with one
+"""The supervision every backend runs: children in process groups of their own, their
+output as ``[label] line``, the one loop (:func:`supervise`) that ends a job with one
 :class:`~mxlarge.launcher.outcome.Outcome`, and teardown.
 
 What the loop asks of a running job is :class:`Supervised`, which each backend provides
 (:class:`~mxlarge.launcher.backends.local.LocalRun`,
-:class:`~mxlarge.launcher.backends.dmlc.DmlcRun`); a stall and a worker stuck in its exit are
-judged by one rule for all (:mod:`mxlarge.launcher.verdict`). Why ``waitid(WNOWAIT)`` and
-process groups: ``docs/design/launcher.md`` (Supervision).
+:class:`~mxlarge.launcher.backends.dmlc.DmlcRun`); a stall and a worker stuck in its
+exit are judged by one rule for all (:mod:`mxlarge.launcher.verdict`). Why
+``waitid(WNOWAIT)`` and process groups: ``docs/design/launcher.md`` (Supervision).
 """
 from __future__ import annotations
 
@@ -32,19 +32,23 @@ from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.protocol.heartbeat import read_all
 
 # How often the supervision loops look at their children. Small enough that a failure is
-# noticed well within a second, large enough to cost nothing next to MXNet's own threads.
+# noticed well within a second, large enough to cost nothing next to MXNet's own
+# threads.
 POLL_INTERVAL = 0.05
 
-# After SIGKILL a process normally vanishes within milliseconds; this only bounds pathological
-# cases (uninterruptible sleep on a dead NFS mount) so that teardown itself can never hang.
+# After SIGKILL a process normally vanishes within milliseconds; this only bounds
+# pathological cases (uninterruptible sleep on a dead NFS mount) so that teardown itself
+# can never hang.
 _KILL_WAIT = 5.0
 
-# Lines of each child's output kept in memory: the evidence of a failure (``Child.tail``).
+# Lines of each child's output kept in memory: the evidence of a failure
+# (``Child.tail``).
 TAIL_LINES = 200
-# How long a failure report waits for the failed child's last lines (see failure_message).
+# How long a failure report waits for the failed child's last lines (see
+# failure_message).
 _DRAIN_WAIT = 1.0
-# How long the teardown gives ssh, mpirun and srun to pass the lease's teardown word on to the
-# guards before they are signalled (a lease byte arrives within milliseconds).
+# How long the teardown gives ssh, mpirun and srun to pass the lease's teardown word on
+# to the guards before they are signalled (a lease byte arrives within milliseconds).
 _TEARDOWN_WORD = 0.5
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -78,22 +82,23 @@ def describe_status(status: int) -> str:
 
 
 def process_label(role: str, rank: int | None, launch: int | None) -> str:
-    """How the launcher names one process, in its output's ``[label]``, its failure line and the
-    headings of its evidence: ``worker 1`` by its kvstore rank, ``worker 1 (launch 0)`` where
-    its launch index differs, ``worker (launch 0)`` while the rank is not known, ``scheduler``
-    (no number)."""
+    """How the launcher names one process, in its output's ``[label]``, its failure line
+    and the headings of its evidence: ``worker 1`` by its kvstore rank, ``worker 1
+    (launch 0)`` where its launch index differs, ``worker (launch 0)`` while the rank is
+    not known, ``scheduler`` (no number)."""
     if rank is None:
         return role if launch is None else f"{role} (launch {launch})"
     return f"{role} {rank}" if launch in (None, rank) else f"{role} {rank} (launch {launch})"
 
 
 def failure_message(child: Child) -> str:
-    """The one line that names a failed child by its label
-    (``worker 1 (launch 0) exited with signal 9 (SIGKILL)``), followed by the cause when its
-    output told one (:meth:`PsLog.cause`)."""
+    """The one line that names a failed child by its label (``worker 1 (launch 0) exited
+    with signal 9 (SIGKILL)``), followed by the cause when its output told one
+    (:meth:`PsLog.cause`)."""
     assert child.status is not None
-    # The exit is seen by waitid, the output by the pump thread: let the pump read what the
-    # process wrote before it died (the pipe ends with it, unless a grandchild still holds it).
+    # The exit is seen by waitid, the output by the pump thread: let the pump read what
+    # the process wrote before it died (the pipe ends with it, unless a grandchild still
+    # holds it).
     child.join_pump(timeout=_DRAIN_WAIT)
     line = f"{child.label} exited with {describe_status(child.status)}"
     cause = child.pslog.cause()
@@ -114,9 +119,9 @@ class LineSink:
 
     def emit(self, label: str, text: str) -> None:
         """Write one prefixed line. A closed output (``ValueError``) or a broken one
-        (``OSError``: EPIPE, a full disk) drops the line instead of raising: the pumps must keep
-        draining the children's pipes, or the children would block on a full pipe. Any other
-        exception is a bug in the output object and propagates."""
+        (``OSError``: EPIPE, a full disk) drops the line instead of raising: the pumps
+        must keep draining the children's pipes, or the children would block on a full
+        pipe. Any other exception is a bug in the output object and propagates."""
         with self._lock:
             try:
                 self._out.write(f"[{label}] {text}\n")
@@ -128,13 +133,13 @@ class LineSink:
 
 
 class Child:
-    """One supervised process (the leader of its own process group); ``tail`` holds its last
-    :data:`TAIL_LINES` lines of output.
+    """One supervised process (the leader of its own process group); ``tail`` holds its
+    last :data:`TAIL_LINES` lines of output.
 
-    One process of a server or worker (``index`` its launch index) is labelled by its kvstore
-    rank once ``ranks`` tells it (:func:`process_label`; ``where`` follows, e.g. ``" via ssh
-    h:22"``), which its output's lines are checked for until then; a ``label`` given is kept
-    (one mpirun or srun for every process of a role).
+    One process of a server or worker (``index`` its launch index) is labelled by its
+    kvstore rank once ``ranks`` tells it (:func:`process_label`; ``where`` follows, e.g.
+    ``" via ssh h:22"``), which its output's lines are checked for until then; a
+    ``label`` given is kept (one mpirun or srun for every process of a role).
     """
 
     def __init__(self, role: str, index: int | None, label: str | None,
@@ -230,7 +235,8 @@ class Child:
 
 
 class Supervisor:
-    """Starts children in their own process groups, streams their output, tears them down.
+    """Starts children in their own process groups, streams their output, tears them
+    down.
 
     Args:
         output: text stream that receives every child's output, one ``[label] line`` per line.
@@ -263,12 +269,13 @@ class Supervisor:
               env: Mapping[str, str] | None = None, shell: bool = False,
               executable: str | None = None, label: str | None = None, where: str = "",
               lease: bool = False) -> Child:
-        """Start a child in a new session with stdout and stderr merged into one pipe, labelled
-        ``label``, else by its role, launch index and, once known, kvstore rank (:class:`Child`,
-        :meth:`rank_of`), then ``where``.
+        """Start a child in a new session with stdout and stderr merged into one pipe,
+        labelled ``label``, else by its role, launch index and, once known, kvstore rank
+        (:class:`Child`, :meth:`rank_of`), then ``where``.
 
-        With ``lease``, the child's stdin is a pipe that gets the guard's lease bytes once its
-        guard has started (:class:`mxlarge.launcher.guard.Lease`); else it is ``/dev/null``.
+        With ``lease``, the child's stdin is a pipe that gets the guard's lease bytes
+        once its guard has started (:class:`mxlarge.launcher.guard.Lease`); else it is
+        ``/dev/null``.
 
         Raises:
             RuntimeError: if teardown has already begun (a late start would escape it).
@@ -289,10 +296,10 @@ class Supervisor:
         return child
 
     def rank_of(self, child: Child) -> int | None:
-        """The kvstore rank of the one process behind ``child``: 0 for the only one of its role,
-        else the scheduler's assignment of the address its own ps-lite Bind line names, else (a
-        worker) the heartbeat of its pid (its guard's pid and host for a remote one); None
-        while none tells."""
+        """The kvstore rank of the one process behind ``child``: 0 for the only one of
+        its role, else the scheduler's assignment of the address its own ps-lite Bind
+        line names, else (a worker) the heartbeat of its pid (its guard's pid and host
+        for a remote one); None while none tells."""
         if self.roles.get(child.role) == 1:
             return 0
         with self._lock:
@@ -312,8 +319,8 @@ class Supervisor:
         with self._lock:
             children = list(self.children)
         for child in children:
-            # Not "status is None": a helper thread (e.g. dmlc's, via wait_exit) may have seen
-            # the exit first, and that exit must still be recorded here.
+            # Not "status is None": a helper thread (e.g. dmlc's, via wait_exit) may
+            # have seen the exit first, and that exit must still be recorded here.
             if child.check() is not None and id(child) not in self._recorded:
                 self._recorded.add(id(child))
                 self._exit_order.append(child)
@@ -327,8 +334,8 @@ class Supervisor:
         return all(c.status is not None for c in self.children if role in (None, c.role))
 
     def teardown(self, grace: float) -> None:
-        """The lease's teardown word to the guards (:meth:`Lease.tear_down`), then SIGTERM to
-        every process group, SIGKILL to what is left after ``grace`` seconds.
+        """The lease's teardown word to the guards (:meth:`Lease.tear_down`), then
+        SIGTERM to every process group, SIGKILL to what is left after ``grace`` seconds.
 
         Idempotent and bounded: returns after at most ``grace`` + a few seconds.
         """
@@ -339,11 +346,13 @@ class Supervisor:
         if not live:
             return
         if self._lease is not None and self._lease.tear_down():
-            # the guards behind ssh, mpirun and srun say "teardown", not "connection lost"
+            # the guards behind ssh, mpirun and srun say "teardown", not "connection
+            # lost"
             time.sleep(_TEARDOWN_WORD)
         for pgid in live:
             signal_group(pgid, signal.SIGTERM)
-            # a stopped process (SIGSTOP, a stalled job) acts on SIGTERM only once continued
+            # a stopped process (SIGSTOP, a stalled job) acts on SIGTERM only once
+            # continued
             signal_group(pgid, signal.SIGCONT)
         deadline = time.monotonic() + grace
         while live and time.monotonic() < deadline:
@@ -364,7 +373,8 @@ class Supervisor:
         if self._lease is not None:
             self._lease.close()
         for child in self.children:
-            # a lease pipe whose guard never started was never leased: closed here, not by GC
+            # a lease pipe whose guard never started was never leased: closed here, not
+            # by GC
             if child.popen.stdin is not None:
                 with contextlib.suppress(OSError):
                     child.popen.stdin.close()
@@ -379,23 +389,25 @@ class Supervisor:
 
 
 class Supervised(Protocol):
-    """A running job as the supervision loop (:func:`supervise`) asks it: the loop decides when
-    to ask, the backend's run object what the answer is."""
+    """A running job as the supervision loop (:func:`supervise`) asks it: the loop
+    decides when to ask, the backend's run object what the answer is."""
 
     def explain(self, child: Child) -> Outcome:
-        """The first child seen to fail → the outcome naming the process behind it (the child
-        itself on loopback; for ssh, mpirun and srun the remote process they report)."""
+        """The first child seen to fail → the outcome naming the process behind it (the
+        child itself on loopback; for ssh, mpirun and srun the remote process they
+        report)."""
 
     def terminated(self, sig: int) -> Outcome:
         """The launcher received signal ``sig`` → the outcome of the torn-down job."""
 
     def ending(self) -> bool:
-        """Whether the job is winding down, so that training can no longer fail it (local:
-        every worker exited; cluster: dmlc's ``submit`` returned)."""
+        """Whether the job is winding down, so that training can no longer fail it
+        (local: every worker exited; cluster: dmlc's ``submit`` returned)."""
 
     def ended(self, seconds: float) -> Outcome | None:
-        """Asked at each poll while ending, with the seconds since it began: the outcome once
-        the job is over (every process exited, or the rest overran their time), else None."""
+        """Asked at each poll while ending, with the seconds since it began: the outcome
+        once the job is over (every process exited, or the rest overran their time),
+        else None."""
 
 
 class JobState(enum.Enum):
@@ -410,9 +422,10 @@ def supervise(sup: Supervisor, backend: Supervised, watchdog: Watchdog | None,
               reports: WorkerReports | None = None,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Outcome:
-    """The one supervision loop of every backend (:func:`_supervise_loop`), its failed outcome
-    with the launcher's :func:`evidence`, and what ``reports`` collected while it ran
-    (:meth:`WorkerReports.conclude`: the stragglers named, the timeline merged)."""
+    """The one supervision loop of every backend (:func:`_supervise_loop`), its failed
+    outcome with the launcher's :func:`evidence`, and what ``reports`` collected while
+    it ran (:meth:`WorkerReports.conclude`: the stragglers named, the timeline merged).
+    """
     outcome = _supervise_loop(sup, backend, watchdog, stop, received, reports, clock=clock,
                               sleep=sleep)
     if reports is not None:
@@ -475,9 +488,10 @@ def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | N
 def termination_signals(stop: threading.Event, received: list[int]) -> Iterator[None]:
     """Turn SIGINT/SIGTERM/SIGHUP into ``stop.set()`` while the block runs.
 
-    The supervision loop then tears the job down instead of the launcher dying and orphaning its
-    children. Python only lets the main thread install handlers; elsewhere this does nothing and
-    the caller's own ``finally`` remains the safety net. Previous handlers are restored on exit.
+    The supervision loop then tears the job down instead of the launcher dying and
+    orphaning its children. Python only lets the main thread install handlers; elsewhere
+    this does nothing and the caller's own ``finally`` remains the safety net. Previous
+    handlers are restored on exit.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -495,6 +509,6 @@ def termination_signals(stop: threading.Event, received: list[int]) -> Iterator[
         yield
     finally:
         for sig, old in previous.items():
-            # ``None`` means the old handler was installed from C; the default is the best
-            # approximation Python can restore.
+            # ``None`` means the old handler was installed from C; the default is the
+            # best approximation Python can restore.
             signal.signal(sig, signal.SIG_DFL if old is None else old)

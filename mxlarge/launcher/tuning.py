@@ -12,19 +12,19 @@ from collections.abc import Mapping
 
 from mxlarge.kvstore import FUSION_BYTES
 
-#: glibc tunables: no ``mmap`` below 2 GB, never trim the heap below 4 GB free, grow it by
-#: 512 MB at a time (address space only: pages are touched when used).
+#: glibc tunables: no ``mmap`` below 2 GB, never trim the heap below 4 GB free, grow it
+#: by 512 MB at a time (address space only: pages are touched when used).
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000",
           "MALLOC_TOP_PAD_": "536870912"}
-#: Every role of every job: malloc, and every key of a bucket's size or more (every tensor
-#: that travels alone) sliced over all servers.
+#: Every role of every job: malloc, and every key of a bucket's size or more (every
+#: tensor that travels alone) sliced over all servers.
 COMMON = {**MALLOC, "MXNET_KVSTORE_BIGARRAY_BOUND": str(FUSION_BYTES // 4)}
 
 
 def local_role_env(role: str, workers: int, given: Mapping[str, str],
                    cores: int | None = None) -> dict[str, str]:
-    """The variables a local job's ``role`` process gets on top of ``given`` (its environment
-    so far); none that ``given`` already sets."""
+    """The variables a local job's ``role`` process gets on top of ``given`` (its
+    environment so far); none that ``given`` already sets."""
     cores = (os.cpu_count() or 1) if cores is None else cores
     threads = max(1, cores // workers) if role == "worker" else 1
     wanted = {**COMMON, "OMP_NUM_THREADS": str(threads)}

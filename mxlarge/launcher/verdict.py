@@ -1,6 +1,7 @@
-"""How the supervision loop judges a job from its workers' heartbeats and its children: a
-stall (:func:`stall_outcome`), a finished job stuck in its exit (:func:`exit_outcome`), and the
-evidence a failed outcome carries (:func:`evidence`); the same rules for every backend."""
+"""How the supervision loop judges a job from its workers' heartbeats and its children:
+a stall (:func:`stall_outcome`), a finished job stuck in its exit
+(:func:`exit_outcome`), and the evidence a failed outcome carries (:func:`evidence`);
+the same rules for every backend."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,13 +36,13 @@ class SupervisedChild(Protocol):
 def stall_outcome(watchdog: Watchdog | None, children: Iterable[SupervisedChild]) -> Outcome | None:
     """The watchdog's verdict while training runs, for every backend.
 
-    ``None`` while the job advances, with no watchdog, and once a worker (or its ssh, mpirun or
-    srun) has ended: a worker that ended has ended, its exit is the failure to name. A stall
-    names the first worker behind as a death names its process, on every backend: role, kvstore
-    rank, host and pid from its heartbeat, its launch index and last lines from the child that
-    carries it (a local worker or its ssh client: the one of its rank; mpirun, srun: the
-    role's one child, without a launch index); with no worker behind, the stopped process its
-    guard names, if any.
+    ``None`` while the job advances, with no watchdog, and once a worker (or its ssh,
+    mpirun or srun) has ended: a worker that ended has ended, its exit is the failure to
+    name. A stall names the first worker behind as a death names its process, on every
+    backend: role, kvstore rank, host and pid from its heartbeat, its launch index and
+    last lines from the child that carries it (a local worker or its ssh client: the one
+    of its rank; mpirun, srun: the role's one child, without a launch index); with no
+    worker behind, the stopped process its guard names, if any.
     """
     children = list(children)
     if watchdog is None or any(c.status is not None for c in children if c.role == "worker"):
@@ -70,11 +71,12 @@ def exit_outcome(watchdog: Watchdog | None, children: Iterable[SupervisedChild],
     """A job whose work is done, with a worker stuck in its exit: finished, not stalled.
 
     Every worker reported finished (after the store's last barrier:
-    :mod:`mxlarge.protocol.session`) :attr:`Watchdog.exit_grace` seconds ago or more, and a
-    worker is still running: ``emit`` gets one warning line naming those still running (rank,
-    host, pid; a worker on a remote host is named while the job has not ended, as the launcher
-    cannot see its process exit) and the outcome is the job finished (exit 0); the caller's
-    teardown ends what is left. ``None`` otherwise, and without a watchdog.
+    :mod:`mxlarge.protocol.session`) :attr:`Watchdog.exit_grace` seconds ago or more,
+    and a worker is still running: ``emit`` gets one warning line naming those still
+    running (rank, host, pid; a worker on a remote host is named while the job has not
+    ended, as the launcher cannot see its process exit) and the outcome is the job
+    finished (exit 0); the caller's teardown ends what is left. ``None`` otherwise, and
+    without a watchdog.
     """
     if watchdog is None:
         return None
@@ -103,11 +105,11 @@ EVIDENCE_LINES = 20
 
 def evidence(outcome: Outcome, children: Iterable[SupervisedChild], watchdog: Watchdog | None
              ) -> Outcome:
-    """A failed ``outcome`` (a crash or a stall) with what the launcher saw when it failed:
-    every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.LastBeat`) and every
-    process's last :data:`EVIDENCE_LINES` lines (:class:`~mxlarge.launcher.outcome.Tail`), for
-    the run's failure artifacts; any other outcome (a success, an interrupted launcher) is
-    returned as it is."""
+    """A failed ``outcome`` (a crash or a stall) with what the launcher saw when it
+    failed: every worker's last heartbeat (:class:`~mxlarge.launcher.outcome.LastBeat`)
+    and every process's last :data:`EVIDENCE_LINES` lines
+    (:class:`~mxlarge.launcher.outcome.Tail`), for the run's failure artifacts; any
+    other outcome (a success, an interrupted launcher) is returned as it is."""
     if outcome.reason is None:
         return outcome
     beats: tuple[LastBeat, ...] = ()

@@ -1,17 +1,18 @@
-"""The launcher's stall watchdog: "no worker advanced for T seconds" ends the job, named.
+"""The launcher's stall watchdog: "no worker advanced for T seconds" ends the job,
+named.
 
-It is also the launcher's reader of how far each worker got: the failure reports and the exit
-rule ask it, whether or not the stall rule is on (``--stall-timeout 0`` turns off the stall
-rule only).
+It is also the launcher's reader of how far each worker got: the failure reports and the
+exit rule ask it, whether or not the stall rule is on (``--stall-timeout 0`` turns off
+the stall rule only).
 
-ps-lite has no timeout on a silent peer: one stopped worker leaves every other process waiting
-in push/pull forever. The supervision loop of every backend
-(:func:`mxlarge.launcher.supervisor.supervise`) calls :meth:`Watchdog.check` on every poll; it
-reads the workers' heartbeat files (:mod:`mxlarge.protocol.heartbeat`) at most every
-:data:`READ_EVERY` seconds. The default timeout: max(:data:`MIN_TIMEOUT`, :data:`STEP_FACTOR` ×
-the median step time); busy phases get :data:`BUSY_FACTOR` × it, the first step
-:data:`START_FACTOR` × it. The rules (arming, start, busy phases, probe, finished, who is
-behind): "The stall watchdog's rules" in docs/design/launcher.md.
+ps-lite has no timeout on a silent peer: one stopped worker leaves every other process
+waiting in push/pull forever. The supervision loop of every backend
+(:func:`mxlarge.launcher.supervisor.supervise`) calls :meth:`Watchdog.check` on every
+poll; it reads the workers' heartbeat files (:mod:`mxlarge.protocol.heartbeat`) at most
+every :data:`READ_EVERY` seconds. The default timeout: max(:data:`MIN_TIMEOUT`,
+:data:`STEP_FACTOR` × the median step time); busy phases get :data:`BUSY_FACTOR` × it,
+the first step :data:`START_FACTOR` × it. The rules (arming, start, busy phases, probe,
+finished, who is behind): "The stall watchdog's rules" in docs/design/launcher.md.
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ START_FACTOR = 10.0
 FROZEN_AFTER = 5.0
 READ_EVERY = 0.5
 PROBE_EVERY = 5.0
-# Seconds a finished worker may take to exit: MXNet's shutdown took 0.9-2.2 s from the record
-# to the exit (10 workers of tests/scripts/exit_script.py on loopback, 2 cores at a load of 6.5).
+# Seconds a finished worker may take to exit: MXNet's shutdown took 0.9-2.2 s from the
+# record to the exit (10 workers of tests/scripts/exit_script.py on loopback, 2 cores at
+# a load of 6.5).
 EXIT_GRACE = 10.0
 # Exit code of a job the watchdog stopped (as coreutils' `timeout` does).
 STALL_EXIT = 124
@@ -58,8 +60,9 @@ STALL_HELP = ("stop the job when no worker advanced for this many seconds (defau
 
 
 def same_host(a: str, b: str) -> bool:
-    """Whether the names (or addresses) ``a`` and ``b`` are one host: equal, or resolving to
-    the same address here (a heartbeat's hostname against a hostfile's address)."""
+    """Whether the names (or addresses) ``a`` and ``b`` are one host: equal, or
+    resolving to the same address here (a heartbeat's hostname against a hostfile's
+    address)."""
     return a == b or (_address(a) or a) == (_address(b) or b)
 
 
@@ -73,9 +76,9 @@ def _address(host: str) -> str | None:
 
 @dataclass(frozen=True)
 class Stall:
-    """A stalled job: ``message`` is the one line for the user, ``behind`` the ranks named,
-    ``step`` the last step all workers had completed (the job's progress), ``stopped`` the
-    stopped process named when no worker is behind."""
+    """A stalled job: ``message`` is the one line for the user, ``behind`` the ranks
+    named, ``step`` the last step all workers had completed (the job's progress),
+    ``stopped`` the stopped process named when no worker is behind."""
 
     message: str
     behind: tuple[int, ...]
@@ -150,7 +153,8 @@ class Watchdog:
         self._probed_at = -float("inf")
         self.unreachable: dict[str, str] = {}  # the last probe's answer
 
-    # -- facts ------------------------------------------------------------------------------------
+    # -- facts
+    # ------------------------------------------------------------------------------------
     @property
     def timeout(self) -> float:
         """The stall timeout in force now."""
@@ -183,11 +187,12 @@ class Watchdog:
         return record.done if record is not None else None
 
     def record_of_pid(self, pid: int) -> Record | None:
-        """The last record of the worker with process id ``pid`` (its kvstore rank, host), if
-        any."""
+        """The last record of the worker with process id ``pid`` (its kvstore rank,
+        host), if any."""
         return next((s.record for s in self.seen.values() if s.record.pid == pid), None)
 
-    # -- judging ----------------------------------------------------------------------------------
+    # -- judging
+    # ----------------------------------------------------------------------------------
     def read(self, force: bool = False) -> None:
         """Takes in the current records (unless ``force``, at most one scan per READ_EVERY)."""
         now = self.clock()
@@ -281,13 +286,14 @@ class Watchdog:
             behind = sorted(frozen)
             why = "not responding (stopped, frozen or its machine is gone)"
         elif self.unreachable:
-            # the cut-off host's workers, never a healthy one: a worker that cannot reach a
-            # server holds everyone back, whoever issued the lowest step
+            # the cut-off host's workers, never a healthy one: a worker that cannot
+            # reach a server holds everyone back, whoever issued the lowest step
             behind = sorted(r for r, s in self.seen.items()
                             if any(same_host(s.record.host, h) for h in self.unreachable))
             why = "on a host that does not answer"
         elif self._stopped():
-            # a stopped server holds every worker, in a pull or a push whichever step it was
+            # a stopped server holds every worker, in a pull or a push whichever step it
+            # was
             behind = []
             why = ""
         else:

@@ -1,8 +1,8 @@
 """The one seam for everything that watches a training step: :class:`StepObserver`.
 
-Every step runs one sequence, whoever drives it (``TrainLoop``, ``Trainer.step`` or a script's
-own ``allreduce_grads()`` and ``update()``). The Trainer and its store tell their observers
-what happens, in this order:
+Every step runs one sequence, whoever drives it (``TrainLoop``, ``Trainer.step`` or a
+script's own ``allreduce_grads()`` and ``update()``). The Trainer and its store tell
+their observers what happens, in this order:
 
 1. ``step_begun(step)``: step ``step.t`` begins. The loop begins it before the forward and says
    how long it waited for the batch (``step.data``); a script's step begins at its exchange.
@@ -17,9 +17,10 @@ what happens, in this order:
 6. ``update_begun(step)`` and ``update_done(step, applied, weights)``: the optimizer update
    (``applied``: False when AMP skipped it for an overflow).
 
-Observers run in the order of their :attr:`StepObserver.stage`. They never hold one another:
-what one finds out travels on the :class:`Step` to the ones after it (``marked``, ``sample``,
-``parts``). A new observer is one class; docs/observers.md shows one.
+Observers run in the order of their :attr:`StepObserver.stage`. They never hold one
+another: what one finds out travels on the :class:`Step` to the ones after it
+(``marked``, ``sample``, ``parts``). A new observer is one class; docs/observers.md
+shows one.
 
 Imports nothing of MXNet: arrays pass through as the events' arguments.
 """
@@ -103,8 +104,8 @@ class StepObserver:
 
 @dataclass
 class Observers:
-    """The observers of one Trainer, called in the order of their stage (stable for equal
-    stages). Each event method calls every observer's method of that name."""
+    """The observers of one Trainer, called in the order of their stage (stable for
+    equal stages). Each event method calls every observer's method of that name."""
 
     members: list[StepObserver] = field(default_factory=list)
 

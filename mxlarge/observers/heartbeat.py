@@ -1,9 +1,11 @@
-"""The heartbeat as a step observer: what the launcher's watchdog and straggler rule read.
+"""The heartbeat as a step observer: what the launcher's watchdog and straggler rule
+read.
 
-At each step's exchange the worker's record says the step is on its way; once the update is
-done, a probe of its first weight (:func:`mxlarge.engine.probe`) goes to the heartbeat's
-watcher thread, which counts the step complete when the engine reaches it. The timing
-observer's medians (``step.parts``), when a step carries them, go into the next record.
+At each step's exchange the worker's record says the step is on its way; once the update
+is done, a probe of its first weight (:func:`mxlarge.engine.probe`) goes to the
+heartbeat's watcher thread, which counts the step complete when the engine reaches it.
+The timing observer's medians (``step.parts``), when a step carries them, go into the
+next record.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from mxlarge.protocol.heartbeat import HeartbeatWriter
 
 
 class HeartbeatObserver(StepObserver):
-    """Reports each step to ``writer`` (:class:`~mxlarge.protocol.heartbeat.HeartbeatWriter`),
-    and the worker's busy phases."""
+    """Reports each step to ``writer``
+    (:class:`~mxlarge.protocol.heartbeat.HeartbeatWriter`), and the worker's busy
+    phases."""
 
     stage = REPORT
 

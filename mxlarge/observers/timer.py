@@ -1,10 +1,10 @@
 """The per-rank step breakdown as a step observer: sampled steps timed part by part.
 
 MXNet's engine is asynchronous, so a clock read around a call measures when the call was
-issued, not when its work ran. Only *sampled* steps (:func:`mxlarge.breakdown.sampled`: one in
-:data:`~mxlarge.breakdown.EVERY`, the same step numbers on every rank) are timed, with an engine
-sync between the parts. A sampled step loses its overlap, so the cost is about 1/EVERY of what
-overlap saves (``breakdown_cost`` in ``make bench``).
+issued, not when its work ran. Only *sampled* steps (:func:`mxlarge.breakdown.sampled`:
+one in :data:`~mxlarge.breakdown.EVERY`, the same step numbers on every rank) are timed,
+with an engine sync between the parts. A sampled step loses its overlap, so the cost is
+about 1/EVERY of what overlap saves (``breakdown_cost`` in ``make bench``).
 
 The parts of a sampled step (:class:`~mxlarge.breakdown.Sample`):
 
@@ -17,8 +17,8 @@ The parts of a sampled step (:class:`~mxlarge.breakdown.Sample`):
   other rank);
 * ``update``: until the update is done (synced).
 
-A marked step (``step.marked``: a timeline records it) is never timed: it takes no engine sync.
-Neither is the process's first step, whose time is the warm-up's.
+A marked step (``step.marked``: a timeline records it) is never timed: it takes no
+engine sync. Neither is the process's first step, whose time is the warm-up's.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ from mxlarge.observers import TIME, Step, StepObserver
 
 class StepTimer(StepObserver):
     """Times sampled steps (module docstring); a timed step carries its
-    :class:`~mxlarge.breakdown.Sample` (``step.sample``) and the medians of the recent ones
-    (``step.parts``) to the observers after it.
+    :class:`~mxlarge.breakdown.Sample` (``step.sample``) and the medians of the recent
+    ones (``step.parts``) to the observers after it.
 
     Args:
         sync: waits until the engine is idle (``mx.nd.waitall``).
@@ -112,7 +112,7 @@ class StepTimer(StepObserver):
             step.sample = sample
             step.parts = self.window.record()
         elif step.data is None and not step.marked and sampled(step.t + 1):
-            # a script's step before a sampled one: its end is where the next one's compute
-            # begins
+            # a script's step before a sampled one: its end is where the next one's
+            # compute begins
             self.sync()
             self._script_end = (step.t + 1, time.perf_counter())

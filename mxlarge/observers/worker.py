@@ -27,7 +27,8 @@ def worker_observers(store: StoreFacts, heartbeat: Path | None, reports: Path | 
                      breakdown: bool | None) -> list[StepObserver]:
     """A worker's own observers: the timeline's :class:`Recorder` for ``timeline``, a
     :class:`StepTimer` when ``breakdown`` (None: in a dist worker with a ``heartbeat``
-    directory), and a :class:`HeartbeatObserver` writing to ``heartbeat`` in a dist worker.
+    directory), and a :class:`HeartbeatObserver` writing to ``heartbeat`` in a dist
+    worker.
 
     Raises:
         ValueError: a timeline outside a launched dist job (no ``reports`` directory).

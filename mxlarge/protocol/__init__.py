@@ -1,4 +1,5 @@
-"""The contract between the launcher and the processes it starts (the worker side of a job).
+"""The contract between the launcher and the processes it starts (the worker side of a
+job).
 
 Both sides import this package and nothing else of each other: the launcher
 (:mod:`mxlarge.launcher`) sits on top of the training code, and the training code

@@ -1,14 +1,17 @@
-"""Progress reports from workers to their launcher: one small file per rank, no KVStore traffic.
+"""Progress reports from workers to their launcher: one small file per rank, no KVStore
+traffic.
 
-The launcher gives every process of a job the directory :data:`ENV` (``MXLARGE_HEARTBEAT_DIR``);
-:func:`launched_dir` is its one reader, at a process's root. A worker writes
-``worker-<rank>.json`` there: a :class:`Record` padded to :data:`SIZE` bytes and rewritten in
-place with one ``pwrite`` (a reader sees an old or a new record, never a mix).
+The launcher gives every process of a job the directory :data:`ENV`
+(``MXLARGE_HEARTBEAT_DIR``); :func:`launched_dir` is its one reader, at a process's
+root. A worker writes ``worker-<rank>.json`` there: a :class:`Record` padded to
+:data:`SIZE` bytes and rewritten in place with one ``pwrite`` (a reader sees an old or a
+new record, never a mix).
 
-``done`` counts an update only once its result exists (:meth:`HeartbeatWriter.completes`: a
-watcher thread waits for it), and the training thread waits only when :data:`AHEAD` updates
-are unconfirmed. ``tick``, advanced by a writer thread every :data:`INTERVAL`, tells a running
-process from a stopped one. Why, and the costs measured: docs/design/session.md.
+``done`` counts an update only once its result exists
+(:meth:`HeartbeatWriter.completes`: a watcher thread waits for it), and the training
+thread waits only when :data:`AHEAD` updates are unconfirmed. ``tick``, advanced by a
+writer thread every :data:`INTERVAL`, tells a running process from a stopped one. Why,
+and the costs measured: docs/design/session.md.
 """
 from __future__ import annotations
 
@@ -26,18 +29,20 @@ from pathlib import Path
 from typing import Protocol
 
 ENV = "MXLARGE_HEARTBEAT_DIR"
-#: Updates a worker may have issued beyond the last one known complete; at more, the training
-#: thread waits until at most half as many are unconfirmed.
+#: Updates a worker may have issued beyond the last one known complete; at more, the
+#: training thread waits until at most half as many are unconfirmed.
 AHEAD = 8
 #: Seconds the watcher thread is given to end when the process exits.
 STOP_TIMEOUT = 5.0
 #: Seconds a failing worker gives its watcher to confirm the updates it handed over
-#: (:meth:`HeartbeatWriter.settle`), so that its last record names the step it failed at.
+#: (:meth:`HeartbeatWriter.settle`), so that its last record names the step it failed
+#: at.
 SETTLE = 2.0
 SIZE = 512
 INTERVAL = 1.0  # seconds between writes of one worker's record
-# The phase of a worker whose work is done: every worker passed the store's last barrier, what
-# is left is MXNet's shutdown (written at exit by mxlarge.protocol.session).
+# The phase of a worker whose work is done: every worker passed the store's last
+# barrier, what is left is MXNet's shutdown (written at exit by
+# mxlarge.protocol.session).
 FINISHED = "finished"
 
 
@@ -117,9 +122,9 @@ LAUNCHED = FromLauncher.DIR
 
 
 def launched_dir() -> Path | None:
-    """The heartbeat directory the launcher gave this process (:data:`ENV`), or ``None`` when
-    no launcher asked for heartbeats (a process not started by ``mxlarge launch`` or
-    ``python -m mxlarge.launcher``).
+    """The heartbeat directory the launcher gave this process (:data:`ENV`), or ``None``
+    when no launcher asked for heartbeats (a process not started by ``mxlarge launch``
+    or ``python -m mxlarge.launcher``).
 
     The one reader of :data:`ENV`; call it at a process's root and pass the result down.
     """
@@ -178,10 +183,11 @@ class HeartbeatWriter:
         self._thread.start()
 
     def step(self, done: int, issued: int) -> None:
-        """Record progress: updates before ``done`` are complete, ``issued`` is on its way.
+        """Record progress: updates before ``done`` are complete, ``issued`` is on its
+        way.
 
-        The first call starts this process's count (``here``): its ``issued`` is the step the
-        process started at (0, or a checkpoint's step), all before it complete.
+        The first call starts this process's count (``here``): its ``issued`` is the
+        step the process started at (0, or a checkpoint's step), all before it complete.
         """
         with self._cv:
             if self._first is None:
@@ -204,11 +210,11 @@ class HeartbeatWriter:
             self.step(self.done, step)
 
     def completes(self, step: int, result: Result) -> None:
-        """``result`` exists once update ``step`` is complete: the watcher thread waits for it
-        (``result.wait_to_read()``) and then records ``done = step + 1``.
+        """``result`` exists once update ``step`` is complete: the watcher thread waits
+        for it (``result.wait_to_read()``) and then records ``done = step + 1``.
 
-        The watcher takes the newest result handed to it, so ``done`` is a lower bound that
-        catches up whenever the engine does. The caller waits only while more than
+        The watcher takes the newest result handed to it, so ``done`` is a lower bound
+        that catches up whenever the engine does. The caller waits only while more than
         :data:`AHEAD` updates are unconfirmed, until at most ``AHEAD // 2`` are.
         """
         with self._cv:
@@ -220,7 +226,8 @@ class HeartbeatWriter:
                                                  name=f"mxlarge heartbeat watcher {self.rank}")
                 self._watcher.start()
                 # atexit runs the last registered first: this ends before MXNet's own
-                # shutdown (registered at its import), which a thread inside MXNet would abort
+                # shutdown (registered at its import), which a thread inside MXNet would
+                # abort
                 atexit.register(self._stop_watcher)
             if step + 1 - self.done > AHEAD:
                 self._cv.wait_for(lambda: step + 1 - self.done <= AHEAD // 2
@@ -277,8 +284,8 @@ class HeartbeatWriter:
             self.phase = before
 
     def finish(self) -> None:
-        """Record that this worker's work is done: every update it issued is complete (the
-        caller waited for them) and the phase is :data:`FINISHED` from now on."""
+        """Record that this worker's work is done: every update it issued is complete
+        (the caller waited for them) and the phase is :data:`FINISHED` from now on."""
         self._stop_watcher()
         with self._cv:
             self.done = max(self.done, self.issued + 1)
@@ -295,7 +302,8 @@ class HeartbeatWriter:
                 os.pwrite(self._fd, record.encode(), 0)
 
     def _run(self) -> None:
-        # Runs until the process ends (daemon thread); the launcher removes the directory.
+        # Runs until the process ends (daemon thread); the launcher removes the
+        # directory.
         while True:
             time.sleep(self._interval)
             self._write()

@@ -9,8 +9,8 @@ store's queued operations run and every worker passes a barrier before MXNet's s
 would skip them; then the records say finished). Why each is needed: docs/design/session.md.
 
 :data:`SESSION` is this process's; the Trainer and the store tell it what they start
-(:meth:`WorkerSession.beat`, :meth:`WorkerSession.leave_together`), nothing else holds them.
-Importing this module does not import MXNet.
+(:meth:`WorkerSession.beat`, :meth:`WorkerSession.leave_together`), nothing else holds
+them. Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
@@ -46,10 +46,12 @@ class WorkerSession:
         self._stores: list[weakref.ref[Any]] = []  # the dist store (one: kvstore.sync.create)
         self._wait_all: Callable[[], None] | None = None
 
-    # -- fail fast ------------------------------------------------------------------------------
+    # -- fail fast
+    # ------------------------------------------------------------------------------
     def exit_now(self, code: int) -> NoReturn:
-        """Settle the heartbeats (at most :data:`~mxlarge.protocol.heartbeat.SETTLE` s), flush
-        stdio and logging, then ``os._exit(code)``: no atexit, no kvstore exit barrier."""
+        """Settle the heartbeats (at most :data:`~mxlarge.protocol.heartbeat.SETTLE` s),
+        flush stdio and logging, then ``os._exit(code)``: no atexit, no kvstore exit
+        barrier."""
         with contextlib.suppress(Exception):
             self.settle()
         with contextlib.suppress(Exception):
@@ -61,9 +63,9 @@ class WorkerSession:
 
     @contextlib.contextmanager
     def fail_fast(self) -> Iterator[None]:
-        """Any exception, or ``sys.exit(n)`` with n ≠ 0, inside the block exits at once: the
-        traceback on stderr, status 1 (130 for KeyboardInterrupt, n for ``sys.exit(n)``);
-        ``sys.exit(0)`` and normal completion are left alone."""
+        """Any exception, or ``sys.exit(n)`` with n ≠ 0, inside the block exits at once:
+        the traceback on stderr, status 1 (130 for KeyboardInterrupt, n for
+        ``sys.exit(n)``); ``sys.exit(0)`` and normal completion are left alone."""
         try:
             yield
         except SystemExit as e:
@@ -79,9 +81,9 @@ class WorkerSession:
             self.exit_now(1)
 
     def install_fail_fast(self) -> None:
-        """Uncaught exceptions in the main thread exit at once (a ``sys.excepthook``), for code
-        that cannot be wrapped in :meth:`fail_fast`; ``sys.exit(n)`` never reaches the hook.
-        Idempotent."""
+        """Uncaught exceptions in the main thread exit at once (a ``sys.excepthook``),
+        for code that cannot be wrapped in :meth:`fail_fast`; ``sys.exit(n)`` never
+        reaches the hook. Idempotent."""
         if getattr(sys.excepthook, "_mxlarge_fail_fast", False):
             return
         previous = sys.excepthook
@@ -94,7 +96,8 @@ class WorkerSession:
         hook._mxlarge_fail_fast = True  # type: ignore[attr-defined]
         sys.excepthook = hook
 
-    # -- heartbeats -----------------------------------------------------------------------------
+    # -- heartbeats
+    # -----------------------------------------------------------------------------
     def beat(self, directory: str | Path, rank: int,
              interval: float = INTERVAL) -> HeartbeatWriter:
         """A new :class:`~mxlarge.protocol.heartbeat.HeartbeatWriter` for kvstore rank
@@ -104,8 +107,8 @@ class WorkerSession:
         return beat
 
     def settle(self, timeout: float = SETTLE) -> None:
-        """Every heartbeat's watcher confirms the updates handed to it, within ``timeout`` s
-        in all (a stuck job: it gives up)."""
+        """Every heartbeat's watcher confirms the updates handed to it, within
+        ``timeout`` s in all (a stuck job: it gives up)."""
         deadline = time.monotonic() + timeout
         for beat in list(self._beats):
             beat.settle(max(0.0, deadline - time.monotonic()))
@@ -115,17 +118,19 @@ class WorkerSession:
         for beat in list(self._beats):
             beat.finish()
 
-    # -- leaving together -----------------------------------------------------------------------
+    # -- leaving together
+    # -----------------------------------------------------------------------
     def leave_together(self, kv: Any, wait_all: Callable[[], None]) -> None:
-        """At a clean exit, before MXNet's own shutdown: ``wait_all()`` (this worker's pushes
-        sent, its pulls answered), a barrier of every worker on ``kv``, then :meth:`finish`.
-        Also installs fail-fast (an error must not reach that barrier). Idempotent per store."""
+        """At a clean exit, before MXNet's own shutdown: ``wait_all()`` (this worker's
+        pushes sent, its pulls answered), a barrier of every worker on ``kv``, then
+        :meth:`finish`. Also installs fail-fast (an error must not reach that barrier).
+        Idempotent per store."""
         self.install_fail_fast()
         if any(ref() is kv for ref in self._stores):
             return
         if not self._stores:
-            # atexit runs the last registered first: this runs before MXNet's handler, which
-            # was registered when mxnet was imported (before any store existed)
+            # atexit runs the last registered first: this runs before MXNet's handler,
+            # which was registered when mxnet was imported (before any store existed)
             atexit.register(self._leave)
         self._stores.append(weakref.ref(kv))
         self._wait_all = wait_all

@@ -1,16 +1,17 @@
-"""A timeline of chosen steps on every worker, merged by the launcher into one Chrome trace
-(how to read one: docs/timeline.md).
+"""A timeline of chosen steps on every worker, merged by the launcher into one Chrome
+trace (how to read one: docs/timeline.md).
 
 :mod:`mxlarge.timeline.record`: a worker's recorder, a step observer (MXNet's side);
-:mod:`mxlarge.timeline.trace`: the ranks' files merged into one trace (the launcher's side, no
-MXNet).
+:mod:`mxlarge.timeline.trace`: the ranks' files merged into one trace (the launcher's
+side, no MXNet).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-#: ``start:steps`` (e.g. ``5:3``): the steps a script of one's own records under the launcher.
+#: ``start:steps`` (e.g. ``5:3``): the steps a script of one's own records under the
+#: launcher.
 ENV = "MXLARGE_TIMELINE"
 #: A rank's file in the job's report directory: ``timeline-worker-<rank>.json``.
 PREFIX = "timeline-worker-"
@@ -37,7 +38,8 @@ class TimelineWindow:
 
     @classmethod
     def parse(cls, given: str) -> TimelineWindow:
-        """The window of ``START:STEPS`` (:data:`ENV`'s form; ``START`` alone: one step).
+        """The window of ``START:STEPS`` (:data:`ENV`'s form; ``START`` alone: one
+        step).
 
         Raises:
             ValueError: not that form, or a start below 0 or no step.

@@ -1,25 +1,26 @@
 """A worker's recorder of the timeline's steps: :class:`Recorder`, a step observer.
 
-MXNet's engine is asynchronous: a call returns when its work is queued, not done. So a recorded
-moment is a *mark* (:mod:`mxlarge.engine`): a one-element copy of an array, which runs once
-every earlier write of the array is done, and a thread that notes the wall clock when it lands.
-A mark is only ever noted late. Its copy may wait for an operation of the same priority that
-the worker's engine thread had ready at the same moment (a CPU worker has one such thread).
-Its thread may wait for the interpreter lock (the switch interval is :data:`SWITCH` while a
-window is recorded). Where the engine orders two marks (a push before its pull, the pulls
-before the update, an update before the next forward's end), the earlier one is taken as at
-most the later one (:meth:`Recorder.order`).
+MXNet's engine is asynchronous: a call returns when its work is queued, not done. So a
+recorded moment is a *mark* (:mod:`mxlarge.engine`): a one-element copy of an array,
+which runs once every earlier write of the array is done, and a thread that notes the
+wall clock when it lands. A mark is only ever noted late. Its copy may wait for an
+operation of the same priority that the worker's engine thread had ready at the same
+moment (a CPU worker has one such thread). Its thread may wait for the interpreter lock
+(the switch interval is :data:`SWITCH` while a window is recorded). Where the engine
+orders two marks (a push before its pull, the pulls before the update, an update before
+the next forward's end), the earlier one is taken as at most the later one
+(:meth:`Recorder.order`).
 
-Two waits happen in the training thread, where a mark would race the next operation of equal
-priority, ready at the very same moment:
+Two waits happen in the training thread, where a mark would race the next operation of
+equal priority, ready at the very same moment:
 
 * the forward's end, before the backward is issued (``forward_done``);
 * the previous update's end, before the loop's forward is issued (``step_begun``).
 
 The rest overlaps as in any step.
 
-A recorded step is *marked* (``step.marked``), so each bucket goes as a push and a pull, with
-three marks on the array sent:
+A recorded step is *marked* (``step.marked``), so each bucket goes as a push and a pull,
+with three marks on the array sent:
 
 * ``ready`` before the push: its gradients are written, the push may start;
 * ``pushed`` after the push: a one-element multiply by 1 of the array, a write, which the
@@ -28,8 +29,8 @@ three marks on the array sent:
   wait for the other ranks. No bit changes;
 * ``summed`` after the pull: the sum is written back.
 
-With several devices per worker the push reads MXNet's merge buffer instead, so ``pushed`` is
-when the merge was copied; the pull's end is exact either way.
+With several devices per worker the push reads MXNet's merge buffer instead, so
+``pushed`` is when the merge was copied; the pull's end is exact either way.
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ from mxlarge.engine import Mark
 from mxlarge.observers import MARK, Step, StepObserver
 from mxlarge.timeline import PREFIX, TimelineWindow
 
-#: The interpreter's switch interval (s) while a window is recorded: a mark's thread needs the
-#: interpreter lock to read the clock, and waits up to this long for a busy training thread.
+#: The interpreter's switch interval (s) while a window is recorded: a mark's thread
+#: needs the interpreter lock to read the clock, and waits up to this long for a busy
+#: training thread.
 SWITCH = 2e-4
 #: Seconds :meth:`Recorder.finish` waits for a mark's thread after the engine is idle.
 JOIN_TIMEOUT = 30.0
@@ -69,9 +71,10 @@ def _at(moments: Sequence[Moment | None]) -> float | None:
 
 
 class Recorder(StepObserver):
-    """Records the steps of ``window`` on this worker (kvstore rank ``rank`` on ``host``). After
-    the last one it writes them to ``directory/timeline-worker-<rank>.json``, once every rank is
-    there (``barrier``: the clocks' common moment, :mod:`mxlarge.timeline.trace`)."""
+    """Records the steps of ``window`` on this worker (kvstore rank ``rank`` on
+    ``host``). After the last one it writes them to
+    ``directory/timeline-worker-<rank>.json``, once every rank is there (``barrier``:
+    the clocks' common moment, :mod:`mxlarge.timeline.trace`)."""
 
     stage = MARK
 
@@ -103,7 +106,8 @@ class Recorder(StepObserver):
     def _mine(self, step: Step) -> bool:
         return self.step is not None and self.step == step.t
 
-    # -- the step's events ----------------------------------------------------------------------
+    # -- the step's events
+    # ----------------------------------------------------------------------
     def step_begun(self, step: Step) -> None:
         if self.done or not self.window.covers(step.t):
             self.step = None
@@ -143,8 +147,8 @@ class Recorder(StepObserver):
 
     def exchange_begun(self, step: Step, grads: Sequence[Any]) -> None:
         if self._mine(step) and not self._loop:
-            # a script's step: its forward and backward as one span, from the previous step's
-            # update (or the previous step's end) to every gradient written
+            # a script's step: its forward and backward as one span, from the previous
+            # step's update (or the previous step's end) to every gradient written
             self.span("forward+backward", "compute", [self.previous_update, self.returned],
                       [self.mark_all(grads)])
 
@@ -193,7 +197,8 @@ class Recorder(StepObserver):
         if self.step == self.window.last:
             self.finish()
 
-    # -- marks and spans ------------------------------------------------------------------------
+    # -- marks and spans
+    # ------------------------------------------------------------------------
     def mark(self, array: mx.nd.NDArray) -> Mark:
         """The moment every write of ``array`` issued so far is done."""
         return engine.mark(array, self._threads)
@@ -203,24 +208,24 @@ class Recorder(StepObserver):
         return engine.watch(engine.probe_all(arrays), self._threads)
 
     def order(self, a: Mark | None, b: Mark | None) -> None:
-        """The engine reaches ``a`` before ``b`` (``b`` depends on it). A mark's thread may note
-        ``a`` later than ``b``'s notes ``b``, and only ever late, so :meth:`finish` takes
-        t_a = min(t_a, t_b)."""
+        """The engine reaches ``a`` before ``b`` (``b`` depends on it). A mark's thread
+        may note ``a`` later than ``b``'s notes ``b``, and only ever late, so
+        :meth:`finish` takes t_a = min(t_a, t_b)."""
         if a is not None and b is not None:
             self._order.append((a, b))
 
     def span(self, name: str, track: str, start: Sequence[Moment | None],
              end: Sequence[Moment | None], **args: Any) -> None:
-        """A span of the current step on ``track``, from the latest of ``start`` to the latest
-        of ``end`` (resolved once every mark has landed)."""
+        """A span of the current step on ``track``, from the latest of ``start`` to the
+        latest of ``end`` (resolved once every mark has landed)."""
         if self.step is None:
             return
         self._spans.append((name, track, self.step, list(start), list(end), args))
 
     def finish(self) -> None:
-        """Waits for every mark, meets the other ranks (``barrier``), notes the clock right
-        after (every rank leaves the barrier at once, within its release's skew) and writes
-        this rank's file (atomically: a temporary file renamed)."""
+        """Waits for every mark, meets the other ranks (``barrier``), notes the clock
+        right after (every rank leaves the barrier at once, within its release's skew)
+        and writes this rank's file (atomically: a temporary file renamed)."""
         self.step = None
         self.done = True
         mx.nd.waitall()

@@ -1,4 +1,5 @@
-"""The ranks' timeline files merged into one Chrome trace (Perfetto, ``chrome://tracing``).
+"""The ranks' timeline files merged into one Chrome trace (Perfetto,
+``chrome://tracing``).
 
 One process row per worker rank, named ``worker rank R on HOST (pid P)``; in it a track each
 for ``data``, ``compute`` (forward, backward), ``update`` and every bucket (its push and pull).

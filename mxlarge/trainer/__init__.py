@@ -1,23 +1,24 @@
 """``mxlarge.Trainer``: a ``gluon.Trainer`` that applies Goyal et al.'s update over a KVStore.
 
-A subclass of ``mx.gluon.Trainer``, as Horovod's ``DistributedTrainer`` is: it overrides the
-exchange (:meth:`Trainer.allreduce_grads`), the update (:meth:`Trainer.update`), the store and
-the states files, and inherits the rest, so MXNet's AMP and Gluon's own API work with it. Its
-arguments are resolved once by :mod:`mxlarge.trainer.settings` (Gluon's form and mxlarge's
-explicit one, every keyword documented there); η(t) is :mod:`mxlarge.trainer.lr`'s, the
-optimizer states :mod:`mxlarge.trainer.states`', the exchange the store's
-(:class:`mxlarge.kvstore.sync.SyncStore`).
+A subclass of ``mx.gluon.Trainer``, as Horovod's ``DistributedTrainer`` is: it overrides
+the exchange (:meth:`Trainer.allreduce_grads`), the update (:meth:`Trainer.update`), the
+store and the states files, and inherits the rest, so MXNet's AMP and Gluon's own API
+work with it. Its arguments are resolved once by :mod:`mxlarge.trainer.settings`
+(Gluon's form and mxlarge's explicit one, every keyword documented there); η(t) is
+:mod:`mxlarge.trainer.lr`'s, the optimizer states :mod:`mxlarge.trainer.states`', the
+exchange the store's (:class:`mxlarge.kvstore.sync.SyncStore`).
 
-One step path: ``step(n)`` is ``allreduce_grads()`` then ``update(n)``, and the loop and a
-script's own calls run the same sequence, told to the step observers
-(:mod:`mxlarge.observers`: the heartbeat, the breakdown, the timeline, your own). One counter:
-:attr:`num_update` counts applied updates; ``step(n)`` applies update ``num_update``,
-``step(n, t)`` applies update t and the count follows. The update sums the
-gradients over k workers (and devices) and rescales by s/(k·n), s = ``rescale_grad`` (divided
-by AMP's loss scale under ``amp.scale_loss``): each worker's loss is normalised by the *global*
-batch (Goyal §3), where ``gluon.Trainer.step(n)`` on dist_sync applies k times the update.
-Under AMP, overflow is decided on the summed gradients, so every rank skips the same steps, and
-a skipped step does not count (Gluon's rule). The user's guide: docs/trainer.md.
+One step path: ``step(n)`` is ``allreduce_grads()`` then ``update(n)``, and the loop and
+a script's own calls run the same sequence, told to the step observers
+(:mod:`mxlarge.observers`: the heartbeat, the breakdown, the timeline, your own). One
+counter: :attr:`num_update` counts applied updates; ``step(n)`` applies update
+``num_update``, ``step(n, t)`` applies update t and the count follows. The update sums
+the gradients over k workers (and devices) and rescales by s/(k·n), s = ``rescale_grad``
+(divided by AMP's loss scale under ``amp.scale_loss``): each worker's loss is normalised
+by the *global* batch (Goyal §3), where ``gluon.Trainer.step(n)`` on dist_sync applies k
+times the update. Under AMP, overflow is decided on the summed gradients, so every rank
+skips the same steps, and a skipped step does not count (Gluon's rule). The user's
+guide: docs/trainer.md.
 """
 from __future__ import annotations
 
@@ -81,15 +82,16 @@ def _explicit_step(step: int | bool | None, ignore_stale_grad: bool) -> int | No
 
 
 class Trainer(mx.gluon.Trainer):
-    """A ``gluon.Trainer`` running large-minibatch SGD over a KVStore (module docstring).
+    """A ``gluon.Trainer`` running large-minibatch SGD over a KVStore (module
+    docstring).
 
     ``Trainer(params, optimizer, optimizer_params, kvstore, compression_params,
-    update_on_kvstore, observers=(), **keywords)``: Gluon's arguments and mxlarge's keywords,
-    all documented at :func:`mxlarge.trainer.settings.resolve`. ``params``:
-    ``net.collect_params()`` (initialised; shapes may come from the first forward, when the
-    parameter gets rank 0's value: :mod:`mxlarge.trainer.deferred`). ``observers``: step
-    observers of your own (:class:`mxlarge.observers.StepObserver`), beside the ones the
-    Trainer makes for a launched worker.
+    update_on_kvstore, observers=(), **keywords)``: Gluon's arguments and mxlarge's
+    keywords, all documented at :func:`mxlarge.trainer.settings.resolve`. ``params``:
+    ``net.collect_params()`` (initialised; shapes may come from the first forward, when
+    the parameter gets rank 0's value: :mod:`mxlarge.trainer.deferred`). ``observers``:
+    step observers of your own (:class:`mxlarge.observers.StepObserver`), beside the
+    ones the Trainer makes for a launched worker.
     """
 
     def __init__(self, params: Mapping[str, mx.gluon.Parameter] | Sequence[mx.gluon.Parameter],
@@ -133,8 +135,8 @@ class Trainer(mx.gluon.Trainer):
         self._batch_warned = False
         if self.rank == 0:
             s.note_differences(self.num_workers, self.rank)
-        # Rank 0's values: now for parameters with shapes, for the others at their deferred
-        # initialisation (the first forward), before that forward reads them.
+        # Rank 0's values: now for parameters with shapes, for the others at their
+        # deferred initialisation (the first forward), before that forward reads them.
         self._pending = {i for i, p in enumerate(self.params) if p._data is None}
         self._broadcast([i for i in range(len(self.params)) if i not in self._pending])
         for i in sorted(self._pending):
@@ -142,7 +144,8 @@ class Trainer(mx.gluon.Trainer):
         if not self._pending:
             self._ready()
 
-    # -- gluon.Trainer's store hooks: the store is made at construction, never lazily -----------
+    # -- gluon.Trainer's store hooks: the store is made at construction, never lazily
+    # -----------
     def _init_kvstore(self) -> None:
         self._kvstore = self.collectives.kv
         self._distributed = self.collectives.distributed
@@ -157,7 +160,8 @@ class Trainer(mx.gluon.Trainer):
                          full_idx: bool = False) -> None:
         raise ValueError("sparse parameters are not supported by mxlarge.Trainer")
 
-    # -- readiness: every shape known ------------------------------------------------------------
+    # -- readiness: every shape known
+    # ------------------------------------------------------------
     def _broadcast(self, indices: list[int]) -> None:
         self.store.init_params(indices)
 
@@ -194,8 +198,8 @@ class Trainer(mx.gluon.Trainer):
         self._args_current = False
 
     def _gather_update_args(self) -> None:
-        """The update's arguments per device: weights, gradients and states of the pushed
-        parameters (Gluon keeps its arrays for the life of the parameters)."""
+        """The update's arguments per device: weights, gradients and states of the
+        pushed parameters (Gluon keeps its arrays for the life of the parameters)."""
         self._args_current = True
         self._update_args = [
             ([self.params[i].list_data()[d] for i in self.pushed], self.grads(d),
@@ -212,7 +216,8 @@ class Trainer(mx.gluon.Trainer):
             raise ValueError(f"parameters {', '.join(names)} were never initialised: run the "
                              "net's forward pass (inside autograd.record()) before step()")
 
-    # -- the schedule ---------------------------------------------------------------------------
+    # -- the schedule
+    # ---------------------------------------------------------------------------
     def world(self, batch_size: int) -> World:
         """This job's :class:`~mxlarge.plan.World` for ``batch_size`` images per worker."""
         units = self.num_devices * self.simulated_workers
@@ -254,7 +259,8 @@ class Trainer(mx.gluon.Trainer):
         """η(step) of the schedule."""
         return self.updater.lr_at(step)
 
-    # -- facts ----------------------------------------------------------------------------------
+    # -- facts
+    # ----------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
         return self.collectives.rank
@@ -274,9 +280,11 @@ class Trainer(mx.gluon.Trainer):
         """The gradient arrays of the pushed parameters on ``device``, in order."""
         return [self.params[i].list_grad()[device] for i in self.pushed]
 
-    # -- the step -------------------------------------------------------------------------------
+    # -- the step
+    # -------------------------------------------------------------------------------
     def begin_step(self, t: int | None = None, data: DataWait | None = None) -> Step:
-        """Begins step ``t`` (default :attr:`num_update`) and tells the observers; returns it.
+        """Begins step ``t`` (default :attr:`num_update`) and tells the observers;
+        returns it.
 
         The loop calls it before its forward, with its wait for the batch (``data``). A
         script's step begins by itself at ``allreduce_grads()`` (or ``update()``)."""
@@ -293,10 +301,11 @@ class Trainer(mx.gluon.Trainer):
         return self._current
 
     def allreduce_grads(self) -> None:
-        """Sums gradients over workers and devices (exposed for gradient statistics). A 16-bit
-        wire carries s·g (s: the AMP-unscaled ``rescale_grad``), so its range does not depend
-        on AMP's loss scale; the gradients come back in their own scale. The first call of a
-        dist job also checks the data is sharded (:mod:`mxlarge.trainer.checks`)."""
+        """Sums gradients over workers and devices (exposed for gradient statistics). A
+        16-bit wire carries s·g (s: the AMP-unscaled ``rescale_grad``), so its range
+        does not depend on AMP's loss scale; the gradients come back in their own scale.
+        The first call of a dist job also checks the data is sharded
+        (:mod:`mxlarge.trainer.checks`)."""
         self._check_ready()
         step = self._in_progress()
         first = None
@@ -313,10 +322,11 @@ class Trainer(mx.gluon.Trainer):
 
     def update(self, batch_size: int, step: int | None = None,
                ignore_stale_grad: bool = False) -> bool:
-        """Applies update ``step`` (default :attr:`num_update`) to already-reduced gradients,
-        with rescale s/(k·n); then ``num_update = step + 1``. Under AMP, a step whose summed
-        gradients overflowed is skipped on every rank and the count stays (Gluon's rule).
-        Returns whether the update was applied. Ends the step in progress.
+        """Applies update ``step`` (default :attr:`num_update`) to already-reduced
+        gradients, with rescale s/(k·n); then ``num_update = step + 1``. Under AMP, a
+        step whose summed gradients overflowed is skipped on every rank and the count
+        stays (Gluon's rule). Returns whether the update was applied. Ends the step in
+        progress.
 
         Args:
             batch_size: images this worker processed in the step, over all its devices (n per
@@ -371,9 +381,9 @@ class Trainer(mx.gluon.Trainer):
 
     @contextmanager
     def busy(self, what: str) -> Iterator[None]:
-        """Tells the launcher's stall watchdog that this worker is ``what`` (e.g. evaluating)
-        rather than stepping: such a phase may last 10 stall timeouts. A no-op outside a
-        launched job."""
+        """Tells the launcher's stall watchdog that this worker is ``what`` (e.g.
+        evaluating) rather than stepping: such a phase may last 10 stall timeouts. A
+        no-op outside a launched job."""
         with self.observers.busy(what):
             yield
 
@@ -383,22 +393,23 @@ class Trainer(mx.gluon.Trainer):
             step, [self.params[i].list_data()[0] for i in self.pushed],
             [self.roles[i].name for i in self.pushed])
 
-    # -- states ---------------------------------------------------------------------------------
+    # -- states
+    # ---------------------------------------------------------------------------------
     def state_arrays(self) -> dict[str, mx.nd.NDArray]:
         """Device 0's optimizer states by ``<part>:<i>`` (:mod:`mxlarge.trainer.states`)."""
         self._check_ready()
         return self.opt_states.arrays(getattr(self, "_amp_loss_scaler", None))
 
     def save_states(self, fname: str) -> None:
-        """Writes :meth:`state_arrays` and the update count (``num_update``, an int64 array) as
-        an MXNet NDArray file (no pickle)."""
+        """Writes :meth:`state_arrays` and the update count (``num_update``, an int64
+        array) as an MXNet NDArray file (no pickle)."""
         self._check_ready()
         self.opt_states.save(fname, self.num_update, getattr(self, "_amp_loss_scaler", None))
 
     def load_states(self, fname: str) -> None:
-        """Loads what :meth:`save_states` wrote, or ``gluon.Trainer.save_states``'s file (its
-        momentum and master weights; :mod:`mxlarge.trainer.states`), and the update count with
-        it (the schedule position and the momentum correction)."""
+        """Loads what :meth:`save_states` wrote, or ``gluon.Trainer.save_states``'s file
+        (its momentum and master weights; :mod:`mxlarge.trainer.states`), and the update
+        count with it (the schedule position and the momentum correction)."""
         count = self.opt_states.load(fname, getattr(self, "_amp_loss_scaler", None))
         if count is not None:
             self.num_update = count

@@ -1,4 +1,5 @@
-"""The Trainer's first-step checks: mistakes a migrated script makes that train silently wrong.
+"""The Trainer's first-step checks: mistakes a migrated script makes that train silently
+wrong.
 
 * every worker reads the same data: the first gradients of all k workers are bitwise equal,
   so the job trains k identical copies (:func:`checksum`, :func:`warn_if_unsharded`);
@@ -18,16 +19,16 @@ import numpy as np
 
 
 def checksum(grads: Sequence[mx.nd.NDArray]) -> mx.nd.NDArray:
-    """(Σ sums, Σ norms) of this worker's gradients, as float32; taken before the exchange
-    overwrites them (the engine orders the read)."""
+    """(Σ sums, Σ norms) of this worker's gradients, as float32; taken before the
+    exchange overwrites them (the engine orders the read)."""
     grads = [g if g.dtype == np.float32 else g.astype(np.float32) for g in grads]
     return mx.nd.concat(mx.nd.add_n(*[g.sum() for g in grads]),
                         mx.nd.add_n(*[g.norm() for g in grads]), dim=0)
 
 
 def warn_if_unsharded(mine: Any, collectives: Any) -> None:
-    """Warns (rank 0) when every rank's :func:`checksum` is bitwise ``mine`` (collective: one
-    exact gather)."""
+    """Warns (rank 0) when every rank's :func:`checksum` is bitwise ``mine``
+    (collective: one exact gather)."""
     k = collectives.num_workers
     if not collectives.same_on_every_rank(mine) or collectives.rank != 0:
         return
@@ -41,8 +42,8 @@ def warn_if_unsharded(mine: Any, collectives: Any) -> None:
 
 
 def warn_if_global(batch_size: int, fixed: int | None, workers: int, rank: int) -> bool:
-    """Warns (rank 0) when ``step(b)`` gets b = k·n, n the batch the schedule was ``fixed``
-    for; returns whether b was k·n (so the caller stops comparing)."""
+    """Warns (rank 0) when ``step(b)`` gets b = k·n, n the batch the schedule was
+    ``fixed`` for; returns whether b was k·n (so the caller stops comparing)."""
     if workers < 2 or fixed is None or batch_size != workers * fixed:
         return False
     if rank == 0:

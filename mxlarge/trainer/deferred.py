@@ -1,9 +1,11 @@
-"""Gluon's deferred initialisation, watched: a callback the moment a parameter gets its data.
+"""Gluon's deferred initialisation, watched: a callback the moment a parameter gets its
+data.
 
 A parameter built without its shape gets its data inside the first forward (Gluon's
-``Parameter._init_impl``), or when weights are loaded. The Trainer must give it rank 0's value
-right then, before the forward reads it and before any gradient of it can be pushed (what
-Horovod-MXNet does for such parameters): so the instance's ``_init_impl`` is wrapped once.
+``Parameter._init_impl``), or when weights are loaded. The Trainer must give it rank 0's
+value right then, before the forward reads it and before any gradient of it can be
+pushed (what Horovod-MXNet does for such parameters): so the instance's ``_init_impl``
+is wrapped once.
 """
 from __future__ import annotations
 

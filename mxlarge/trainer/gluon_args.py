@@ -1,10 +1,11 @@
-"""Gluon's optimizer arguments (a name + ``optimizer_params``, or an ``mx.optimizer`` instance)
-translated into what :class:`~mxlarge.kvstore.updater.LargeBatchSGD` (the momentum-SGD family)
-or :class:`~mxlarge.kvstore.any_optimizer.MXNetUpdate` (any other MXNet optimizer) runs, and
-the checks of the store and of Horovod's keywords a migrated Trainer line may bring.
+"""Gluon's optimizer arguments (a name + ``optimizer_params``, or an ``mx.optimizer``
+instance) translated into what :class:`~mxlarge.kvstore.updater.LargeBatchSGD` (the
+momentum-SGD family) or :class:`~mxlarge.kvstore.any_optimizer.MXNetUpdate` (any other
+MXNet optimizer) runs, and the checks of the store and of Horovod's keywords a migrated
+Trainer line may bring.
 
-MXNet parses the arguments itself (``mx.optimizer.create``), so its own names and defaults
-apply; what the recipe's update cannot honour is refused here with the reason.
+MXNet parses the arguments itself (``mx.optimizer.create``), so its own names and
+defaults apply; what the recipe's update cannot honour is refused here with the reason.
 """
 from __future__ import annotations
 
@@ -22,21 +23,24 @@ from mxlarge.kvstore.sync import live_dist_store, require_launched
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.schedulers import Schedule
 
-# Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name (every
-# other MXNet optimizer runs its own update: mxlarge.kvstore.any_optimizer).
+# Optimizer classes whose update mxlarge's LargeBatchSGD reproduces, by MXNet class name
+# (every other MXNet optimizer runs its own update: mxlarge.kvstore.any_optimizer).
 HONOURED = {"SGD": "sgd", "NAG": "nag", "LARS": "lars", "LBSGD": "lbsgd"}
-#: MXNet's registered optimizer names mxlarge accepts (its own ``largebatchsgd`` excluded).
+#: MXNet's registered optimizer names mxlarge accepts (its own ``largebatchsgd``
+#: excluded).
 REGISTERED = frozenset(n for n, c in mx.optimizer.Optimizer.opt_registry.items()
                        if c.__name__ not in REFUSED and c is not LargeBatchSGD)
 
 
 class MXNetSchedule:
-    """η(t) = scheduler(t + 1) of a stateful MXNet/GluonCV LR scheduler, as a function of t.
+    """η(t) = scheduler(t + 1) of a stateful MXNet/GluonCV LR scheduler, as a function
+    of t.
 
-    MXNet's optimizers call their scheduler with ``num_update`` = 1 on the first update, and
-    schedulers such as ``MultiFactorScheduler`` or GluonCV's ``LRSequential`` must be called in
-    increasing order; the values are computed in order once and kept, so the schedule can be
-    asked for any step (the momentum correction asks for t − 1 and t).
+    MXNet's optimizers call their scheduler with ``num_update`` = 1 on the first update,
+    and schedulers such as ``MultiFactorScheduler`` or GluonCV's ``LRSequential`` must
+    be called in increasing order; the values are computed in order once and kept, so
+    the schedule can be asked for any step (the momentum correction asks for t − 1 and
+    t).
     """
 
     def __init__(self, scheduler: Any):
@@ -55,10 +59,10 @@ def store_name(kvstore: str | mx.kv.KVStore | None) -> str:
 
 
 def check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
-    """Refuses a store that cannot be what the process is: a non-dist store in a launched job
-    of several workers whose process has no dist store (each worker would train its own model,
-    silently; a local Trainer beside the process's dist one, e.g. a reference, is deliberate),
-    a dist one outside a launched job."""
+    """Refuses a store that cannot be what the process is: a non-dist store in a
+    launched job of several workers whose process has no dist store (each worker would
+    train its own model, silently; a local Trainer beside the process's dist one, e.g. a
+    reference, is deliberate), a dist one outside a launched job."""
     name = store_name(kvstore)
     dist = name.startswith("dist")
     workers = os.environ.get("DMLC_NUM_WORKER", "1")
@@ -75,8 +79,9 @@ def check_store_for_the_process(kvstore: str | mx.kv.KVStore | None) -> None:
 
 
 def check_horovod_keywords(compression: Any, predivide: float) -> None:
-    """Horovod's ``DistributedTrainer`` keywords, which a migrated line may keep: what maps is
-    said, what has no meaning here is refused with the reason (none is dropped silently)."""
+    """Horovod's ``DistributedTrainer`` keywords, which a migrated line may keep: what
+    maps is said, what has no meaning here is refused with the reason (none is dropped
+    silently)."""
     if compression is not None and not isinstance(compression, Mapping):
         name = getattr(compression, "__name__", type(compression).__name__)
         raise ValueError(f"compression={name}: expected MXNet's gradient-compression dict "
@@ -95,11 +100,12 @@ def check_horovod_keywords(compression: Any, predivide: float) -> None:
 def note_differences(momentum_correction: bool, decay_bn_bias: bool, opt: Mapping[str, Any],
                      *, lr_changes: bool, workers: int = 1, rank: int = 0,
                      scaled: bool = False) -> None:
-    """The Gluon form's one note on stderr (the kvstore-rank-0 process, at construction, labelled
-    with its rank on dist): what this update does by default that gluon.Trainer's does not, the
-    keywords that make it gluon's, and on dist (``workers`` k > 1, no ``reference_batch``:
-    ``scaled`` False) the step size: ``step(n)`` applies the mean over the k·n global batch,
-    where gluon.Trainer on dist_sync applies k times that (the servers sum)."""
+    """The Gluon form's one note on stderr (the kvstore-rank-0 process, at construction,
+    labelled with its rank on dist): what this update does by default that
+    gluon.Trainer's does not, the keywords that make it gluon's, and on dist
+    (``workers`` k > 1, no ``reference_batch``: ``scaled`` False) the step size:
+    ``step(n)`` applies the mean over the k·n global batch, where gluon.Trainer on
+    dist_sync applies k times that (the servers sum)."""
     differ = []
     keys = []
     if momentum_correction and opt["momentum"] and lr_changes:
@@ -154,8 +160,9 @@ def optimizer_settings(optimizer: str | mx.optimizer.Optimizer,
         raise ValueError("optimizer LargeBatchSGD: pass its schedule to the Trainer (the "
                          "explicit form) or an MXNet optimizer")
     if opt.clip_gradient is not None and cls in HONOURED:
-        # MXNet's other optimizers clip inside their kernels, after the 1/(k*n) rescale: the
-        # global mean gradient is clipped, as one process's over the global batch would be
+        # MXNet's other optimizers clip inside their kernels, after the 1/(k*n) rescale:
+        # the global mean gradient is clipped, as one process's over the global batch
+        # would be
         raise ValueError("clip_gradient is not supported with the momentum-SGD family: Goyal "
                          "et al.'s update does not clip (clip the summed gradient yourself "
                          "between allreduce_grads() and update())")

@@ -1,10 +1,10 @@
 """The Trainer's learning-rate control: η(t) as a pure function of the update count.
 
-η(t) = Join(main, Constant(lr₁), …)(t) where each ``set_learning_rate(lrⱼ)`` starts a constant
-part at the update count tⱼ it was called at, and ``main`` is the given schedule (explicit form)
-or, in the Gluon form, warmed_up(ρ·η_user(t), warmup_steps, warmup_lr) with
-ρ = scaled_lr(1, reference_batch, B, scaling), fixed once the global batch B is known.
-The momentum correction η_t/η_{t−1} therefore applies at every change.
+η(t) = Join(main, Constant(lr₁), …)(t) where each ``set_learning_rate(lrⱼ)`` starts a
+constant part at the update count tⱼ it was called at, and ``main`` is the given
+schedule (explicit form) or, in the Gluon form, warmed_up(ρ·η_user(t), warmup_steps,
+warmup_lr) with ρ = scaled_lr(1, reference_batch, B, scaling), fixed once the global
+batch B is known. The momentum correction η_t/η_{t−1} therefore applies at every change.
 """
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ class LearningRate:
         return self.updater.schedule
 
     def fix(self, batch_size: int, world: Callable[[int], World]) -> None:
-        """Fixes the schedule for ``batch_size`` images per worker (once); the Gluon form
-        derives ``main`` from ``world(batch_size).global_batch`` (module docstring)."""
+        """Fixes the schedule for ``batch_size`` images per worker (once); the Gluon
+        form derives ``main`` from ``world(batch_size).global_batch`` (module
+        docstring)."""
         self.batch = batch_size
         if self._large_batch is None:
             return
@@ -75,8 +76,8 @@ class LearningRate:
         self._compose()
 
     def current(self) -> float:
-        """η of the most recent update; of the next one before any update and right after
-        :meth:`set` (which gluon.Trainer returns at once)."""
+        """η of the most recent update; of the next one before any update and right
+        after :meth:`set` (which gluon.Trainer returns at once)."""
         t = self.updater.num_update
         if t == 0 or (self._overrides and self._overrides[-1][0] == t):
             return self.updater.lr_at(t)

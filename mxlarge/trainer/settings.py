@@ -1,12 +1,14 @@
-"""The Trainer's arguments resolved once: both forms, every check, one frozen :class:`Settings`.
+"""The Trainer's arguments resolved once: both forms, every check, one frozen
+:class:`Settings`.
 
-Two forms, told apart by the optimizer argument: **Gluon's** (an optimizer name or instance and
-MXNet's ``optimizer_params``, translated by :mod:`mxlarge.trainer.gluon_args`; the schedule is
-derived once the global batch B is known: η(t) = warmed_up(ρ·η_user(t), warmup_steps,
-warmup_lr) with ρ = scaled_lr(1, reference_batch, B, scaling) and η_user(t) =
-lr_scheduler(t + 1) or learning_rate, :mod:`mxlarge.trainer.lr`), and **mxlarge's explicit
-form** (a final ``schedule(step) -> lr``, as :func:`mxlarge.plan.plan` builds it). What cannot
-be honoured is refused here with the reason.
+Two forms, told apart by the optimizer argument: **Gluon's** (an optimizer name or
+instance and MXNet's ``optimizer_params``, translated by
+:mod:`mxlarge.trainer.gluon_args`; the schedule is derived once the global batch B is
+known: η(t) = warmed_up(ρ·η_user(t), warmup_steps, warmup_lr) with ρ = scaled_lr(1,
+reference_batch, B, scaling) and η_user(t) = lr_scheduler(t + 1) or learning_rate,
+:mod:`mxlarge.trainer.lr`), and **mxlarge's explicit form** (a final ``schedule(step) ->
+lr``, as :func:`mxlarge.plan.plan` builds it). What cannot be honoured is refused here
+with the reason.
 """
 from __future__ import annotations
 
@@ -110,8 +112,8 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
             reports: str | Path | FromLauncher | None = LAUNCHED,
             gradient_predivide_factor: float = 1.0, timeline_start: int | None = None,
             timeline_steps: int | None = None, breakdown: bool | None = None) -> Settings:
-    """The :class:`Settings` of ``mxlarge.Trainer(params, optimizer, optimizer_params, kvstore,
-    compression_params, update_on_kvstore, **keywords)``.
+    """The :class:`Settings` of ``mxlarge.Trainer(params, optimizer, optimizer_params,
+    kvstore, compression_params, update_on_kvstore, **keywords)``.
 
     Args:
         optimizer: Gluon form: any optimizer name MXNet registers (``sgd``, ``nag``,

@@ -1,13 +1,14 @@
 """The Trainer's states files: mxlarge's own (an MXNet NDArray file, no pickle) and
 ``gluon.Trainer.save_states``'s (a pickle), read without running code.
 
-mxlarge's file holds, by parameter *position* (Gluon 1.x names parameters with process-global
-counters, so the same net built twice in one process gets other names): ``momentum:<i>`` (the
-velocity, MXNet's eq. (10) quantity), ``master:<i>`` (the float32 master copy of a float16
-weight under ``multi_precision``), ``num_update`` (an int64 array) and, under AMP,
-``amp_loss_scaler`` (its dynamic loss scale, so a resume continues it). Any other MXNet
-optimizer's state (Adam's mean and variance, ...) is kept as its arrays in order, ``state0:<i>``,
-``state1:<i>``, ... (:meth:`~mxlarge.kvstore.any_optimizer.MXNetUpdate.parts`).
+mxlarge's file holds, by parameter *position* (Gluon 1.x names parameters with
+process-global counters, so the same net built twice in one process gets other names):
+``momentum:<i>`` (the velocity, MXNet's eq. (10) quantity), ``master:<i>`` (the float32
+master copy of a float16 weight under ``multi_precision``), ``num_update`` (an int64
+array) and, under AMP, ``amp_loss_scaler`` (its dynamic loss scale, so a resume
+continues it). Any other MXNet optimizer's state (Adam's mean and variance, ...) is kept
+as its arrays in order, ``state0:<i>``, ``state1:<i>``, ...
+(:meth:`~mxlarge.kvstore.any_optimizer.MXNetUpdate.parts`).
 """
 from __future__ import annotations
 
@@ -23,15 +24,17 @@ from mxlarge.kvstore.updater import LargeBatchSGD
 
 #: The update count's key in mxlarge's states files.
 NUM_UPDATE_KEY = "num_update"
-#: AMP's dynamic loss scaler (loss scale, next loss scale, steps since the last overflow).
+#: AMP's dynamic loss scaler (loss scale, next loss scale, steps since the last
+#: overflow).
 AMP_KEY = "amp_loss_scaler"
 
 
 class _GluonStates(pickle.Unpickler):
-    """Reads ``gluon.Trainer.save_states`` files: a pickle of (states, optimizer) or states.
+    """Reads ``gluon.Trainer.save_states`` files: a pickle of (states, optimizer) or
+    states.
 
-    Only MXNet (and GluonCV scheduler) classes and plain containers may be constructed: a
-    states file is data, never code to run.
+    Only MXNet (and GluonCV scheduler) classes and plain containers may be constructed:
+    a states file is data, never code to run.
     """
 
     _ALLOWED_MODULES = ("mxnet.", "gluoncv.")
@@ -57,16 +60,16 @@ def sgd_parts(i: int, state: Any) -> dict[str, mx.nd.NDArray]:
 
 def state_arrays(states: list[list[Any]], pushed: list[int], parts: Parts = sgd_parts,
                  device: int = 0) -> dict[str, mx.nd.NDArray]:
-    """Device ``device``'s states of the ``pushed`` parameters, keyed ``<part>:<i>`` (module
-    docstring)."""
+    """Device ``device``'s states of the ``pushed`` parameters, keyed ``<part>:<i>``
+    (module docstring)."""
     return {f"{kind}:{i}": array for i in pushed
             for kind, array in parts(i, states[i][device]).items()}
 
 
 def read(fname: str, names: list[str], parts: Parts = sgd_parts
          ) -> tuple[dict[str, mx.nd.NDArray], int | None]:
-    """The arrays and update count of mxlarge's file or of Gluon's (told apart by the pickle's
-    first byte); ``names`` are the Trainer's parameter names in its order."""
+    """The arrays and update count of mxlarge's file or of Gluon's (told apart by the
+    pickle's first byte); ``names`` are the Trainer's parameter names in its order."""
     with open(fname, "rb") as fh:
         head = fh.read(1)
     if head == b"\x80":
@@ -78,10 +81,10 @@ def read(fname: str, names: list[str], parts: Parts = sgd_parts
 
 def _gluon_states(fname: str, names: list[str], parts: Parts
                   ) -> tuple[dict[str, mx.nd.NDArray], int | None]:
-    """Gluon's states by parameter index, re-keyed to this Trainer's positions (gluon.Trainer
-    numbers a ParameterDict's parameters in *sorted name* order), and the pickled optimizer's
-    ``num_update`` (None when the file has no optimizer), each state split by ``parts`` (the
-    same optimizer makes the same layout)."""
+    """Gluon's states by parameter index, re-keyed to this Trainer's positions
+    (gluon.Trainer numbers a ParameterDict's parameters in *sorted name* order), and the
+    pickled optimizer's ``num_update`` (None when the file has no optimizer), each state
+    split by ``parts`` (the same optimizer makes the same layout)."""
     with open(fname, "rb") as fh:
         try:
             obj = _GluonStates(io.BytesIO(fh.read())).load()
@@ -130,8 +133,8 @@ def set_amp_scale(scaler: Any, values: list[float]) -> None:
 
 class OptimizerStates:
     """The optimizer's state per (parameter, device): made once every shape is known
-    (:meth:`create`), float32 masters taken from the weights at the first update, written and
-    read as states files (module docstring).
+    (:meth:`create`), float32 masters taken from the weights at the first update,
+    written and read as states files (module docstring).
 
     Args:
         updater: the optimizer that makes and reads the states (its ``parts``).
@@ -165,8 +168,9 @@ class OptimizerStates:
         return [self.states[i][d] for i in self.pushed]
 
     def refresh_masters(self) -> None:
-        """Float32 master copies from the current float16 weights, once, at the first update
-        (weights loaded after construction count; a states file's masters are kept)."""
+        """Float32 master copies from the current float16 weights, once, at the first
+        update (weights loaded after construction count; a states file's masters are
+        kept)."""
         if self._masters_current:
             return
         self._masters_current = True
@@ -195,8 +199,9 @@ class OptimizerStates:
                            NUM_UPDATE_KEY: mx.nd.array([num_update], dtype="int64")})
 
     def load(self, fname: str, scaler: Any = None) -> int | None:
-        """Reads mxlarge's file or Gluon's (:func:`read`), sets the states (or keeps them
-        until :meth:`create`) and AMP's scale; returns the file's update count, if any."""
+        """Reads mxlarge's file or Gluon's (:func:`read`), sets the states (or keeps
+        them until :meth:`create`) and AMP's scale; returns the file's update count, if
+        any."""
         loaded, count = read(fname, self.names, self.parts)
         amp_state = loaded.pop(AMP_KEY, None)
         if amp_state is not None and scaler is not None:

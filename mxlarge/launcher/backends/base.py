@@ -1,11 +1,12 @@
 """What every launch backend implements (:class:`LaunchBackend`), and the job it reads
 (:class:`Spec`, which :class:`~mxlarge.launcher.job.JobSpec` is).
 
-A backend owns everything that differs between the ways a job's processes are started: which
-options it refuses, its hosts and their probe for an elastic restart, whether the packet filter
-applies, and how it runs one attempt. The front ends and :func:`~mxlarge.launcher.job.run_job`
-only call these methods; none of them looks at a backend's name. The dmlc_tracker backends
-share more (:class:`mxlarge.launcher.backends.dmlc.DmlcBackend`).
+A backend owns everything that differs between the ways a job's processes are started:
+which options it refuses, its hosts and their probe for an elastic restart, whether the
+packet filter applies, and how it runs one attempt. The front ends and
+:func:`~mxlarge.launcher.job.run_job` only call these methods; none of them looks at a
+backend's name. The dmlc_tracker backends share more
+(:class:`mxlarge.launcher.backends.dmlc.DmlcBackend`).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class LaunchBackend:
 
     #: the ``--launcher`` name
     name: ClassVar[str]
-    #: every process of the job runs on the launcher's machine (its system metrics are the job's)
+    #: every process of the job runs on the launcher's machine (its system metrics are
+    #: the job's)
     on_this_machine: ClassVar[bool] = False
     #: seconds the other processes may take to exit once the job ends (a spec's default)
     shutdown_timeout: ClassVar[float]
@@ -58,9 +60,10 @@ class LaunchBackend:
 
     def check_hosts(self, hostfile: str | None, workers: int, servers: int,
                     server_hosts: Sequence[str] = ()) -> list[HostEntry] | None:
-        """The hostfile's lines, checked for this backend before anything starts (``None``:
-        the backend takes no hostfile); ``server_hosts`` (``dist.server_hosts``) and the
-        file's ``role=server`` lines are the hosts that run servers only.
+        """The hostfile's lines, checked for this backend before anything starts
+        (``None``: the backend takes no hostfile); ``server_hosts``
+        (``dist.server_hosts``) and the file's ``role=server`` lines are the hosts that
+        run servers only.
 
         Raises:
             ValueError: naming the file and what is missing.
@@ -90,12 +93,13 @@ class LaunchBackend:
 
     def attempt_hostfile(self, lines: list[HostEntry] | None, elastic: Elastic,
                          declared_servers: int, servers: int, workers: int) -> str | None:
-        """The hostfile text of an elastic attempt with ``servers`` and ``workers`` after
-        :meth:`Elastic.replan` (``None``: the job's own hostfile)."""
+        """The hostfile text of an elastic attempt with ``servers`` and ``workers``
+        after :meth:`Elastic.replan` (``None``: the job's own hostfile)."""
         return None
 
     def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
-        """Run one attempt of ``spec``, supervised until it ends (what the supervision loop
-        asks of it: a :class:`~mxlarge.launcher.supervisor.Supervised` of the backend's own);
-        prints the children's lines and the outcome's to ``output`` (stdout if None)."""
+        """Run one attempt of ``spec``, supervised until it ends (what the supervision
+        loop asks of it: a :class:`~mxlarge.launcher.supervisor.Supervised` of the
+        backend's own); prints the children's lines and the outcome's to ``output``
+        (stdout if None)."""
         raise NotImplementedError

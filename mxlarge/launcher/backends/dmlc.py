@@ -1,16 +1,17 @@
-"""What the ssh, mpi and slurm backends share: a job run through dmlc_tracker (shipped in the
-mxnet wheel) under the launcher's supervision (:class:`DmlcBackend`, whose
+"""What the ssh, mpi and slurm backends share: a job run through dmlc_tracker (shipped
+in the mxnet wheel) under the launcher's supervision (:class:`DmlcBackend`, whose
 :meth:`~DmlcBackend.run` calls the backend's hooks in their order).
 
-We do not write our own cluster launcher: :meth:`DmlcBackend.run` builds the ``args`` namespace
-that ``mxnet/tools/launch.py`` would build and calls dmlc's own ``submit(args)``, with the
-``subprocess`` name in dmlc's modules a shim (:class:`_SubprocessShim`) that starts each command
-under the :class:`~mxlarge.launcher.supervisor.Supervisor` and the guard
+We do not write our own cluster launcher: :meth:`DmlcBackend.run` builds the ``args``
+namespace that ``mxnet/tools/launch.py`` would build and calls dmlc's own
+``submit(args)``, with the ``subprocess`` name in dmlc's modules a shim
+(:class:`_SubprocessShim`) that starts each command under the
+:class:`~mxlarge.launcher.supervisor.Supervisor` and the guard
 (:mod:`mxlarge.launcher.guard`); the one supervision loop then ends the job at the first
 failure (:class:`DmlcRun`).
 
-What differs between backends is each backend's class; this module asks it and never looks at
-its name. Why, and the history behind the fixes: ``docs/design/launcher.md``.
+What differs between backends is each backend's class; this module asks it and never
+looks at its name. Why, and the history behind the fixes: ``docs/design/launcher.md``.
 """
 from __future__ import annotations
 
@@ -51,13 +52,15 @@ from mxlarge.launcher.reports import WorkerReports
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
 from mxlarge.launcher.watchdog import Watchdog
 
-#: Seconds the remaining processes may take to exit after the scheduler (a spec's default).
+#: Seconds the remaining processes may take to exit after the scheduler (a spec's
+#: default).
 SHUTDOWN_TIMEOUT = 60.0
-#: The teardown's grace (SIGTERM to SIGKILL) once a host was found cut off: a tool client
-#: (ssh, mpirun, srun) may wait on that host, which cannot answer; the job is to end within the
-#: stall timeout + 10 s of the cut (tests/cluster/test_partition.py).
+#: The teardown's grace (SIGTERM to SIGKILL) once a host was found cut off: a tool
+#: client (ssh, mpirun, srun) may wait on that host, which cannot answer; the job is to
+#: end within the stall timeout + 10 s of the cut (tests/cluster/test_partition.py).
 CUT_GRACE = 2.0
-# dmlc_tracker's submit() raised: no outcome, run raises (a marker, compared by identity)
+# dmlc_tracker's submit() raised: no outcome, run raises (a marker, compared by
+# identity)
 _TRACKER_FAILED = Outcome(1, "")
 _ROLE_IN_CMD = re.compile(r"\bDMLC_ROLE=(\w+)")
 # The shim patches module globals, so only one submission may run per process at a time.
@@ -65,10 +68,11 @@ _submit_lock = threading.Lock()
 
 
 class DmlcBackend(LaunchBackend):
-    """A backend that runs its jobs through dmlc_tracker's module of the same :attr:`name`.
+    """A backend that runs its jobs through dmlc_tracker's module of the same
+    :attr:`name`.
 
-    :meth:`run` is the template: it calls the hooks below in their order. The defaults are the
-    common case.
+    :meth:`run` is the template: it calls the hooks below in their order. The defaults
+    are the common case.
     """
 
     tool: ClassVar[Tool]
@@ -80,8 +84,8 @@ class DmlcBackend(LaunchBackend):
                              "scheduler port)")
 
     def preflight(self, spec: Spec) -> None:
-        """Every host answers, is the host its name says and takes ``--firewall on``'s filter
-        (:func:`mxlarge.launcher.preflight.check_hosts`, ``HostCheckError``)."""
+        """Every host answers, is the host its name says and takes ``--firewall on``'s
+        filter (:func:`mxlarge.launcher.preflight.check_hosts`, ``HostCheckError``)."""
         entries = self.check_hosts(spec.hostfile, spec.world.processes, spec.servers,
                                    spec.server_hosts)
         ports = {e.host: int(e.port) if e.port else 22 for e in entries or ()}
@@ -89,12 +93,13 @@ class DmlcBackend(LaunchBackend):
                     host_ip=spec.host_ip, ssh=self.probes_with_ssh())
 
     def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
-        """Runs ``spec`` through dmlc_tracker, supervised until it ends: the scheduler here,
-        servers and workers where the backend puts them. The hooks, in order:
-        :meth:`check_hosts` and :meth:`check_words` (before anything starts), :meth:`prepare`
-        (what dmlc reads, where the job runs), :meth:`layout`; while dmlc submits, for each
-        command it starts, :meth:`describe` and :meth:`fix_command`; at the first failure
-        :meth:`before_explain` and :meth:`explain`; at the end :meth:`used_hosts`.
+        """Runs ``spec`` through dmlc_tracker, supervised until it ends: the scheduler
+        here, servers and workers where the backend puts them. The hooks, in order:
+        :meth:`check_hosts` and :meth:`check_words` (before anything starts),
+        :meth:`prepare` (what dmlc reads, where the job runs), :meth:`layout`; while
+        dmlc submits, for each command it starts, :meth:`describe` and
+        :meth:`fix_command`; at the first failure :meth:`before_explain` and
+        :meth:`explain`; at the end :meth:`used_hosts`.
 
         Raises:
             ValueError: invalid arguments, hostfile missing/empty/too short.
@@ -149,19 +154,20 @@ class DmlcBackend(LaunchBackend):
 
     def prepare(self, hostfile: str | None, entries: list[HostEntry] | None,
                 stack: contextlib.ExitStack) -> tuple[str | None, list[str]]:
-        """Once per job: the hostfile dmlc reads (a temporary one goes on ``stack``) and the
-        hosts the job may run on, in order."""
+        """Once per job: the hostfile dmlc reads (a temporary one goes on ``stack``) and
+        the hosts the job may run on, in order."""
         return hostfile, [e.host for e in entries or ()]
 
     def layout(self, entries: list[HostEntry] | None, servers: int, workers: int,
                scheduler: str) -> Layout:
         """Where the job's processes go (the launcher's layout line); the default:
-        dmlc's ssh placement over the lines it reads (:func:`~mxlarge.launcher.hostfile.place`)."""
+        dmlc's ssh placement over the lines it reads
+        (:func:`~mxlarge.launcher.hostfile.place`)."""
         return layout_of(scheduler, *place(entries or [], servers, workers))
 
     def describe(self, role: str, number: int, command: str) -> Launched:
-        """The ``number``-th command of ``role`` dmlc starts; the default: one tool process for
-        all processes of a role."""
+        """The ``number``-th command of ``role`` dmlc starts; the default: one tool
+        process for all processes of a role."""
         return Launched(role, None, f"{role}s via {self.tool.command}")
 
     def fix_command(self, command: str) -> str:
@@ -174,26 +180,28 @@ class DmlcBackend(LaunchBackend):
         return None
 
     def explain(self, context: FailureContext, child: supervisor.Child) -> Outcome:
-        """The outcome naming the server or worker behind the failed ``child``; the default:
-        the rank the tool reported (:meth:`FailureContext.explain_reported`)."""
+        """The outcome naming the server or worker behind the failed ``child``; the
+        default: the rank the tool reported (:meth:`FailureContext.explain_reported`).
+        """
         return context.explain_reported(child, self.tool.rank_word)
 
     def used_hosts(self, hosts: list[str], contacted: set[str]) -> list[str]:
-        """The job's hosts for its outcome, from :meth:`prepare`'s and the hosts commands were
-        sent to (:attr:`Launched.host`)."""
+        """The job's hosts for its outcome, from :meth:`prepare`'s and the hosts
+        commands were sent to (:attr:`Launched.host`)."""
         return hosts
 
     def _job_filter(self, spec: Spec, host_ip: str, entries: list[HostEntry] | None,
                     hosts: list[str], env: Mapping[str, str], output: IO[str] | Any,
                     cut: dict[str, str], own: set[str]
                     ) -> contextlib.AbstractContextManager[Any]:
-        """The job's packet filter (:func:`~mxlarge.launcher.firewall.job_filter`), guards
-        here (the scheduler), then each other host once, as the backend reaches it; it counts
-        the attempts at ``own``, the job's processes' addresses."""
+        """The job's packet filter (:func:`~mxlarge.launcher.firewall.job_filter`),
+        guards here (the scheduler), then each other host once, as the backend reaches
+        it; it counts the attempts at ``own``, the job's processes' addresses."""
         guarded = [Host(f"{host_ip} (here)")] + list({
             e.host: Host.ssh(e.host, e.port) for e in entries or () if e.host != host_ip
         }.values())
-        # every process on loopback (the tests' fake clusters): as local, nothing to filter
+        # every process on loopback (the tests' fake clusters): as local, nothing to
+        # filter
         loopback = all(is_loopback(h) for h in [host_ip, *hosts])
         sink = supervisor.LineSink(sys.stdout if output is None else output)
         return job_filter(spec.firewall, self.firewall_refusal(), env["MXLARGE_JOB_ID"],
@@ -204,9 +212,9 @@ class DmlcBackend(LaunchBackend):
 
 
 class _SubprocessShim:
-    """Stands in for the ``subprocess`` module inside dmlc_tracker modules during a submit:
-    each command starts in a process group of its own under the supervisor, with the
-    backend's fixes (:meth:`DmlcBackend.fix_command`), and under the guard."""
+    """Stands in for the ``subprocess`` module inside dmlc_tracker modules during a
+    submit: each command starts in a process group of its own under the supervisor, with
+    the backend's fixes (:meth:`DmlcBackend.fix_command`), and under the guard."""
 
     def __init__(self, sup: supervisor.Supervisor, backend: DmlcBackend) -> None:
         self._sup = sup
@@ -222,16 +230,18 @@ class _SubprocessShim:
     def check_call(self, args: Any, *, shell: bool = False, env: Mapping[str, str] | None = None,
                    executable: str | None = None, **kwargs: Any) -> int:
         if os.getpid() != self._pid or kwargs:
-            # e.g. ssh's rsync running in a multiprocessing.Pool child: not ours to supervise.
+            # e.g. ssh's rsync running in a multiprocessing.Pool child: not ours to
+            # supervise.
             return subprocess.check_call(args, shell=shell, env=env, executable=executable,
                                          **kwargs)
         launched = self._describe(args, env)
         if isinstance(args, str):
             args = self._backend.fix_command(args)
         try:
-            # every process runs under the guard (mxlarge.launcher.guard), the scheduler here
-            # too (same command), and every guard needs its lease: through the ssh client's,
-            # mpirun's or srun's stdin, which each forwards to its remote processes
+            # every process runs under the guard (mxlarge.launcher.guard), the scheduler
+            # here too (same command), and every guard needs its lease: through the ssh
+            # client's, mpirun's or srun's stdin, which each forwards to its remote
+            # processes
             child = self._sup.spawn(launched.role, launched.index, args, env=env, shell=shell,
                                     executable=executable, label=launched.label,
                                     where=launched.where, lease=True)
@@ -239,8 +249,8 @@ class _SubprocessShim:
             return 0  # teardown has begun; starting more would only be killed again
         if launched.host is not None and isinstance(args, str):
             self.hosts[child.pid] = launched.host
-        # Deliberately no CalledProcessError: in dmlc's daemon threads it would only print a
-        # traceback. The supervisor has seen the exit and acts on it.
+        # Deliberately no CalledProcessError: in dmlc's daemon threads it would only
+        # print a traceback. The supervisor has seen the exit and acts on it.
         child.wait_exit()
         return 0
 
@@ -268,8 +278,8 @@ class DmlcRun:
     shutdown_timeout: float
 
     def explain(self, child: supervisor.Child) -> Outcome:
-        """What the backend says first (:meth:`DmlcBackend.before_explain`), the scheduler's
-        (or another child's) own exit, or the server or worker behind it
+        """What the backend says first (:meth:`DmlcBackend.before_explain`), the
+        scheduler's (or another child's) own exit, or the server or worker behind it
         (:meth:`DmlcBackend.explain`)."""
         assert child.status is not None
         early = self.backend.before_explain(self.context)
@@ -307,8 +317,8 @@ class DmlcRun:
 
 def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
             ) -> tuple[Outcome, set[str]]:
-    """dmlc's ``submit(job.args)`` in a thread, under the one supervision loop: the outcome
-    and the hosts commands were sent to."""
+    """dmlc's ``submit(job.args)`` in a thread, under the one supervision loop: the
+    outcome and the hosts commands were sent to."""
     from dmlc_tracker import tracker  # late: only cluster jobs need dmlc_tracker
 
     module = importlib.import_module(f"dmlc_tracker.{backend.name}")
@@ -363,8 +373,9 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
                 bad = outcome.exit_code != 0 and not stop.is_set()
                 sup.sink.emit("launcher", f"{outcome.message}; stopping the job" if bad
                               else outcome.message)
-            # A tool client (ssh, mpirun, srun) waits on a cut-off host that cannot answer;
-            # every guard behind it ends its command when the client's lease stops.
+            # A tool client (ssh, mpirun, srun) waits on a cut-off host that cannot
+            # answer; every guard behind it ends its command when the client's lease
+            # stops.
             sup.teardown(min(grace, CUT_GRACE) if job.cut else grace)
             # With the scheduler gone, tracker.submit() returns within a poll interval.
             thread.join(timeout=grace + 10)

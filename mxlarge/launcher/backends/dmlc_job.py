@@ -1,7 +1,7 @@
 """A dmlc job's parts, decided before anything starts
-(:meth:`~mxlarge.launcher.backends.dmlc.DmlcBackend.run` reads them): the backend's tool, each
-command as launched, every process's environment, the job's heartbeat and report directories,
-dmlc's ``args`` and the frozen :class:`Submission`."""
+(:meth:`~mxlarge.launcher.backends.dmlc.DmlcBackend.run` reads them): the backend's
+tool, each command as launched, every process's environment, the job's heartbeat and
+report directories, dmlc's ``args`` and the frozen :class:`Submission`."""
 from __future__ import annotations
 
 import contextlib
@@ -39,10 +39,10 @@ class Tool:
 
 @dataclass(frozen=True)
 class Launched:
-    """One command dmlc starts, as the launcher labels it: its role, launch index (None: one
-    tool process for every process of the role), its label (None: by its role, launch index
-    and kvstore rank once known, then ``where``: ``worker 1 via ssh h:22``) and the host it runs
-    on, if it names one (ssh)."""
+    """One command dmlc starts, as the launcher labels it: its role, launch index (None:
+    one tool process for every process of the role), its label (None: by its role,
+    launch index and kvstore rank once known, then ``where``: ``worker 1 via ssh h:22``)
+    and the host it runs on, if it names one (ssh)."""
 
     role: str
     index: int | None
@@ -53,11 +53,12 @@ class Launched:
 
 @dataclass(frozen=True)
 class Submission:
-    """One job as dmlc submits it: the spec, the job id, dmlc's ``args``, the hosts it may run
-    on, the heartbeat and report directories, whether ps-lite's verbose lines are the
-    launcher's, the hosts' ssh ports, the layout, the hosts found cut off (filled during the
-    job), the seconds the rest may take once the scheduler exited and the ``ip:port`` of the
-    job's processes (filled when it ends: the packet filter's count)."""
+    """One job as dmlc submits it: the spec, the job id, dmlc's ``args``, the hosts it
+    may run on, the heartbeat and report directories, whether ps-lite's verbose lines
+    are the launcher's, the hosts' ssh ports, the layout, the hosts found cut off
+    (filled during the job), the seconds the rest may take once the scheduler exited and
+    the ``ip:port`` of the job's processes (filled when it ends: the packet filter's
+    count)."""
 
     spec: Spec
     job_id: str
@@ -78,7 +79,8 @@ def job_env(spec: Spec, entries: list[HostEntry] | None) -> tuple[dict[str, str]
     # Unbuffered so that lines arrive through ssh/mpirun/srun as they are printed; no
     # __pycache__ written into the (shared) checkout by the job's processes.
     env = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **forwarded_env(spec.env)}
-    # ps-lite names its port (pslog); those lines are not shown unless the user asked for them
+    # ps-lite names its port (pslog); those lines are not shown unless the user asked
+    # for them
     ps_verbose = verbose_env({**os.environ, **env})
     env.update(ps_verbose)
     if spec.tuning:
@@ -90,10 +92,10 @@ def job_env(spec: Spec, entries: list[HostEntry] | None) -> tuple[dict[str, str]
 
 
 def job_dirs(spec: Spec, env: dict[str, str]) -> tuple[str, str]:
-    """Where workers write their heartbeats and their reports: ``.mxlarge-heartbeat/<job id>``
-    and ``.mxlarge-reports/<job id>`` here, which the ssh backend also ``cd``s to on every
-    host (a filesystem every host shares, or the watchdog stays unarmed and no timeline is
-    merged)."""
+    """Where workers write their heartbeats and their reports: ``.mxlarge-heartbeat/<job
+    id>`` and ``.mxlarge-reports/<job id>`` here, which the ssh backend also ``cd``s to
+    on every host (a filesystem every host shares, or the watchdog stays unarmed and no
+    timeline is merged)."""
     if spec.stall_timeout is not None and spec.stall_timeout < 0:
         raise ValueError(f"stall_timeout must be >= 0 (0 disables), got {spec.stall_timeout}")
     beats = os.path.abspath(os.path.join(".mxlarge-heartbeat", env["MXLARGE_JOB_ID"]))

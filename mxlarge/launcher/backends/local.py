@@ -1,13 +1,14 @@
-"""The local backend: 1 scheduler, n servers and m workers on 127.0.0.1, started and supervised
-by the launcher itself (:class:`LocalBackend`, :class:`LocalRun`).
+"""The local backend: 1 scheduler, n servers and m workers on 127.0.0.1, started and
+supervised by the launcher itself (:class:`LocalBackend`, :class:`LocalRun`).
 
-ps-lite (inside MXNet) is the transport; this is process supervision only. Every role runs the
-same command, as with MXNet's ``tools/launch.py``: a process whose ``DMLC_ROLE`` is
-``scheduler`` or ``server`` serves that role inside ``import mxnet`` and exits there. Every
-process listens on loopback only (``DMLC_PS_ROOT_URI``, ``DMLC_NODE_HOST``, ``DMLC_INTERFACE``:
-how ps-lite binds is in ``docs/design/launcher.md``, Loopback), so there is no packet filter to
-install; ranks are assigned by the scheduler, so a worker's launch index is *not* its kvstore
-rank. An elastic job's "hosts" are its worker processes, ``worker-<i>``; :func:`local_probe`
+ps-lite (inside MXNet) is the transport; this is process supervision only. Every role
+runs the same command, as with MXNet's ``tools/launch.py``: a process whose
+``DMLC_ROLE`` is ``scheduler`` or ``server`` serves that role inside ``import mxnet``
+and exits there. Every process listens on loopback only (``DMLC_PS_ROOT_URI``,
+``DMLC_NODE_HOST``, ``DMLC_INTERFACE``: how ps-lite binds is in
+``docs/design/launcher.md``, Loopback), so there is no packet filter to install; ranks
+are assigned by the scheduler, so a worker's launch index is *not* its kvstore rank. An
+elastic job's "hosts" are its worker processes, ``worker-<i>``; :func:`local_probe`
 takes as lost for good the names listed in a file (``--local-lost FILE``).
 """
 from __future__ import annotations
@@ -50,18 +51,20 @@ from mxlarge.protocol.reports import ENV as REPORTS_ENV
 
 LOOPBACK = "127.0.0.1"
 
-# Variables the launcher sets per process. A caller may not override them (the job would not
-# form), and inherited values are dropped: e.g. ps-lite itself setenv()s DMLC_RANK, and a stale
-# value inherited from an enclosing job changes how some ps-lite versions assign node ids.
+# Variables the launcher sets per process. A caller may not override them (the job would
+# not form), and inherited values are dropped: e.g. ps-lite itself setenv()s DMLC_RANK,
+# and a stale value inherited from an enclosing job changes how some ps-lite versions
+# assign node ids.
 OWNED_ENV = frozenset({
     "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
     "DMLC_NODE_HOST", "DMLC_INTERFACE", "DMLC_RANK", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER",
     "MXLARGE_ROLE", "MXLARGE_LOCAL_RANK", "MXLARGE_JOB_ID", HEARTBEAT_ENV, REPORTS_ENV,
 })
 
-# A worker that joined the parameter server leaves through ps-lite's exit barrier together with
-# the scheduler, which exits in the same moment (measured: within one 0.1 s poll). A scheduler
-# still running this long after every worker exited 0 is still waiting for workers to join.
+# A worker that joined the parameter server leaves through ps-lite's exit barrier
+# together with the scheduler, which exits in the same moment (measured: within one 0.1
+# s poll). A scheduler still running this long after every worker exited 0 is still
+# waiting for workers to join.
 JOIN_GRACE = 3.0
 
 
@@ -72,8 +75,9 @@ class PortInUseError(OSError):
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago.
 
-    There is an unavoidable window before the scheduler binds it; if another process takes the
-    port meanwhile, the scheduler fails to bind and :func:`run_local` reports that failure.
+    There is an unavoidable window before the scheduler binds it; if another process
+    takes the port meanwhile, the scheduler fails to bind and :func:`run_local` reports
+    that failure.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
@@ -83,8 +87,9 @@ def free_port() -> int:
 def ensure_port_free(port: int, host: str = LOOPBACK) -> None:
     """Raise :class:`PortInUseError` if ``host:port`` cannot be bound for listening.
 
-    SO_REUSEADDR is set like ZeroMQ does, so a port held only by TIME_WAIT connections of an
-    earlier job counts as free, while any listener (on this address or the wildcard) does not.
+    SO_REUSEADDR is set like ZeroMQ does, so a port held only by TIME_WAIT connections
+    of an earlier job counts as free, while any listener (on this address or the
+    wildcard) does not.
     """
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
@@ -109,8 +114,8 @@ def _job_env(env: Mapping[str, str] | None) -> dict[str, str]:
             raise ValueError(f"env may not set {', '.join(clash)}: the launcher sets these "
                              f"per process")
     base = {k: v for k, v in os.environ.items() if k not in OWNED_ENV}
-    # Children write to a pipe; without this, Python block-buffers and lines arrive late (or
-    # never, if the process is killed).
+    # Children write to a pipe; without this, Python block-buffers and lines arrive late
+    # (or never, if the process is killed).
     base.setdefault("PYTHONUNBUFFERED", "1")
     base.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # no __pycache__ written into the checkout
     if env:
@@ -142,8 +147,9 @@ def local_hosts(workers: int) -> list[str]:
 
 
 def local_probe(lost: str | Path | None) -> Probe:
-    """A local job's :data:`~mxlarge.launcher.restart.Probe`: every host lives but those named
-    in the file ``lost`` (one name a line, read at each probe; a missing file names none)."""
+    """A local job's :data:`~mxlarge.launcher.restart.Probe`: every host lives but those
+    named in the file ``lost`` (one name a line, read at each probe; a missing file
+    names none)."""
     def probe(hosts: Sequence[str]) -> list[str]:
         gone: set[str] = set()
         if lost is not None and Path(lost).is_file():
@@ -158,7 +164,8 @@ class LocalBackend(LaunchBackend):
 
     name = "local"
     on_this_machine = True
-    #: seconds servers and scheduler may take to exit after the last worker (a spec's default)
+    #: seconds servers and scheduler may take to exit after the last worker (a spec's
+    #: default)
     shutdown_timeout = 30.0
 
     def check_spec(self, spec: Spec) -> None:
@@ -180,8 +187,8 @@ class LocalBackend(LaunchBackend):
                        min_workers)
 
     def attempt_env(self, spec: Spec, declared_workers: int) -> Mapping[str, str]:
-        # CPU kernels reduce in an order that depends on the OpenMP team: every worker keeps
-        # the declared world's (tests/e2e/test_simulate.py)
+        # CPU kernels reduce in an order that depends on the OpenMP team: every worker
+        # keeps the declared world's (tests/e2e/test_simulate.py)
         if not spec.tuning:
             return spec.env
         return {**local_role_env("worker", declared_workers, {**os.environ, **spec.env}),
@@ -189,8 +196,8 @@ class LocalBackend(LaunchBackend):
 
     def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
         """Runs ``spec.argv`` as 1 scheduler, ``spec.servers`` servers and
-        ``spec.world.processes`` workers on loopback (the rules: ``docs/design/launcher.md``,
-        The local job).
+        ``spec.world.processes`` workers on loopback (the rules:
+        ``docs/design/launcher.md``, The local job).
 
         Each process gets the ``DMLC_*`` variables of its role, plus ``MXLARGE_ROLE``,
         ``MXLARGE_LOCAL_RANK`` (launch index within the role) and ``MXLARGE_JOB_ID``; its output
@@ -218,7 +225,8 @@ class LocalBackend(LaunchBackend):
             ensure_port_free(port)
 
         job_id = uuid.uuid4().hex[:12]
-        # the job's directories: heartbeats (the watchdog's) and reports (the timeline's)
+        # the job's directories: heartbeats (the watchdog's) and reports (the
+        # timeline's)
         beats = tempfile.mkdtemp(prefix=f"mxlarge-heartbeat-{job_id}-")
         reported = tempfile.mkdtemp(prefix=f"mxlarge-reports-{job_id}-")
         base[HEARTBEAT_ENV] = beats
@@ -250,7 +258,8 @@ class LocalBackend(LaunchBackend):
                     sup.sink.emit("launcher", f"{outcome.message}; stopping the job")
                 else:
                     sup.sink.emit("launcher", outcome.message)
-                # Still inside the signal block: a second Ctrl-C must not interrupt the cleanup.
+                # Still inside the signal block: a second Ctrl-C must not interrupt the
+                # cleanup.
                 sup.teardown(spec.grace)
             return outcome
         finally:

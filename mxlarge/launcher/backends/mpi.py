@@ -1,8 +1,9 @@
-"""The mpi backend: dmlc_tracker's ``mpi`` starts two ``mpirun --hostfile`` calls (servers,
-workers) over the same hostfile; mpirun places the ranks and resolves host names itself.
+"""The mpi backend: dmlc_tracker's ``mpi`` starts two ``mpirun --hostfile`` calls
+(servers, workers) over the same hostfile; mpirun places the ranks and resolves host
+names itself.
 
-With server hosts (``role=server`` lines, ``dist.server_hosts``) the servers' mpirun gets a
-hostfile of its own (:meth:`MpiBackend.prepare`), the workers' the other lines.
+With server hosts (``role=server`` lines, ``dist.server_hosts``) the servers' mpirun
+gets a hostfile of its own (:meth:`MpiBackend.prepare`), the workers' the other lines.
 
 mpirun runs with ``--stdin all`` (otherwise only rank 0 gets the guards' lease; the others'
 stdin is /dev/null, an end of file that ends their guards at once), and, unless the user chose
@@ -14,10 +15,10 @@ guards ``--reraise``: the report stays what it would be unguarded. Open MPI 4.1'
 all`` gives ranks on mpirun's own host no byte, so their lease runs from the first one
 (``--from-first-byte``); mpirun, here, ends them itself.
 
-An elastic job (``--elastic``) probes the hostfile's hosts with ``ssh host true``, as mpirun
-reaches them (:func:`~mxlarge.launcher.backends.ssh.ssh_probe`; refused when the user chose
-mpirun's remote agent), and runs a restart from a hostfile of the answering hosts only
-(:func:`survivors_hostfile`).
+An elastic job (``--elastic``) probes the hostfile's hosts with ``ssh host true``, as
+mpirun reaches them (:func:`~mxlarge.launcher.backends.ssh.ssh_probe`; refused when the
+user chose mpirun's remote agent), and runs a restart from a hostfile of the answering
+hosts only (:func:`survivors_hostfile`).
 """
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ from mxlarge.launcher.restart import Elastic
 from mxlarge.plan import World
 
 _MPIRUN_FLAGS = "mpirun --stdin all "
-# Same keepalive as the ssh backend's; not added when the user chose mpirun's remote agent or
-# its arguments (measured without it: still there 28 s after the job's end, 75 s after a cut).
+# Same keepalive as the ssh backend's; not added when the user chose mpirun's remote
+# agent or its arguments (measured without it: still there 28 s after the job's end, 75
+# s after a cut).
 _MPIRUN_SSH_KEEPALIVE = '--mca plm_rsh_args "-o ServerAliveInterval=3 -o ServerAliveCountMax=3" '
 # dmlc's servers' mpirun (get_mpi_env: Open MPI's -x, MPICH's -env)
 _SERVER_ROLE = ("-x DMLC_ROLE=server ", "-env DMLC_ROLE server ")
@@ -72,7 +74,8 @@ class MpiBackend(DmlcBackend):
     """``--launcher mpi``."""
 
     name = "mpi"
-    # a failed rank is named from mpirun's own report, so the guards --reraise (docstring)
+    # a failed rank is named from mpirun's own report, so the guards --reraise
+    # (docstring)
     tool = Tool("mpirun", _REPORTS, "mpi rank", reraise=True, from_first_byte=True)
 
     def __init__(self) -> None:
@@ -85,8 +88,9 @@ class MpiBackend(DmlcBackend):
                                     server_hosts, str(hostfile))
         homes = check_server_hosts(entries, servers, str(hostfile))
         self._servers = servers
-        # Workers and servers are two separate mpirun calls: over the same hostfile, or with
-        # server hosts the workers over the other lines and the servers over theirs.
+        # Workers and servers are two separate mpirun calls: over the same hostfile, or
+        # with server hosts the workers over the other lines and the servers over
+        # theirs.
         lines = [e for e in entries if not e.server]
         capacity = sum(e.slots if e.slots is not None else 1 for e in lines)
         need = workers if homes else max(workers, servers)
@@ -100,12 +104,12 @@ class MpiBackend(DmlcBackend):
 
     def prepare(self, hostfile: str | None, entries: list[HostEntry] | None,
                 stack: contextlib.ExitStack) -> tuple[str | None, list[str]]:
-        """The hosts as listed, and the hostfile mpirun reads: with server hosts two, the
-        workers' lines (what dmlc reads) and one line per server host with as many slots as
-        servers go there (:meth:`fix_command` gives it to the servers' mpirun). Else the
-        user's own, unless Open MPI runs it and a line has no slot count: Open MPI gives such a
-        line as many slots as its host has cores, where the job's layout (and MPICH) counts
-        one, so mpirun gets a copy with ``slots=1`` there."""
+        """The hosts as listed, and the hostfile mpirun reads: with server hosts two,
+        the workers' lines (what dmlc reads) and one line per server host with as many
+        slots as servers go there (:meth:`fix_command` gives it to the servers' mpirun).
+        Else the user's own, unless Open MPI runs it and a line has no slot count: Open
+        MPI gives such a line as many slots as its host has cores, where the job's
+        layout (and MPICH) counts one, so mpirun gets a copy with ``slots=1`` there."""
         hosts = [e.host for e in entries or ()]
         if not any(e.server for e in entries or ()):
             if all(e.slots is not None for e in entries or ()) or not _open_mpi():
@@ -145,7 +149,8 @@ class MpiBackend(DmlcBackend):
                              "alive; expected it unset")
         assert lines is not None
         server_lines, worker_lines = mpi_slots(lines, servers, world.processes)
-        # port 22: an mpi hostfile has no port column, and mpirun's ssh is given none here
+        # port 22: an mpi hostfile has no port column, and mpirun's ssh is given none
+        # here
         return Elastic(world, [e.host for e in worker_lines], ssh_probe({}), min_workers,
                        others=[e.host for e in server_lines])
 
@@ -175,8 +180,8 @@ class MpiBackend(DmlcBackend):
 
 def mpi_slots(lines: Sequence[HostEntry], servers: int, workers: int
               ) -> tuple[list[HostEntry], list[HostEntry]]:
-    """Where mpirun puts a job: (each server's line, each worker's line). Each of the two
-    mpiruns fills its hosts' slots in order (:func:`_fill`); with server hosts
+    """Where mpirun puts a job: (each server's line, each worker's line). Each of the
+    two mpiruns fills its hosts' slots in order (:func:`_fill`); with server hosts
     (``role=server`` lines) the servers go round-robin over those
     (:func:`~mxlarge.launcher.hostfile.place`, :meth:`MpiBackend.prepare`), the workers
     over the other lines."""
@@ -188,13 +193,14 @@ def mpi_slots(lines: Sequence[HostEntry], servers: int, workers: int
 
 def survivors_hostfile(lines: Sequence[HostEntry], declared_workers: int,
                        answering: Collection[str], servers: int, workers: int) -> str:
-    """The mpi hostfile of an attempt with ``servers`` servers and ``workers`` workers on the
-    ``answering`` hosts only. The workers take the first ``workers`` of the declared workers'
-    slots (:func:`mpi_slots`) whose host answers: one ``host slots=k`` line per such host, k
-    its workers, in order, so that mpirun's by-slot fill puts them there again. Server hosts
-    that answer stay ``role=server`` lines (at most ``servers`` of them); if none does, the
-    servers share the workers' lines, whose last gets the slots the servers need beyond the
-    workers' (max(servers, workers) in all; after the workers' own, so their fill is as said).
+    """The mpi hostfile of an attempt with ``servers`` servers and ``workers`` workers
+    on the ``answering`` hosts only. The workers take the first ``workers`` of the
+    declared workers' slots (:func:`mpi_slots`) whose host answers: one ``host slots=k``
+    line per such host, k its workers, in order, so that mpirun's by-slot fill puts them
+    there again. Server hosts that answer stay ``role=server`` lines (at most
+    ``servers`` of them); if none does, the servers share the workers' lines, whose last
+    gets the slots the servers need beyond the workers' (max(servers, workers) in all;
+    after the workers' own, so their fill is as said).
 
     Raises:
         ValueError: fewer answering worker slots than ``workers`` (the world does not fit).
@@ -213,7 +219,8 @@ def survivors_hostfile(lines: Sequence[HostEntry], declared_workers: int,
 
 
 def _fill(lines: Sequence[HostEntry], n: int) -> list[HostEntry]:
-    """The line of each of ``n`` ranks, mpirun's by-slot mapping (a line's ``slots``, else
-    1, in order; round-robin again past the capacity, which the checks do not allow)."""
+    """The line of each of ``n`` ranks, mpirun's by-slot mapping (a line's ``slots``,
+    else 1, in order; round-robin again past the capacity, which the checks do not
+    allow)."""
     slots = [e for e in lines for _ in range(e.slots if e.slots is not None else 1)]
     return [slots[i % len(slots)] for i in range(n)] if slots else []

@@ -1,5 +1,5 @@
-"""The slurm backend: dmlc_tracker's ``slurm`` starts two ``srun`` job steps (servers, workers)
-inside the current allocation; the nodes are the allocation's.
+"""The slurm backend: dmlc_tracker's ``slurm`` starts two ``srun`` job steps (servers,
+workers) inside the current allocation; the nodes are the allocation's.
 
 dmlc's step flags ``srun --share --exclusive=user`` are refused by Slurm >= 20.11, and without
 ``--overlap`` the server step waits for the worker step to end, which never happens: where srun
@@ -10,20 +10,21 @@ report (``srun: error: H: task R: Killed``), so the guards ``--reraise``. With s
 (``dist.server_hosts``: node names of the allocation) the servers' step runs on them
 (``-w``) and the workers' on the other nodes (``-x``): one allocation, two node lists.
 
-A Slurm cancellation (``scancel``, a SIGTERM to ``salloc``) ends the steps and signals the
-launcher at about the same time: a failed step first waits a moment for that signal and asks
-Slurm whether the allocation is ending, so the cancellation, not the step it ended, is named
-(and not restarted). No packet filter: slurmctld, which may run outside the job, calls srun
-back on ports in the same ranges.
+A Slurm cancellation (``scancel``, a SIGTERM to ``salloc``) ends the steps and signals
+the launcher at about the same time: a failed step first waits a moment for that signal
+and asks Slurm whether the allocation is ending, so the cancellation, not the step it
+ended, is named (and not restarted). No packet filter: slurmctld, which may run outside
+the job, calls srun back on ports in the same ranges.
 
-A hostfile (``-H``) names the nodes of the allocation to run on (node names, one per line): the
-steps leave the others out (``-x``), and a step with more tasks than its nodes overcommits
-(``--overcommit``: the allocation may grant one CPU per node). That is how an elastic restart
-(``--elastic``) runs on the survivors: before it, every node of the job is probed
-(:func:`~mxlarge.launcher.slurm_query.silent_nodes`: still in the allocation, usable to Slurm,
-its slurmd answering), and the restart's hostfile lists the answering ones. The allocation must
-outlive a failed node (``salloc``/``sbatch --no-kill``): without it Slurm ends the allocation
-once it counts the node down (``SlurmdTimeout``), the restart with it.
+A hostfile (``-H``) names the nodes of the allocation to run on (node names, one per
+line): the steps leave the others out (``-x``), and a step with more tasks than its
+nodes overcommits (``--overcommit``: the allocation may grant one CPU per node). That is
+how an elastic restart (``--elastic``) runs on the survivors: before it, every node of
+the job is probed (:func:`~mxlarge.launcher.slurm_query.silent_nodes`: still in the
+allocation, usable to Slurm, its slurmd answering), and the restart's hostfile lists the
+answering ones. The allocation must outlive a failed node (``salloc``/``sbatch
+--no-kill``): without it Slurm ends the allocation once it counts the node down
+(``SlurmdTimeout``), the restart with it.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ from mxlarge.launcher.slurm_query import (
 )
 from mxlarge.plan import World
 
-# srun says what happened in strsignal(3)'s words ("Killed") or "Exited with exit code N"
+# srun says what happened in strsignal(3)'s words ("Killed") or "Exited with exit code
+# N"
 _REPORTS = (re.compile(r"srun: error: (?P<host>[^:\s]+): tasks? (?P<rank>\d+)[-,\d]*: "
                        r"(?P<what>.+?)\s*$"),)
 _SRUN_DMLC_FLAGS = "srun --share --exclusive=user "
@@ -80,8 +82,9 @@ class SlurmBackend(DmlcBackend):
 
     def check_hosts(self, hostfile: str | None, workers: int, servers: int,
                     server_hosts: Sequence[str] = ()) -> None:
-        """The nodes to run on (the hostfile's, all nodes of the allocation) and the server
-        hosts among them, checked; the steps are placed from them (:meth:`fix_command`)."""
+        """The nodes to run on (the hostfile's, all nodes of the allocation) and the
+        server hosts among them, checked; the steps are placed from them
+        (:meth:`fix_command`)."""
         allocation = slurm_nodes()
         have = ", ".join(allocation) or "none: no SLURM_JOB_NODELIST"
         nodes = allocation
@@ -117,8 +120,8 @@ class SlurmBackend(DmlcBackend):
         return None
 
     def preflight(self, spec: Spec) -> None:
-        """No node to run on that Slurm counts as not usable (``HostCheckError``); outside an
-        allocation srun itself says why it cannot run."""
+        """No node to run on that Slurm counts as not usable (``HostCheckError``);
+        outside an allocation srun itself says why it cannot run."""
         self.check_hosts(spec.hostfile, spec.world.processes, spec.servers, spec.server_hosts)
         bad = bad_nodes(self._nodes)
         if bad:
@@ -131,8 +134,8 @@ class SlurmBackend(DmlcBackend):
 
     def elastic(self, world: World, servers: int, lines: list[HostEntry] | None,
                 min_workers: int, local_lost: str | None) -> Elastic:
-        """The workers' nodes (one worker each, in the allocation's order) and the others,
-        probed with :func:`~mxlarge.launcher.slurm_query.silent_nodes`."""
+        """The workers' nodes (one worker each, in the allocation's order) and the
+        others, probed with :func:`~mxlarge.launcher.slurm_query.silent_nodes`."""
         if local_lost is not None:
             raise ValueError("--local-lost: expected with --launcher local (a Slurm job asks "
                              "Slurm and each node's slurmd)")
@@ -162,9 +165,9 @@ class SlurmBackend(DmlcBackend):
         return hostfile, self._nodes
 
     def fix_command(self, command: str) -> str:
-        """``--overlap``, ``--kill-on-bad-exit`` and ``--input=all`` (module docstring); with
-        server hosts, the servers' step on them (``-w``) and the workers' off them (``-x``);
-        nodes left out (a hostfile) left out of both (``-x``)."""
+        """``--overlap``, ``--kill-on-bad-exit`` and ``--input=all`` (module docstring);
+        with server hosts, the servers' step on them (``-w``) and the workers' off them
+        (``-x``); nodes left out (a hostfile) left out of both (``-x``)."""
         flags = ("srun --overlap " if self._overlap else _SRUN_DMLC_FLAGS) + _SRUN_FLAGS
         step = _STEP.search(command)
         if step is not None and (self._homes or self._left_out):

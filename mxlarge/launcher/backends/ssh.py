@@ -1,17 +1,18 @@
-"""The ssh backend: dmlc_tracker's ``ssh`` starts one ssh client per process, round-robin over
-the hostfile's lines (servers first).
+"""The ssh backend: dmlc_tracker's ``ssh`` starts one ssh client per process,
+round-robin over the hostfile's lines (servers first).
 
-One client per process is what lets this backend name a failed process exactly: its guard's
-lines and its own ps-lite Bind line come back through its own client. ``ssh`` runs with ``-tt``
-(sshd signals a command only through its terminal: without one, the remote processes of a
-failed job would outlive their killed clients) and a keepalive (a silent host is given up
-after 3 x 3 s, then the probe names it). ssh's status 255 means both "could not connect" and
-"the remote process died of a signal"; the guard's lines tell which.
+One client per process is what lets this backend name a failed process exactly: its
+guard's lines and its own ps-lite Bind line come back through its own client. ``ssh``
+runs with ``-tt`` (sshd signals a command only through its terminal: without one, the
+remote processes of a failed job would outlive their killed clients) and a keepalive (a
+silent host is given up after 3 x 3 s, then the probe names it). ssh's status 255 means
+both "could not connect" and "the remote process died of a signal"; the guard's lines
+tell which.
 
-Hosts must be IP addresses: dmlc exports each line's host as ``DMLC_NODE_HOST``, which ps-lite
-hands to ZeroMQ's bind, and that bind does not resolve names. An elastic job probes every host
-with ``ssh host true`` before a restart (:func:`ssh_probe`) and runs the attempt from a hostfile
-of the answering hosts only (:func:`survivors_hostfile`).
+Hosts must be IP addresses: dmlc exports each line's host as ``DMLC_NODE_HOST``, which
+ps-lite hands to ZeroMQ's bind, and that bind does not resolve names. An elastic job
+probes every host with ``ssh host true`` before a restart (:func:`ssh_probe`) and runs
+the attempt from a hostfile of the answering hosts only (:func:`survivors_hostfile`).
 """
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ _SSH_FLAGS = "ssh -tt -o ServerAliveInterval=3 -o ServerAliveCountMax=3 "
 
 
 def ssh_probe(ports: Mapping[str, int]) -> Probe:
-    """An ssh job's :data:`~mxlarge.launcher.restart.Probe`: the hosts (``{host: ssh port}``)
-    that let ``ssh host true`` through within
+    """An ssh job's :data:`~mxlarge.launcher.restart.Probe`: the hosts (``{host: ssh
+    port}``) that let ``ssh host true`` through within
     :data:`~mxlarge.launcher.reach.SSH_PROBE_TIMEOUT` s, all probed at once."""
     def probe(hosts: Sequence[str]) -> list[str]:
         silent = ssh_silent({h: ports.get(h, 22) for h in dict.fromkeys(hosts)})
@@ -58,8 +59,9 @@ def ssh_probe(ports: Mapping[str, int]) -> Probe:
 
 def ssh_slots(lines: Sequence[HostEntry], servers: int, workers: int
               ) -> tuple[list[HostEntry], list[HostEntry]]:
-    """Where dmlc's ssh backend puts a job: process i (servers first, then workers) on line
-    i mod L of the hostfile's L lines. Returns (each server's line, each worker's line)."""
+    """Where dmlc's ssh backend puts a job: process i (servers first, then workers) on
+    line i mod L of the hostfile's L lines. Returns (each server's line, each worker's
+    line)."""
     n = len(lines)
     return ([lines[i % n] for i in range(servers)],
             [lines[(servers + i) % n] for i in range(workers)])
@@ -67,11 +69,12 @@ def ssh_slots(lines: Sequence[HostEntry], servers: int, workers: int
 
 def survivors_hostfile(server_lines: Sequence[HostEntry], worker_lines: Sequence[HostEntry],
                        answering: Collection[str], servers: int, workers: int) -> str:
-    """The hostfile of an attempt with ``servers`` servers and ``workers`` workers on the
-    ``answering`` hosts only, as :func:`ssh_slots` lines of the declared job: one line per
-    process, the servers' first, so that dmlc puts process i on line i. The workers take the
-    first ``workers`` declared worker lines whose host answers (in order); the servers go
-    round-robin over the declared server lines that answer, or over the workers' if none does.
+    """The hostfile of an attempt with ``servers`` servers and ``workers`` workers on
+    the ``answering`` hosts only, as :func:`ssh_slots` lines of the declared job: one
+    line per process, the servers' first, so that dmlc puts process i on line i. The
+    workers take the first ``workers`` declared worker lines whose host answers (in
+    order); the servers go round-robin over the declared server lines that answer, or
+    over the workers' if none does.
 
     Raises:
         ValueError: fewer answering worker lines than ``workers`` (the world does not fit).
@@ -92,13 +95,15 @@ class SshBackend(DmlcBackend):
 
     def check_hosts(self, hostfile: str | None, workers: int, servers: int,
                     server_hosts: Sequence[str] = ()) -> list[HostEntry]:
-        """The hostfile's lines; with server hosts, one line per process as dmlc reads them
-        (each server's, then each worker's: :func:`~mxlarge.launcher.hostfile.place`), so that
-        dmlc's line i mod L is process i's own host."""
+        """The hostfile's lines; with server hosts, one line per process as dmlc reads
+        them (each server's, then each worker's:
+        :func:`~mxlarge.launcher.hostfile.place`), so that dmlc's line i mod L is
+        process i's own host."""
         entries = with_server_hosts(listed_hosts(hostfile, self.name, colon="port"),
                                     server_hosts, str(hostfile))
-        # dmlc exports each line's host as DMLC_NODE_HOST, and ps-lite hands that to ZeroMQ's
-        # bind, which takes addresses and interface names but does no DNS ("bind failed").
+        # dmlc exports each line's host as DMLC_NODE_HOST, and ps-lite hands that to
+        # ZeroMQ's bind, which takes addresses and interface names but does no DNS
+        # ("bind failed").
         named = [e.host for e in entries if not is_ip(e.host)]
         if named:
             raise ValueError(
@@ -106,8 +111,8 @@ class SshBackend(DmlcBackend):
                 f"({', '.join(sorted(set(named)))}): dmlc passes each host to ps-lite as "
                 f"DMLC_NODE_HOST, the address it binds, and that bind does not resolve names")
         homes = check_server_hosts(entries, servers, str(hostfile))
-        # dmlc places servers round-robin from the first line, then workers after them: with at
-        # least as many lines as workers, each worker gets a line of its own.
+        # dmlc places servers round-robin from the first line, then workers after them:
+        # with at least as many lines as workers, each worker gets a line of its own.
         lines = [e for e in entries if not e.server]
         if len(lines) < workers:
             raise ValueError(

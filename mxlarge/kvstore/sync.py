@@ -315,8 +315,7 @@ class SyncStore:
                 src.copyto(dst)
         mx.nd.waitall()
 
-    # -- gradients
-    # ------------------------------------------------------------------------------
+    # -- gradients ---------------------------------------------------------------------
     def allreduce_grads(self, prescale: float = 1.0, step: Step | None = None) -> None:
         """Replaces every pushed gradient by its sum over workers and devices;
         ``prescale``: s of the 16-bit wire (:mod:`mxlarge.kvstore.wires`), ignored by

@@ -111,8 +111,7 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         self.lars_eta = float(lars_eta)
         self.lars_eps = float(lars_eps)
 
-    # -- pure functions of the step
-    # ------------------------------------------------------------
+    # -- pure functions of the step ----------------------------------------------------
     def lr_at(self, step: int) -> float:
         return float(self.schedule(step))
 
@@ -130,8 +129,7 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         decayed = j == len(self.no_decay) or self.no_decay[j] != index
         return float(self.wd) if decayed else 0.0
 
-    # -- MXNet optimizer protocol
-    # --------------------------------------------------------------
+    # -- MXNet optimizer protocol ------------------------------------------------------
     def create_state(self, index: int, weight: nd.NDArray) -> nd.NDArray | None:
         if self.momentum == 0.0:
             return None
@@ -170,8 +168,7 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         """The float16 weights' ``(momentum, master)`` states are handled by :meth:`apply`."""
         self.update(index, weight, grad, state)
 
-    # -- the update
-    # ----------------------------------------------------------------------------
+    # -- the update --------------------------------------------------------------------
     def apply(self, step: int, indices: Sequence[int], weights: Sequence[nd.NDArray],
               grads: Sequence[nd.NDArray], states: Sequence[nd.NDArray | None],
               rescale_grad: float) -> None:

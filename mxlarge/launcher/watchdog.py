@@ -153,8 +153,7 @@ class Watchdog:
         self._probed_at = -float("inf")
         self.unreachable: dict[str, str] = {}  # the last probe's answer
 
-    # -- facts
-    # ------------------------------------------------------------------------------------
+    # -- facts -------------------------------------------------------------------------
     @property
     def timeout(self) -> float:
         """The stall timeout in force now."""
@@ -191,8 +190,7 @@ class Watchdog:
         host), if any."""
         return next((s.record for s in self.seen.values() if s.record.pid == pid), None)
 
-    # -- judging
-    # ----------------------------------------------------------------------------------
+    # -- judging -----------------------------------------------------------------------
     def read(self, force: bool = False) -> None:
         """Takes in the current records (unless ``force``, at most one scan per READ_EVERY)."""
         now = self.clock()

@@ -46,8 +46,7 @@ class WorkerSession:
         self._stores: list[weakref.ref[Any]] = []  # the dist store (one: kvstore.sync.create)
         self._wait_all: Callable[[], None] | None = None
 
-    # -- fail fast
-    # ------------------------------------------------------------------------------
+    # -- fail fast ---------------------------------------------------------------------
     def exit_now(self, code: int) -> NoReturn:
         """Settle the heartbeats (at most :data:`~mxlarge.protocol.heartbeat.SETTLE` s),
         flush stdio and logging, then ``os._exit(code)``: no atexit, no kvstore exit
@@ -96,8 +95,7 @@ class WorkerSession:
         hook._mxlarge_fail_fast = True  # type: ignore[attr-defined]
         sys.excepthook = hook
 
-    # -- heartbeats
-    # -----------------------------------------------------------------------------
+    # -- heartbeats --------------------------------------------------------------------
     def beat(self, directory: str | Path, rank: int,
              interval: float = INTERVAL) -> HeartbeatWriter:
         """A new :class:`~mxlarge.protocol.heartbeat.HeartbeatWriter` for kvstore rank
@@ -118,8 +116,7 @@ class WorkerSession:
         for beat in list(self._beats):
             beat.finish()
 
-    # -- leaving together
-    # -----------------------------------------------------------------------
+    # -- leaving together --------------------------------------------------------------
     def leave_together(self, kv: Any, wait_all: Callable[[], None]) -> None:
         """At a clean exit, before MXNet's own shutdown: ``wait_all()`` (this worker's
         pushes sent, its pulls answered), a barrier of every worker on ``kv``, then

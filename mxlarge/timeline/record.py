@@ -106,8 +106,7 @@ class Recorder(StepObserver):
     def _mine(self, step: Step) -> bool:
         return self.step is not None and self.step == step.t
 
-    # -- the step's events
-    # ----------------------------------------------------------------------
+    # -- the step's events -------------------------------------------------------------
     def step_begun(self, step: Step) -> None:
         if self.done or not self.window.covers(step.t):
             self.step = None
@@ -197,8 +196,7 @@ class Recorder(StepObserver):
         if self.step == self.window.last:
             self.finish()
 
-    # -- marks and spans
-    # ------------------------------------------------------------------------
+    # -- marks and spans ---------------------------------------------------------------
     def mark(self, array: mx.nd.NDArray) -> Mark:
         """The moment every write of ``array`` issued so far is done."""
         return engine.mark(array, self._threads)

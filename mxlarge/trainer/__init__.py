@@ -144,8 +144,7 @@ class Trainer(mx.gluon.Trainer):
         if not self._pending:
             self._ready()
 
-    # -- gluon.Trainer's store hooks: the store is made at construction, never lazily
-    # -----------
+    # -- gluon.Trainer's store hooks: the store is made at construction, never lazily --
     def _init_kvstore(self) -> None:
         self._kvstore = self.collectives.kv
         self._distributed = self.collectives.distributed
@@ -160,8 +159,7 @@ class Trainer(mx.gluon.Trainer):
                          full_idx: bool = False) -> None:
         raise ValueError("sparse parameters are not supported by mxlarge.Trainer")
 
-    # -- readiness: every shape known
-    # ------------------------------------------------------------
+    # -- readiness: every shape known --------------------------------------------------
     def _broadcast(self, indices: list[int]) -> None:
         self.store.init_params(indices)
 
@@ -216,8 +214,7 @@ class Trainer(mx.gluon.Trainer):
             raise ValueError(f"parameters {', '.join(names)} were never initialised: run the "
                              "net's forward pass (inside autograd.record()) before step()")
 
-    # -- the schedule
-    # ---------------------------------------------------------------------------
+    # -- the schedule ------------------------------------------------------------------
     def world(self, batch_size: int) -> World:
         """This job's :class:`~mxlarge.plan.World` for ``batch_size`` images per worker."""
         units = self.num_devices * self.simulated_workers
@@ -259,8 +256,7 @@ class Trainer(mx.gluon.Trainer):
         """η(step) of the schedule."""
         return self.updater.lr_at(step)
 
-    # -- facts
-    # ----------------------------------------------------------------------------------
+    # -- facts -------------------------------------------------------------------------
     @property
     def rank(self) -> int:
         return self.collectives.rank
@@ -280,8 +276,7 @@ class Trainer(mx.gluon.Trainer):
         """The gradient arrays of the pushed parameters on ``device``, in order."""
         return [self.params[i].list_grad()[device] for i in self.pushed]
 
-    # -- the step
-    # -------------------------------------------------------------------------------
+    # -- the step ----------------------------------------------------------------------
     def begin_step(self, t: int | None = None, data: DataWait | None = None) -> Step:
         """Begins step ``t`` (default :attr:`num_update`) and tells the observers;
         returns it.
@@ -393,8 +388,7 @@ class Trainer(mx.gluon.Trainer):
             step, [self.params[i].list_data()[0] for i in self.pushed],
             [self.roles[i].name for i in self.pushed])
 
-    # -- states
-    # ---------------------------------------------------------------------------------
+    # -- states ------------------------------------------------------------------------
     def state_arrays(self) -> dict[str, mx.nd.NDArray]:
         """Device 0's optimizer states by ``<part>:<i>`` (:mod:`mxlarge.trainer.states`)."""
         self._check_ready()

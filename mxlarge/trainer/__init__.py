@@ -203,6 +203,15 @@ class Trainer(mx.gluon.Trainer):
             ([self.params[i].list_data()[d] for i in self.pushed], self.grads(d),
              self.opt_states.on_device(d)) for d in range(self.num_devices if self.params else 0)]
 
+    def _device_arrays(self, part: int) -> list[mx.nd.NDArray]:
+        """Device 0's weights (``part`` 0) or gradients (1) of the pushed parameters, as the
+        update's argument lists hold them (gathered again when the store changed them)."""
+        if not self._args_current:
+            self._gather_update_args()
+        if not self._update_args:
+            return []
+        return self._update_args[0][part]
+
     @property
     def is_ready(self) -> bool:
         """Whether every parameter has its shape (deferred ones get it at the first forward)."""
@@ -308,10 +317,11 @@ class Trainer(mx.gluon.Trainer):
             self._first_step_checked = True
             if self.collectives.distributed and self.num_workers > 1 and self.pushed:
                 first = checks.checksum(self.grads(0))
-        grads = self.grads(0) if self.params else []
-        self.observers.exchange_begun(step, grads)
+        self.observers.exchange_begun(step, self._device_arrays(1))
         self.store.allreduce_grads(prescale=self._scale, step=step)
-        self.observers.exchange_done(step, grads)
+        # the store may have made bucket views the gradients (in_forward plans): the sums
+        # are in the arrays gathered again
+        self.observers.exchange_done(step, self._device_arrays(1))
         if first is not None:
             checks.warn_if_unsharded(first.asnumpy(), self.collectives)
 
@@ -342,8 +352,7 @@ class Trainer(mx.gluon.Trainer):
         self.observers.update_begun(current)
         applied = self._apply(t, batch_size)
         current.applied = applied
-        weights = self._update_args[0][0] if self._update_args else []
-        self.observers.update_done(current, applied, weights)
+        self.observers.update_done(current, applied, self._device_arrays(0))
         return applied
 
     def _apply(self, t: int, batch_size: int) -> bool:

@@ -200,7 +200,7 @@ class Trainer(mx.gluon.Trainer):
         pushed parameters (Gluon keeps its arrays for the life of the parameters)."""
         self._args_current = True
         self._update_args = [
-            ([self.params[i].list_data()[d] for i in self.pushed], self.grads(d),
+            ([self.params[i].list_data()[d] for i in self.pushed], self._grads_of(d),
              self.opt_states.on_device(d)) for d in range(self.num_devices if self.params else 0)]
 
     def _device_arrays(self, part: int) -> list[mx.nd.NDArray]:
@@ -283,6 +283,11 @@ class Trainer(mx.gluon.Trainer):
 
     def grads(self, device: int = 0) -> list[mx.nd.NDArray]:
         """The gradient arrays of the pushed parameters on ``device``, in order."""
+        if self._args_current and device < len(self._update_args):
+            return list(self._update_args[device][1])  # no lookup per parameter a step
+        return self._grads_of(device)
+
+    def _grads_of(self, device: int) -> list[mx.nd.NDArray]:
         return [self.params[i].list_grad()[device] for i in self.pushed]
 
     # -- the step ----------------------------------------------------------------------

@@ -13,10 +13,9 @@ Modes:
     wd 0.5, ``step(n)``; then ``set_learning_rate(0)`` and a second ``step(n)``.
 ``lazy_init``
     ``gluon.Trainer(..., update_on_kvstore=False)``: the first ``step`` initialises the store,
-    pulls the initial weight and pushes the first gradient. A slow reader of the weight is
-    queued just before the step, so the engine holds the weight pull back while the gradient
-    push (which does not touch the weight) goes out at once. Then, on the same store (servers
-    only sum here), a raw push of a non-gradient array and a pull of the same key.
+    pulls the initial weight and pushes the first gradient, with nothing ordering the two on
+    the wire. Then, on the same store (servers only sum here), a raw push of a non-gradient
+    array and a pull of the same key.
 ``key_limit``
     ``init`` of key 215,329 (the largest whose ``key * 9973`` fits in a C int) and of 215,331,
     first thing after creating the store (run with 2 servers).
@@ -92,13 +91,8 @@ def lazy_init(kv: mx.kv.KVStore) -> dict:
         loss = _loss(w, x)
     loss.backward()
     mx.nd.waitall()
-    big = mx.nd.ones((200_000, D))
-    # Each op reads the weight, so a write to it (the initial pull) must wait for all of them;
-    # the gradient push reads only the gradient and is not held back.
-    readers = [mx.nd.dot(big, w.data()).sum() for _ in range(40)]
     trainer.step(N)
     mx.nd.waitall()
-    del readers
     seen = {"w1": w.data().asnumpy().tolist()}
 
     pushed = mx.nd.ones((D,)) * (rank + 1)

@@ -175,6 +175,8 @@ def _show(args: argparse.Namespace) -> int:
     print(dump_yaml(cfg).rstrip())
     print("---")
     print(f"job: {p.world.describe()}")
+    if p.lr_note:
+        print(f"note: {p.lr_note}")
     for k, v in out["plan"].items():
         if k == "lr_at":
             for s, lr in v.items():

@@ -289,6 +289,8 @@ def run_launch(job: Launch) -> int:
         print(f"mxlarge: MLflow run {run.run_id} in {run.uri}", flush=True)
     print(f"mxlarge: job: {job.plan.world.describe()}, peak LR {job.plan.peak_lr:.6g}, "
           f"{job.plan.total_steps} steps", flush=True)
+    if job.plan.lr_note:
+        print(f"mxlarge: note: {job.plan.lr_note}", flush=True)
     record = _Record(run)
     ok = False
     sampler = None

@@ -256,6 +256,7 @@ class Plan:
     warmup_steps: int
     decay_steps: tuple[int, ...]
     schedule: Schedule
+    lr_note: str | None = None  # :func:`scaled_down`'s line, when the LR is scaled down
 
     @property
     def global_batch(self) -> int:
@@ -295,7 +296,8 @@ def plan(cfg: Config, world: World, train_samples: int, samples_from: str = "dat
     o = cfg.optim
     base = o.lars_lr if o.lars else o.base_lr  # LARS: its own global LR γ (docs/performance.md)
     peak = schedulers.scaled_lr(base, o.reference_batch, world.global_batch, o.scaling)
-    warmup_lr = o.warmup_lr if o.warmup_lr is not None else base
+    # a warmup ramps up to the peak, never down to it (a global batch below the reference)
+    warmup_lr = min(o.warmup_lr if o.warmup_lr is not None else base, peak)
     warmup = schedulers.epochs_to_steps(o.warmup_epochs, steps) if o.warmup != "none" else 0
     decay = (tuple(schedulers.epochs_to_steps(e, steps) for e in o.decay_epochs)
              if o.decay == "step" else ())
@@ -303,7 +305,20 @@ def plan(cfg: Config, world: World, train_samples: int, samples_from: str = "dat
     return Plan(world=world, train_samples=train_samples, samples_from=samples_from,
                 steps_per_epoch=steps, total_steps=total, peak_lr=peak, warmup_lr=warmup_lr,
                 warmup_steps=warmup, decay_steps=decay,
-                schedule=_schedule(cfg, peak, warmup_lr, warmup, decay, total))
+                schedule=_schedule(cfg, peak, warmup_lr, warmup, decay, total),
+                lr_note=scaled_down(base, peak, world.global_batch, o.reference_batch,
+                                    o.scaling))
+
+
+def scaled_down(base: float, peak: float, global_batch: int, reference: int,
+                rule: str) -> str | None:
+    """The line that says the LR is scaled down (``peak`` < ``base``: a global batch below the
+    reference batch), and that the warmup starts at the scaled LR; None otherwise."""
+    if peak >= base:
+        return None
+    return (f"the global batch of {global_batch} is below the reference batch of {reference}: "
+            f"the LR is scaled down {peak / base:.4g}x ({rule} scaling), from {base:.6g} to "
+            f"{peak:.6g}, and any warmup starts there (it never ramps the LR down)")
 
 
 def _schedule(cfg: Config, peak: float, warmup_lr: float, warmup: int,

@@ -111,6 +111,8 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
                                   input_shape=data.input_shape)
     if rank == 0 and init_report.warning():
         print(f"mxlarge: warning: {init_report.warning()}", file=sys.stderr, flush=True)
+    if rank == 0 and p.lr_note:
+        print(f"mxlarge: note: {p.lr_note}", file=sys.stderr, flush=True)
     if cfg.model.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     o = cfg.optim

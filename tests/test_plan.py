@@ -236,3 +236,26 @@ def test_show_prints_the_layout_with_the_bytes_each_worker_host_moves(capsys, mo
     assert line == (f"layout: 1 server(s) co-located with the workers: each worker host sends "
                     f"and receives 2(n-1)/n·|g| = {4 / 3 * g / 2 / 1e6:.3g} MB per step (with "
                     f"server hosts, dist.server_hosts: |g| = {g / 2 / 1e6:.3g} MB)")
+
+
+@pytest.mark.parametrize("warmup_lr", [None, 0.5])
+def test_a_global_batch_below_the_reference_starts_the_warmup_at_the_scaled_lr(warmup_lr):
+    """Global batch 2 workers x 64 = 128 against reference 256: peak 0.05, and the warmup
+    never ramps down to it from base_lr 0.1 (or a warmup_lr above the peak); the plan
+    carries the line."""
+    over = ["optim.base_lr=0.1", "optim.reference_batch=256", "data.batch_size=64",
+            "optim.warmup_epochs=1"]
+    if warmup_lr is not None:
+        over.append(f"optim.warmup_lr={warmup_lr}")
+    cfg = load_config(ROOT / "experiments/proxy/digits-largebatch.yaml", over)
+    p = plan(cfg, world_of(cfg), 1280)
+    assert p.peak_lr == pytest.approx(0.05) and p.warmup_lr == pytest.approx(0.05)
+    lrs = [p.schedule(t) for t in range(p.warmup_steps + 2)]
+    assert all(b >= a - 1e-12 for a, b in zip(lrs, lrs[1:])) and lrs[0] == pytest.approx(0.05)
+    assert p.lr_note == ("the global batch of 128 is below the reference batch of 256: the LR "
+                         "is scaled down 0.5x (linear scaling), from 0.1 to 0.05, and any "
+                         "warmup starts there (it never ramps the LR down)")
+    big = load_config(ROOT / "experiments/proxy/digits-largebatch.yaml",
+                      [*over[:2], "data.batch_size=256", "optim.warmup_epochs=1"])
+    up = plan(big, world_of(big), 5120)
+    assert up.lr_note is None and up.warmup_lr == pytest.approx(0.1)

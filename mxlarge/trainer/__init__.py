@@ -189,7 +189,8 @@ class Trainer(mx.gluon.Trainer):
                           self.simulated_workers)
         self._gather_update_args()
         if s.batch_size is not None and self.lr.batch is None:
-            self.lr.fix(s.batch_size, self.world)
+            checks.note_scaled_down(self.lr.fix(s.batch_size, self.world), self.num_workers,
+                                    self.rank)
 
     def _grads_changed(self) -> None:
         """The store made other arrays some parameters' gradients (``on_grads``)."""
@@ -347,7 +348,8 @@ class Trainer(mx.gluon.Trainer):
         step = _explicit_step(step, ignore_stale_grad)
         self._check_ready()
         if self.lr.batch is None:
-            self.lr.fix(batch_size, self.world)
+            checks.note_scaled_down(self.lr.fix(batch_size, self.world), self.num_workers,
+                                    self.rank)
         elif batch_size != self.lr.batch and not self._batch_warned:  # one comparison a step
             self._batch_warned = checks.warn_if_global(batch_size, self.lr.batch,
                                                        self.num_workers, self.rank)

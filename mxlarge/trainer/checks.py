@@ -4,9 +4,11 @@ wrong.
 * every worker reads the same data: the first gradients of all k workers are bitwise equal,
   so the job trains k identical copies (:func:`checksum`, :func:`warn_if_unsharded`);
 * ``step(k·n)`` on k workers, gluon's ``step(batch_size * num_workers)``: here the mean is over
-  the k·n global batch already, so the steps would be k times smaller (:func:`warn_if_global`).
+  the k·n global batch already, so the steps would be k times smaller (:func:`warn_if_global`);
+* a global batch below ``reference_batch``: the LR is scaled down, and the warmup starts at
+  the scaled LR instead of ramping down to it (:func:`note_scaled_down`).
 
-Each warns once, on kvstore rank 0, on stderr.
+Each says so once, on kvstore rank 0, on stderr.
 """
 from __future__ import annotations
 
@@ -53,3 +55,11 @@ def warn_if_global(batch_size: int, fixed: int | None, workers: int, rank: int) 
               f"{workers}*n global batch already), so these steps are {workers}x smaller",
               file=sys.stderr, flush=True)
     return True
+
+
+def note_scaled_down(note: str | None, workers: int, rank: int) -> None:
+    """Says (rank 0) :func:`mxlarge.plan.scaled_down`'s ``note``, if any."""
+    if note is None or rank != 0:
+        return
+    who = f"mxlarge.Trainer (kvstore rank 0 of {workers})" if workers > 1 else "mxlarge.Trainer"
+    print(f"{who}: note: {note}", file=sys.stderr, flush=True)

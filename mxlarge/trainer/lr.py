@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mxlarge import schedulers
-from mxlarge.plan import World
+from mxlarge.plan import World, scaled_down
 from mxlarge.schedulers import Schedule
 
 
@@ -43,20 +43,25 @@ class LearningRate:
     def schedule(self) -> Schedule:
         return self.updater.schedule
 
-    def fix(self, batch_size: int, world: Callable[[int], World]) -> None:
+    def fix(self, batch_size: int, world: Callable[[int], World]) -> str | None:
         """Fixes the schedule for ``batch_size`` images per worker (once); the Gluon
         form derives ``main`` from ``world(batch_size).global_batch`` (module
-        docstring)."""
+        docstring). The warmup starts at min(``warmup_lr`` or η_user(0), main(W)): it
+        ramps up, never down. Returns :func:`mxlarge.plan.scaled_down`'s line, if the
+        LR is scaled down."""
         self.batch = batch_size
         if self._large_batch is None:
-            return
+            return None
         reference, scaling, warmup, warmup_lr = self._large_batch
-        factor = (schedulers.scaled_lr(1.0, reference, world(batch_size).global_batch, scaling)
-                  if reference else 1.0)
+        batch = world(batch_size).global_batch
+        factor = schedulers.scaled_lr(1.0, reference, batch, scaling) if reference else 1.0
         main = schedulers.Scaled(self.base, factor) if factor != 1.0 else self.base
         start = self.base(0) if warmup_lr is None else warmup_lr
-        self._main = schedulers.warmed_up(main, warmup, start)
+        self._main = schedulers.warmed_up(main, warmup, min(start, float(main(warmup))))
         self._compose()
+        if not reference:
+            return None
+        return scaled_down(self.base(0), factor * self.base(0), batch, reference, scaling)
 
     def set(self, lr: float) -> None:
         """``lr`` (as is: already scaled) from the next update on: the schedule becomes

@@ -290,6 +290,38 @@ def test_large_batch_keywords_derive_scaling_and_warmup_from_the_world():
     assert tr.world(16).global_batch == 16
 
 
+@pytest.mark.parametrize("warmup_lr", [None, 0.5])
+def test_a_global_batch_below_the_reference_is_never_ramped_down_and_said_once(warmup_lr,
+                                                                              capsys):
+    """Global batch 16 against reference 64: ρ = 1/4, η = 0.025 from step 0 (the warmup
+    would start at η_user(0) = 0.1, or at warmup_lr, and ramp down); the run steps through
+    the first update and the line is printed once, naming both LRs."""
+    tr = Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1},
+                 reference_batch=64, warmup_steps=10, warmup_lr=warmup_lr, batch_size=16)
+    lrs = [tr.lr_at(t) for t in range(20)]
+    assert lrs == pytest.approx([0.025] * 20)
+    assert all(b >= a for a, b in zip(lrs, lrs[1:]))
+    batches = _batches(steps=3)
+    net = _net()
+    tr = Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                 reference_batch=64, warmup_steps=10, warmup_lr=warmup_lr)
+    capsys.readouterr()
+    _train(net, lambda n, t: tr.step(n), batches)
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "scaled down" in ln]
+    n = len(batches[0][0])
+    assert len(said) == 1, said
+    assert f"global batch of {n} is below the reference batch of 64" in said[0]
+    assert f"scaled down {n / 64:.4g}x (linear scaling), from 0.1 to {0.1 * n / 64:.6g}" \
+        in said[0]
+
+
+def test_a_global_batch_above_the_reference_warms_up_and_says_nothing(capsys):
+    tr = Trainer(_net().collect_params(), "sgd", {"learning_rate": 0.1},
+                 reference_batch=4, warmup_steps=4, batch_size=16)
+    assert [tr.lr_at(t) for t in range(6)] == pytest.approx([0.1, 0.175, 0.25, 0.325, 0.4, 0.4])
+    assert "scaled down" not in capsys.readouterr().err
+
+
 def test_allreduce_grads_then_update_equals_step():
     """Call 5, ``allreduce_grads()`` / ``update(batch_size)``."""
     batches = _batches(steps=4)

@@ -88,7 +88,8 @@ class OptimConfig:
     warmup: str = _f("linear", "gradual (linear), constant, or no warmup",
                      choices=("linear", "constant", "none"))
     warmup_epochs: float = _f(5.0, "length of the warmup", ge=0)
-    warmup_lr: float | None = _f(None, "LR at step 0 of the warmup (default: base_lr; never above the peak LR)", gt=0)
+    warmup_lr: float | None = _f(None, "LR at step 0 of the warmup (default: base_lr; never "
+                                       "above the peak LR)", gt=0)
     decay: str = _f("step", "schedule after warmup", choices=("step", "cosine", "poly", "none"))
     decay_epochs: tuple[float, ...] = _f((30.0, 60.0, 80.0), "step decay: epochs of each drop",
                                          ge=0)

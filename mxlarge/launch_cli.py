@@ -20,7 +20,7 @@ the failure as tags (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`: ``fa
 ``failed_kvstore_rank``, ``failed_launch_index``, ``failed_host``, ``failed_status``; and
 ``failed_step``), the failed process's evidence as the artifact
 ``failure/<role>-<kvstore rank>.log`` (``<role>-launch<index>`` while the rank is not known)
-and every process's as ``failure/job.log`` (:meth:`_Record.outcome`).
+and every process's as ``failure/job.log`` (:meth:`~mxlarge.launcher.record.JobRecord.outcome`).
 
 With ``--elastic`` (:class:`mxlarge.launcher.restart.Elastic`) each restart may run in another
 world of the same global batch (the attempt's spec is the job's with that ``world``); the run
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -48,9 +47,9 @@ from mxlarge.launcher.backends.base import LaunchBackend
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.job import JobSpec
 from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.record import JobRecord
 from mxlarge.launcher.registry import backend_for
-from mxlarge.launcher.restart import Attempt, Elastic, Failure, RestartPlan, RestartPolicy
-from mxlarge.launcher.straggler import Episode
+from mxlarge.launcher.restart import Attempt, Elastic, RestartPlan, RestartPolicy
 from mxlarge.plan import World, with_world, world_of
 
 
@@ -291,8 +290,9 @@ def run_launch(job: Launch) -> int:
           f"{job.plan.total_steps} steps", flush=True)
     if job.plan.lr_note:
         print(f"mxlarge: note: {job.plan.lr_note}", flush=True)
-    record = _Record(run)
+    record = JobRecord(run)
     ok = False
+    status = "FAILED"
     sampler = None
     if run is not None and job.backend.on_this_machine:
         run.tag({tracking.SAMPLED_BY: "launcher"})
@@ -307,6 +307,7 @@ def run_launch(job: Launch) -> int:
             record.end_tags["failure"] = str(exc)
             raise InputError(str(exc)) from None
         ok = outcome.exit_code == 0
+        status = record.status(outcome)
         record.outcome(outcome)
         if not ok:
             print(f"mxlarge: job failed: {outcome.message}", file=sys.stderr, flush=True)
@@ -315,13 +316,13 @@ def run_launch(job: Launch) -> int:
         if sampler is not None:
             sampler.finish()
         if opened is not None:
-            opened.close(ok, record.end_tags)
+            opened.close(ok, record.end_tags, status)
             if opened.owned:
-                print(f"mxlarge: MLflow run {run.run_id} {'FINISHED' if ok else 'FAILED'}: "
+                print(f"mxlarge: MLflow run {run.run_id} {status}: "
                       f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)
 
 
-def _run_attempt(job: Launch, attempt: Attempt, record: _Record) -> Outcome:
+def _run_attempt(job: Launch, attempt: Attempt, record: JobRecord) -> Outcome:
     """One attempt: its lines, its world in the run, its hostfile (a temporary file), run."""
     from mxlarge.launcher.job import run_job
 
@@ -349,99 +350,5 @@ def _run_attempt(job: Launch, attempt: Attempt, record: _Record) -> Outcome:
     finally:
         if hostfile != job.spec.hostfile:
             os.unlink(hostfile)
-    record.hosts = list(outcome.hosts)
-    record.stragglers(outcome.stragglers)
-    record.timeline(outcome.timeline)
+    record.attempt(outcome)
     return outcome
-
-
-class _Record:
-    """What a launch writes into its MLflow run (``run``: ``None`` without one): each elastic
-    attempt's world, each restart, each attempt's stragglers, and the end tags of the
-    outcome."""
-
-    def __init__(self, run: Any) -> None:
-        self.run = run
-        self.end_tags: dict[str, str] = {}
-        self.hosts: list[str] = []  # cluster jobs: where the last attempt ran
-        self.episodes: tuple[Episode, ...] = ()  # every attempt's stragglers
-
-    def world(self, attempt: Attempt) -> None:
-        """Tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step."""
-        if self.run is None:
-            return
-        step = 0
-        if attempt.resume is not None:
-            from mxlarge import checkpoint
-            step = int(checkpoint.read_meta(attempt.resume)["step"])
-        self.run.tag({f"world_{attempt.number}": attempt.world.describe(),
-                      "workers_lost": ",".join(attempt.lost)})
-        self.run.log_metrics({"world/workers": attempt.world.processes}, step)
-
-    def stragglers(self, episodes: tuple[Episode, ...]) -> None:
-        """An attempt's straggler episodes (:mod:`mxlarge.launcher.straggler`): the tag
-        ``straggler`` names every one of the job so far; the metrics ``straggler/ratio`` (its
-        part ÷ the others' median) and ``straggler/wait`` (the share of the others' step they
-        wait for it) at the step each was named, 1 and 0 at the step it recovered."""
-        if self.run is None or not episodes:
-            return
-        self.episodes += episodes
-        self.run.tag({"straggler": "; ".join(e.describe() for e in self.episodes)})
-        for e in episodes:
-            self.run.log_metrics({"straggler/ratio": e.ratio, "straggler/wait": e.wait}, e.step)
-            if e.ended is not None:
-                self.run.log_metrics({"straggler/ratio": 1.0, "straggler/wait": 0.0}, e.ended)
-
-    def timeline(self, trace: dict[str, Any] | None) -> None:
-        """The workers' merged timeline (:mod:`mxlarge.timeline`) as ``timeline/trace.json``
-        and its picture ``timeline/trace.png``."""
-        if self.run is None or trace is None:
-            return
-        from mxlarge.reporting.timeline_plot import plot_timeline
-
-        self.run.log_text(json.dumps(trace), "timeline/trace.json")
-        with tempfile.TemporaryDirectory(prefix="mxlarge-timeline-") as tmp:
-            plot_timeline(trace, os.path.join(tmp, "trace.png"))
-            self.run.log_artifacts([os.path.join(tmp, "trace.png")], under="timeline")
-
-    def restart(self, failure: Failure, restarts: int, gave_up: str | None) -> None:
-        """A failed attempt: the restarts so far and the reason, or why the job gave up."""
-        if self.run is None:
-            return
-        tags: dict[str, object] = {"restarts": restarts}
-        if gave_up is None:
-            tags[f"restart_{restarts}_reason"] = failure.message
-        else:
-            tags["restart_gave_up"] = gave_up
-        self.run.tag(tags)
-        self.run.log_metrics({"restarts": restarts}, failure.step or 0)
-
-    def outcome(self, outcome: Outcome) -> None:
-        """The end tags: the hosts, and on failure the message, the failed process's tags
-        (:meth:`~mxlarge.launcher.outcome.ProcessFailure.tags`), ``failed_step`` (the last
-        completed step, :func:`~mxlarge.launcher.outcome.last_completed_step`, or the run's
-        last logged step if later, so that no metric lies beyond it), its evidence as the
-        artifact ``failure/<name>.log`` and every process's as ``failure/job.log``
-        (:func:`~mxlarge.launcher.outcome.failure_log`,
-        :func:`~mxlarge.launcher.outcome.job_log`)."""
-        from mxlarge.launcher.outcome import failure_log, job_log, last_completed_step
-
-        if self.hosts:
-            self.end_tags["hosts"] = ",".join(self.hosts)
-        if outcome.exit_code == 0:
-            return
-        self.end_tags["failure"] = outcome.message
-        failed = outcome.failure
-        if failed is not None:  # incl. the "launcher": e.g. scancel's SIGTERM
-            self.end_tags.update(failed.tags())
-        steps = [s for s in (last_completed_step(outcome),
-                             self.run.last_step() if self.run is not None else None)
-                 if s is not None]
-        if steps:
-            self.end_tags["failed_step"] = str(max(steps))
-        if self.run is not None and outcome.reason is not None and failed is not None:
-            self.run.log_text(failure_log(outcome), f"failure/{failed.name}.log")
-        if self.run is not None and outcome.tails:
-            self.run.log_text(job_log(outcome), "failure/job.log")
-        if outcome.reason == "stalled":
-            self.end_tags.update(failure="stalled", failure_detail=outcome.message)

@@ -129,7 +129,7 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
                       wire_dtype=cfg.dist.wire_dtype,
                       bn_stats=cfg.dist.bn_stats, simulate_workers=world.simulated,
                       heartbeat=heartbeat_dir, reports=reports_dir, breakdown=breakdown,
-                      **window)
+                      track=False, **window)
     if cfg.train.amp != "none":
         amp.init_trainer(trainer)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,

@@ -23,12 +23,14 @@ class StoreFacts(Protocol):
 
 
 def worker_observers(store: StoreFacts, heartbeat: Path | None, reports: Path | None,
-                     timeline: TimelineWindow | None,
-                     breakdown: bool | None) -> list[StepObserver]:
+                     timeline: TimelineWindow | None, breakdown: bool | None,
+                     tracked: Any = None) -> list[StepObserver]:
     """A worker's own observers: the timeline's :class:`Recorder` for ``timeline``, a
     :class:`StepTimer` when ``breakdown`` (None: in a dist worker with a ``heartbeat``
-    directory), and a :class:`HeartbeatObserver` writing to ``heartbeat`` in a dist
-    worker.
+    directory), a :class:`HeartbeatObserver` writing to ``heartbeat`` in a dist
+    worker, and on rank 0 of a dist job whose launcher opened an MLflow run, a
+    :class:`~mxlarge.tracking.script.ScriptRun` reading the Trainer ``tracked`` (None: no
+    run; :mod:`mxlarge.tracking.script` says what the other ranks do).
 
     Raises:
         ValueError: a timeline outside a launched dist job (no ``reports`` directory).
@@ -46,4 +48,19 @@ def worker_observers(store: StoreFacts, heartbeat: Path | None, reports: Path | 
         out.append(StepTimer())
     if beats:
         out.append(HeartbeatObserver(SESSION.beat(heartbeat, store.rank)))
+    if tracked is not None and store.distributed:
+        out.extend(_script_run(store.rank, tracked))
     return out
+
+
+def _script_run(rank: int, trainer: Any) -> list[StepObserver]:
+    """The launcher's run, if it opened one: rank 0 logs into it, the others go quiet."""
+    from mxlarge.tracking import script  # MLflow is imported only when it is used
+
+    run = script.launched_run()
+    if run is None:
+        return []
+    if rank != 0:
+        script.quiet()
+        return []
+    return [script.ScriptRun(run, trainer)]

@@ -34,7 +34,9 @@ from mxlarge.tracking.run import (
     OpenRun,
     RunHandle,
     find_sweep_parent,
+    open_command_run,
     open_run,
+    script_of,
     sweep_parent,
     unique_run_name,
 )
@@ -62,8 +64,9 @@ __all__ = [
     "RankThroughputHook", "RunHandle", "artifact_src", "as_written", "best_and_final",
     "caller_run_id", "check_reachable", "client", "describe_run", "experiment_id",
     "experiment_name", "find_runs", "find_sweep_parent", "git_commit", "latest_metrics", "load",
-    "log_model", "metric_history", "model_id", "model_name", "open_run", "run_name", "run_params",
-    "run_url", "runs_url", "share_runs_view", "shown_path", "sweep_parent", "system_metrics",
+    "log_model", "metric_history", "model_id", "model_name", "open_command_run", "open_run",
+    "run_name", "run_params", "run_url", "runs_url", "script_of", "share_runs_view",
+    "shown_path", "sweep_parent", "system_metrics",
     "system_tags", "takes_effect", "tracking_uri", "ui_hint", "unique_model_name",
     "unique_run_name",
 ]

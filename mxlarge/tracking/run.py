@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,10 +155,13 @@ class RunHandle:
         has none."""
         return model.model_id(self.uri, self.run_id)
 
-    def end(self, ok: bool, tags: dict[str, Any] | None = None) -> None:
-        """FINISHED or FAILED, after the given tags (e.g. ``failure``)."""
+    def end(self, ok: bool, tags: dict[str, Any] | None = None,
+            status: str | None = None) -> None:
+        """FINISHED or FAILED (or ``status``, e.g. KILLED), after the given tags (e.g.
+        ``failure``)."""
         self.tag(tags or {})
-        client(self.uri).set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
+        client(self.uri).set_terminated(self.run_id,
+                                        status=status or ("FINISHED" if ok else "FAILED"))
 
     def status(self) -> str:
         return client(self.uri).get_run(self.run_id).info.status
@@ -171,11 +175,12 @@ class OpenRun:
     run: RunHandle
     owned: bool
 
-    def close(self, ok: bool, tags: dict[str, Any] | None = None) -> None:
-        """The one place a process's run is ended: FINISHED or FAILED after ``tags`` when this
-        process owns it, else only the tags (the caller ends it)."""
+    def close(self, ok: bool, tags: dict[str, Any] | None = None,
+              status: str | None = None) -> None:
+        """The one place a process's run is ended: FINISHED or FAILED (or ``status``) after
+        ``tags`` when this process owns it, else only the tags (the caller ends it)."""
         if self.owned:
-            self.run.end(ok, tags)
+            self.run.end(ok, tags, status)
         elif tags:
             self.run.tag(tags)
 
@@ -230,3 +235,46 @@ def find_sweep_parent(uri: str, experiment: str, name: str) -> RunHandle | None:
     """The parent run of sweep ``name`` if there is one (nothing is reopened or created)."""
     found = find_runs(uri, experiment, {"sweep_parent": name})
     return RunHandle(uri, found[0]["run_id"]) if found else None
+
+
+def script_of(command: Sequence[str]) -> str:
+    """The file name of a command's script: its first ``*.py`` argument (``python train.py``),
+    else its program's name (``./train``); the module of ``python -m pkg.mod``."""
+    for i, arg in enumerate(command):
+        if arg.endswith(".py"):
+            return Path(arg).name
+        if arg == "-m" and i + 1 < len(command):
+            return command[i + 1]
+    return Path(command[0]).name if command else "command"
+
+
+def open_command_run(command: Sequence[str], params: dict[str, Any], *,
+                     experiment: str | None = None, name: str | None = None) -> OpenRun:
+    """The run of a launched command of the user's own (``python -m mxlarge.launcher``),
+    decided once at the launcher: ``$MLFLOW_RUN_ID``'s, MLflow's convention for attaching
+    to a run (logged into, not ended here), else a new RUNNING run in
+    ``$MLFLOW_TRACKING_URI`` (else ``./mlruns.db``) with ``params``; in ``experiment``,
+    else ``$MLFLOW_EXPERIMENT_NAME``, else the script's file name (:func:`script_of`);
+    named ``name``, else the script's file name, ``#2`` and on when taken.
+
+    Raises:
+        InputError: an unreachable store; an ``$MLFLOW_RUN_ID`` the store does not have.
+    """
+    cfg = Config()
+    uri = tracking_uri(cfg)
+    check_reachable(uri)
+    caller = caller_run_id(None, cfg)
+    if caller is not None:
+        run = RunHandle(uri, caller)
+        try:
+            run.log_params(params)
+        except mlflow.exceptions.MlflowException as exc:
+            raise InputError(f"MLFLOW_RUN_ID={caller}: cannot log into it in {uri!r}: "
+                             f"{str(exc).splitlines()[0][:300]}") from None
+        return OpenRun(run, owned=False)
+    script = script_of(command)
+    exp = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or script
+    c = client(uri)
+    title = unique_run_name(c, experiment_id(c, exp), name or script)
+    tags = {"mlflow.runName": title, "mlflow.source.name": script}
+    return OpenRun(RunHandle.create_plain(uri, exp, tags, params), owned=True)

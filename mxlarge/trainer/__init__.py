@@ -122,7 +122,8 @@ class Trainer(mx.gluon.Trainer):
                                on_grads=self._grads_changed, observers=self.observers)
         self.collectives = self.store.collectives
         self._init_kvstore()
-        own = worker_observers(self.collectives, s.heartbeat, s.reports, s.timeline, s.breakdown)
+        own = worker_observers(self.collectives, s.heartbeat, s.reports, s.timeline, s.breakdown,
+                               self if s.track else None)
         for observer in own:
             self.observers.add(observer)
         self.lr = LearningRate(self.updater, s.base, (

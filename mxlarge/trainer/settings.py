@@ -71,6 +71,7 @@ class Settings:
     reports: Path | None
     timeline: TimelineWindow | None
     breakdown: bool | None
+    track: bool
 
     def updater(self) -> LargeBatchSGD | MXNetUpdate:
         """The optimizer that runs the update, at update :attr:`begin`."""
@@ -111,7 +112,8 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
             heartbeat: str | Path | FromLauncher | None = LAUNCHED,
             reports: str | Path | FromLauncher | None = LAUNCHED,
             gradient_predivide_factor: float = 1.0, timeline_start: int | None = None,
-            timeline_steps: int | None = None, breakdown: bool | None = None) -> Settings:
+            timeline_steps: int | None = None, breakdown: bool | None = None,
+            track: bool = True) -> Settings:
     """The :class:`Settings` of ``mxlarge.Trainer(params, optimizer, optimizer_params,
     kvstore, compression_params, update_on_kvstore, **keywords)``.
 
@@ -166,6 +168,10 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
         breakdown: time sampled steps part by part
             (:class:`~mxlarge.observers.timer.StepTimer`); None: in a dist worker that reports
             to a launcher (its straggler rule reads the parts).
+        track: in a job whose launcher opened an MLflow run (``python -m mxlarge.launcher``),
+            rank 0 logs the settings, the LR and the rate into it and the other ranks'
+            own MLflow calls go nowhere (:mod:`mxlarge.tracking.script`); False: neither
+            (``mxlarge train`` logs through its loop).
         gradient_predivide_factor: Horovod's keyword, 1.0 only (refused otherwise, with the
             reason); Horovod's ``compression=Compression.fp16`` is ``wire_dtype='float16'``.
     """
@@ -209,7 +215,8 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
         wire_dtype=wire_dtype, bn_stats=bn_stats, simulate_workers=int(simulate_workers),
         heartbeat=_directory(heartbeat, launched_dir),
         reports=_directory(reports, launched_reports),
-        timeline=TimelineWindow.of(timeline_start, timeline_steps), breakdown=breakdown)
+        timeline=TimelineWindow.of(timeline_start, timeline_steps), breakdown=breakdown,
+        track=track)
 
 
 def _directory(given: str | Path | FromLauncher | None,

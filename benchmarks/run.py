@@ -46,6 +46,7 @@ TITLES = {
     "fwd_bwd": "14. Forward+backward of the same graph: mxlarge.Trainer vs gluon.Trainer",
     "breakdown_cost": "15. Cost of the per-rank step breakdown",
     "timeline_cost": "16. Cost of the steps the timeline records",
+    "own_script_cost": "17. Cost of tracking a script of one's own",
 }
 #: Run only when named in ``--only`` (``make bench-cluster``): needs root and the testbed.
 ON_REQUEST = frozenset({"cluster_link", "wire16"})
@@ -64,6 +65,7 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         gns_cost,
         heartbeat_cost,
         input_pipeline,
+        own_script_cost,
         scale_model,
         timeline_cost,
         trainer_overhead,
@@ -100,6 +102,8 @@ def _plan(quick: bool) -> dict[str, tuple[int, Callable[..., BenchResult]]]:
         "breakdown_cost": (2 * r1, lambda log, bar: breakdown_cost.run(
             reps=r1, log=log, bar=bar)),
         "timeline_cost": (2 * r1, lambda log, bar: timeline_cost.run(
+            reps=r1, log=log, bar=bar)),
+        "own_script_cost": (2 * r1, lambda log, bar: own_script_cost.run(
             reps=r1, log=log, bar=bar)),
     }
 

@@ -6,6 +6,9 @@
 * ``mlflow_uri``: an empty sqlite store in ``tmp_path`` (a copy of one made once per session:
   creating the schema takes 5-20 s, copying it does not), also exported as
   ``MLFLOW_TRACKING_URI`` for in-process code and children.
+* every test under ``tests/e2e``, ``tests/launcher`` and ``tests/cluster`` has ``mlflow_uri``:
+  a job launched by ``python -m mxlarge.launcher`` is an MLflow run, and a store made by
+  each launch would add its 5-20 s to every test that launches one.
 """
 from __future__ import annotations
 
@@ -39,3 +42,12 @@ def mlflow_uri(tmp_path, _empty_mlflow_db, monkeypatch) -> str:
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+LAUNCHING = ("e2e", "launcher", "cluster")
+
+
+@pytest.fixture(autouse=True)
+def _launches_log_into_a_made_store(request) -> None:
+    if any(part in LAUNCHING for part in request.node.path.parts[-3:-1]):
+        request.getfixturevalue("mlflow_uri")

@@ -82,11 +82,14 @@ def test_a_worker_hanging_in_its_exit_after_its_work_is_done_ends_the_job_finish
     assert re.search(f"finished (its|their) work but did not exit within {EXIT_GRACE:g} s",
                      warning)
     assert "stalled" not in out and "FAILED" not in out
-    assert lines[-1][1].startswith("[launcher] job finished: every worker reported its work done")
+    ended = [(t, line) for t, line in lines if line.startswith("[launcher] job finished")]
+    assert ended and ended[-1][1].startswith("[launcher] job finished: every worker reported "
+                                             "its work done"), out
+    assert lines[-1][1].startswith("[launcher] MLflow run ") and "FINISHED" in lines[-1][1]
     done = max(t for t, line in lines if "done 5 steps" in line)
     assert EXIT_GRACE - 0.5 <= at - done < EXIT_GRACE + 3.0, f"{at - done:.1f} s\n{out}"
     print(f"warning {at - done:.1f} s after the last worker's last line; launcher exited "
-          f"{lines[-1][0] - done:.1f} s after it")
+          f"{ended[-1][0] - done:.1f} s after it")
 
 
 @pytest.mark.timeout(180)

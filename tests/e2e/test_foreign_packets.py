@@ -161,7 +161,8 @@ def test_garbage_on_every_port_is_named_and_one_restart_finishes_the_job() -> No
     assert re.search(CAUSE.format(port=m.group(2)), text), text[-4000:]
     assert record[m.group(1)].get("4 KiB random", record[m.group(1)]["TLS ClientHello"]) \
         == "aborts"
-    assert "job finished" in text.splitlines()[-1], text[-2000:]
+    assert "job finished" in text.splitlines()[-2], text[-2000:]  # then the run's line
+    assert "MLflow run" in text.splitlines()[-1] and "FINISHED" in text.splitlines()[-1]
     assert_no_leftovers(marker)
 
 

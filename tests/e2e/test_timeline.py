@@ -123,17 +123,31 @@ def test_a_launch_whose_window_is_past_the_run_is_refused_before_anything_starts
     assert "MXLARGE_TIMELINE='seven': expected START:STEPS, e.g. 5:3" in r.stderr, r.stderr
 
 
-@pytest.mark.timeout(180)
-def test_a_scripts_own_trainer_records_its_exchange_and_update(tmp_path):
-    """tests/scripts/own_loop.py under ``python -m mxlarge.launcher --env MXLARGE_TIMELINE=4:2``:
-    ``mxlarge-timeline.json`` here, with the script's forward+backward as one span."""
-    r = subprocess.run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
-                        "--env", "MXLARGE_TIMELINE=5:3", "--", sys.executable, str(OWN_LOOP),
-                        "--steps", "10"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=170)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+@pytest.mark.timeout(240)
+def test_a_scripts_own_trainer_records_its_exchange_and_update(tmp_path, mlflow_uri):
+    """tests/scripts/own_loop.py under ``python -m mxlarge.launcher --env MXLARGE_TIMELINE=5:3``:
+    the trace and its picture in the job's run, with the script's forward+backward as one span;
+    with ``--no-mlflow``, ``mxlarge-timeline.json`` here."""
+    def launch(*extra: str) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
+                            *extra, "--env", "MXLARGE_TIMELINE=5:3", "--", sys.executable,
+                            str(OWN_LOOP), "--steps", "10"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=110)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r
+
+    launch()
+    c = MlflowClient(mlflow_uri)
+    (run,) = c.search_runs([e.experiment_id for e in c.search_experiments()])
+    assert {a.path for a in c.list_artifacts(run.info.run_id, "timeline")} == \
+        {"timeline/trace.json", "timeline/trace.png"}
+    trace = json.loads(Path(c.download_artifacts(run.info.run_id, "timeline/trace.json",
+                                                 str(tmp_path))).read_text())
+    spans = _spans(trace)
+    keys = [_check_order(spans[r], ("forward+backward",)) for r in (0, 1)]
+    assert keys[0] == keys[1]
+    r = launch("--no-mlflow")
     path = tmp_path / "mxlarge-timeline.json"
     assert f"[launcher] timeline: {path} (open it in https://ui.perfetto.dev)" in r.stdout
     spans = _spans(json.loads(path.read_text()))
-    keys = [_check_order(spans[r], ("forward+backward",)) for r in (0, 1)]
-    assert keys[0] == keys[1]
+    assert [_check_order(spans[r], ("forward+backward",)) for r in (0, 1)] == keys

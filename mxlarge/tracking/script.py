@@ -6,8 +6,8 @@
 
 * rank 0 adds a :class:`ScriptRun` observer: the Trainer's resolved settings as params at
   its first update, ``train/lr``, ``train/samples`` and ``perf/images_per_sec`` every
-  :data:`EVERY` updates, with the names and units a config run uses; a thread writes them,
-  so that a step never waits for the store;
+  :data:`EVERY` updates (and :data:`MIN_SECONDS` apart), with the names and units a config
+  run uses; a thread writes them, so that a step never waits for the store;
 * every other rank points MLflow's fluent API at a store of its own that is deleted at exit
   (:func:`quiet`): a script's ``mlflow.log_metric`` there creates nothing in the job's store
   and duplicates nothing.
@@ -31,6 +31,9 @@ from mxlarge.tracking.run import RunHandle
 
 #: Updates between two logged points of ``train/lr`` and ``perf/images_per_sec``.
 EVERY = 10
+#: Seconds at least between two points: a fast loop logs less often than every
+#: :data:`EVERY` updates, so that the writer's share of the CPU (and of the GIL) stays small.
+MIN_SECONDS = 2.0
 #: Seconds the process waits at exit for the points still queued.
 FLUSH_SECONDS = 10.0
 
@@ -61,6 +64,8 @@ class ScriptRun(StepObserver):
             self.since = (self.updates, now)
             return
         if self.updates % EVERY or self.since is None:
+            return
+        if self.updates > EVERY and now - self.since[1] < MIN_SECONDS:
             return
         batch = global_batch(self.trainer)
         done, then = self.since

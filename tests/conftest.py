@@ -48,6 +48,10 @@ LAUNCHING = ("e2e", "launcher", "cluster")
 
 
 @pytest.fixture(autouse=True)
-def _launches_log_into_a_made_store(request) -> None:
+def _launches_log_into_a_made_store(request, tmp_path_factory, _empty_mlflow_db,
+                                    monkeypatch) -> None:
+    """Beside ``tmp_path``, not in it: a test may check that nothing was written there."""
     if any(part in LAUNCHING for part in request.node.path.parts[-3:-1]):
-        request.getfixturevalue("mlflow_uri")
+        store = tmp_path_factory.mktemp("launch-store") / "mlruns.db"
+        shutil.copy(_empty_mlflow_db, store)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")

@@ -664,9 +664,15 @@ def test_mpi_backend_runs_a_real_job_over_loopback(fakes: Path, tmp_path: Path,
 
 @pytest.mark.timeout(120)
 def test_slurm_sbatch_template_runs_a_real_job(fakes: Path, marker: str) -> None:
+    """The template's ``python -m mxlarge.launcher`` logs into the run ``MLFLOW_RUN_ID`` names
+    (one of the store's), and every process gets that id through srun."""
+    from mlflow.tracking import MlflowClient
+
+    store = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run_id = store.create_run(store.create_experiment("sbatch")).info.run_id
     env = {**os.environ, "MXLARGE_PYTHON": PY, "MXLARGE_WORKERS": "2", "MXLARGE_SERVERS": "1",
            "MXLARGE_HOST_IP": "127.0.0.1", "DMLC_INTERFACE": "lo",
-           "MLFLOW_RUN_ID": "run-slurm", MARKER_VAR: marker}
+           "MLFLOW_RUN_ID": run_id, MARKER_VAR: marker}
     proc = subprocess.run(["sbatch", str(REPO / "launch" / "slurm.sbatch"), "--", PY, WORKER,
                            *REPORT], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=100)
@@ -674,8 +680,9 @@ def test_slurm_sbatch_template_runs_a_real_job(fakes: Path, marker: str) -> None
     assert proc.returncode == 0, text
     for rank in (0, 1):
         assert re.search(rf"^\[workers via srun\] kv_worker sum OK rank={rank}$", text, re.M)
-    assert_workers_saw(text, PYTHONPATH=os.environ["PYTHONPATH"], MLFLOW_RUN_ID="run-slurm",
+    assert_workers_saw(text, PYTHONPATH=os.environ["PYTHONPATH"], MLFLOW_RUN_ID=run_id,
                        DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1")
+    assert store.get_run(run_id).data.params["launcher"] == "slurm"
     srun = {c["env"]["DMLC_ROLE"]: c for c in calls(fakes, "srun") if c["argv"] != ["--help"]}
     assert set(srun) == {"worker", "server"}
     for role, n in (("worker", "2"), ("server", "1")):
@@ -686,7 +693,7 @@ def test_slurm_sbatch_template_runs_a_real_job(fakes: Path, marker: str) -> None
         assert denv["DMLC_JOB_CLUSTER"] == "slurm"
         prog = argv[next(i for i, a in enumerate(argv) if not a.startswith("-")
                          and argv[i - 1] not in ("-n", "-N")):]
-        assert prog[0] == "env" and "MLFLOW_RUN_ID=run-slurm" in prog
+        assert prog[0] == "env" and f"MLFLOW_RUN_ID={run_id}" in prog
     assert calls(fakes, "sbatch")[0]["argv"][0].endswith("slurm.sbatch")
     assert_no_leftovers(marker)
 

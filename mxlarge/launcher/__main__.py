@@ -7,7 +7,7 @@ The run is decided here, before anything starts (:func:`mxlarge.tracking.open_co
 has it: ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` in their environment, so that a
 script's own ``mlflow.log_metric`` lands in it. It holds the world as params, each
 attempt's hosts, stragglers and timeline, and ends FINISHED, FAILED (the failed process's
-tags and evidence, as a ``mxlarge launch`` run) or KILLED (stopped by its user)
+tags and evidence, as a ``mxlarge launch`` run) or KILLED (stopped with Ctrl-C)
 (:class:`~mxlarge.launcher.record.JobRecord`)."""
 from __future__ import annotations
 

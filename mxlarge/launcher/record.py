@@ -14,9 +14,10 @@ from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.restart import Attempt, Failure
 from mxlarge.launcher.straggler import Episode
 
-#: Exit codes of a launcher stopped by its user (Ctrl-C, ``kill``, a closed terminal): the
-#: run ends KILLED, MLflow's status for a run its user stopped.
-STOPPED = frozenset(128 + s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+#: The exit code of a launcher its user stopped with Ctrl-C: the run ends KILLED, MLflow's
+#: status for a run its user stopped. SIGTERM is not taken as that: Slurm sends it for a
+#: time limit or a preemption too, and such a run FAILED, with the reason in its tags.
+STOPPED = 128 + signal.SIGINT
 
 
 class JobRecord:
@@ -88,11 +89,11 @@ class JobRecord:
 
     @staticmethod
     def status(outcome: Outcome) -> str:
-        """FINISHED, KILLED (the launcher stopped by its user: :data:`STOPPED` with no
+        """FINISHED, KILLED (the launcher stopped with Ctrl-C: :data:`STOPPED` with no
         failure of its own, ``reason`` None) or FAILED."""
         if outcome.exit_code == 0:
             return "FINISHED"
-        if outcome.reason is None and outcome.exit_code in STOPPED:
+        if outcome.reason is None and outcome.exit_code == STOPPED:
             return "KILLED"
         return "FAILED"
 

@@ -26,5 +26,8 @@ def run(reps: int = 21, steps: int = 50, log: IO[str] | None = None,
                        f"server, {steps} steps per round")
     md = md_table(["mode", "ms/step (min / median / max)"],
                   [[k, mmm([1e3 * v for v in t[k]], "{:.2f}")] for k in ("tracked", "off")])
+    md += (f"\n\nThe tracked rounds ran {job['tracked_updates']} updates and logged "
+           f"{job['points']} points of `train/lr` (every 10 updates, at least 2 s apart).")
     return BenchResult("own_script_tracking_cost", [ratio],
-                       {"sec_per_step": t, "steps_per_round": steps}, md)
+                       {"sec_per_step": t, "steps_per_round": steps,
+                        "points": job["points"], "tracked_updates": job["tracked_updates"]}, md)

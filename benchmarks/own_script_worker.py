@@ -73,8 +73,10 @@ def work(opts: argparse.Namespace) -> None:
     t = interleave({"tracked": lambda: timed(True), "off": lambda: timed(False)}, opts.reps,
                    progress=emit_progress)
     tracked.close()
+    from mxlarge.tracking.queries import metric_history
     emit_result({"rank": kv.rank, "sec_per_step": t, "net": opts.net, "batch": opts.batch,
-                 "steps_per_round": opts.steps, "points": tracked.updates})
+                 "steps_per_round": opts.steps, "tracked_updates": tracked.updates,
+                 "points": len(metric_history(run.uri, run.run_id, "train/lr"))})
 
 
 def main(argv: list[str] | None = None) -> int:

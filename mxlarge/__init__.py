@@ -5,7 +5,7 @@ runs its role inside ``import mxnet`` and must not have imported anything else f
 """
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "load", "__version__"]
+__all__ = ["Trainer", "load", "log_model", "__version__"]
 
 
 def __getattr__(name: str):
@@ -15,4 +15,7 @@ def __getattr__(name: str):
     if name == "load":  # mxlarge.load(run_id, uri=None): a run's exported model
         from mxlarge.tracking import load
         return load
+    if name == "log_model":  # mxlarge.log_model(trainer, net, example): into the job's run
+        from mxlarge.tracking.script import log_model
+        return log_model
     raise AttributeError(name)

@@ -139,6 +139,11 @@ def _run(spec: JobSpec, max_restarts: int, opened: Any) -> int:
     run = opened.run if opened is not None else None
     record = JobRecord(run)
     status = "FAILED"
+    sampler = None
+    if run is not None and backend_for(spec.launcher).on_this_machine:
+        from mxlarge import tracking
+        run.tag({tracking.SAMPLED_BY: "launcher"})
+        sampler = tracking.system_metrics(run, os.getpid())  # the job's processes' CPU, memory
 
     def attempt(number: int) -> Outcome:
         outcome = run_job(spec)
@@ -159,6 +164,8 @@ def _run(spec: JobSpec, max_restarts: int, opened: Any) -> int:
         record.outcome(outcome)
         return outcome.exit_code
     finally:
+        if sampler is not None:
+            sampler.finish()
         if opened is not None:
             opened.close(status == "FINISHED", record.end_tags, status)
             if opened.owned:

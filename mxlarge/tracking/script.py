@@ -120,6 +120,29 @@ def quiet() -> None:
     mlflow.set_tracking_uri(f"sqlite:///{own}/mlruns.db")  # made only if the script logs
 
 
+def log_model(trainer: Any, net: Any, example: Any) -> str | None:
+    """``mxlarge.log_model(trainer, net, example)``: the trained ``net`` (hybridized, run
+    once) as the job's model, the one a config run logs (:func:`mxlarge.tracking.log_model`:
+    the ``python_function`` flavour, the signature from ``example``, a float32 batch), at the
+    Trainer's update count; on kvstore rank 0, whose Trainer logs into the launcher's run.
+    Returns the model id there, None on the other ranks.
+
+    Raises:
+        ValueError: rank 0 has no run of a launcher's (a job not started by ``python -m
+            mxlarge.launcher``, or started with ``--no-mlflow``).
+    """
+    if trainer.rank != 0:
+        return None
+    observer = trainer.observers.find(ScriptRun)
+    if observer is None:
+        raise ValueError("mxlarge.log_model: this process logs into no run: launch the script "
+                         "with python -m mxlarge.launcher (without --no-mlflow)")
+    batch = example.asnumpy() if hasattr(example, "asnumpy") else example
+    with tempfile.TemporaryDirectory(prefix="mxlarge-model-") as tmp:
+        net.export(os.path.join(tmp, "model"))
+        return observer.run.log_model(tmp, batch.astype("float32"), trainer.num_update)
+
+
 def _drop(own: str) -> None:
     """Ends the script's run in this rank's own store (before MLflow's own exit handler,
     which would find the store gone), then deletes the store."""

@@ -3,6 +3,7 @@ the Trainer's settings as params, the LR and the rate as metrics, the script's o
 from rank 0 only, and the job's status (FINISHED, FAILED with the failure's tags, KILLED)."""
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+from mxlarge.tracking import model_id
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 MLFLOW_SCRIPT = SCRIPTS / "mlflow_script.py"
@@ -54,6 +57,9 @@ def _check_one_run(uri: str, before: int, out: str) -> None:
     rates = c.get_metric_history(run.info.run_id, "perf/images_per_sec")
     assert len(rates) == len(lrs) and all(m.value > 0 for m in rates)
     assert out.count("the LR is scaled down 0.5x (linear scaling), from 0.1 to 0.05") == 1
+    models = re.findall(r"mlflow_script rank=(\d) model=(\S+) done", out)
+    assert sorted(models) == [("0", model_id(uri, run.info.run_id)), ("1", "None")], out[-3000:]
+    assert any(k.startswith("system/") for k in run.data.metrics), run.data.metrics
 
 
 @pytest.mark.timeout(300)

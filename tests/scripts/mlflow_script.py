@@ -1,5 +1,6 @@
 """A script written for one process that logs to MLflow itself, on every rank: ``log_param``
-before the Trainer exists, ``log_metric`` after every step. Its Trainer line is mxlarge's.
+before the Trainer exists, ``log_metric`` after every step. Its Trainer line is mxlarge's, and
+one more line logs the trained net (``mxlarge.log_model``).
 
 Usage: ``python mlflow_script.py STEPS``; 2 workers × 16 images against ``reference_batch=64``
 (the LR is scaled down to 0.05).
@@ -16,6 +17,7 @@ kv = mx.kv.create("dist_sync")
 mlflow.log_param("script_lr", 0.1)
 net = gluon.nn.Dense(4, in_units=8)
 net.initialize(mx.init.Xavier())
+net.hybridize()
 trainer = mxlarge.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
                           kvstore=kv, reference_batch=64, warmup_steps=5)
 mx.random.seed(0)
@@ -30,4 +32,5 @@ for step in range(int(sys.argv[1])):
     loss.backward()
     trainer.step(16)
     mlflow.log_metric("my_loss", float(loss.mean().asscalar()), step=step)
-print(f"mlflow_script rank={kv.rank} done", flush=True)
+model = mxlarge.log_model(trainer, net, x_all[:4])  # the one line: rank 0 logs, others None
+print(f"mlflow_script rank={kv.rank} model={model} done", flush=True)

@@ -301,7 +301,8 @@ def test_the_step_path_reaches_its_instrumentation_only_through_the_seam():
 
 def test_only_observers_import_the_recorder_and_the_timers():
     """The timeline's recorder and the observers themselves are made in one place; the
-    breakdown's arithmetic is read by its observer and by the run that registers its hook."""
+    breakdown's arithmetic is read by its observer, by the run that registers its hook and by
+    an own script's run (its part names)."""
     g = import_graph()
 
     def importers(module: str) -> list[str]:
@@ -310,7 +311,8 @@ def test_only_observers_import_the_recorder_and_the_timers():
     assert importers("mxlarge.observers.timer") == ["mxlarge.observers.worker"]
     assert importers("mxlarge.observers.heartbeat") == ["mxlarge.observers.worker"]
     assert importers("mxlarge.breakdown") == ["mxlarge.observers.timer",
-                                              "mxlarge.reporting.plots", "mxlarge.run"]
+                                              "mxlarge.reporting.plots", "mxlarge.run",
+                                              "mxlarge.tracking.script"]
     assert importers("mxlarge.timeline.trace") == ["mxlarge.launcher.reports"]
     assert g["mxlarge.observers"] == set()
 

@@ -5,7 +5,8 @@
 (:func:`mxlarge.tracking.open_command_run`). Once the Trainer knows its kvstore rank:
 
 * rank 0 adds a :class:`ScriptRun` observer: the Trainer's resolved settings as params at
-  its first update, ``train/lr``, ``train/samples`` and ``perf/images_per_sec`` every
+  its first update, ``train/lr``, ``train/samples``, ``perf/images_per_sec`` and its own
+  step breakdown (``breakdown/rank0/{part}_ms``, when its step timer runs) every
   :data:`EVERY` updates (and :data:`MIN_SECONDS` apart), with the names and units a config
   run uses; a thread writes them, so that a step never waits for the store;
 * every other rank points MLflow's fluent API at a store of its own that is deleted at exit
@@ -26,6 +27,7 @@ from typing import Any
 
 import mlflow
 
+from mxlarge.breakdown import PARTS
 from mxlarge.observers import REPORT, Step, StepObserver
 from mxlarge.tracking.run import RunHandle
 
@@ -49,6 +51,7 @@ class ScriptRun(StepObserver):
         self.trainer = trainer
         self.updates = 0
         self.since: tuple[int, float] | None = None  # (updates, time) of the last point
+        self.parts: dict[str, float] = {}  # the step timer's latest medians (ms), if any
         self.points: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self.writer = threading.Thread(target=self._write, name="mxlarge-script-run",
                                        daemon=True)
@@ -59,6 +62,8 @@ class ScriptRun(StepObserver):
         """At update 1 the settings; every :data:`EVERY` updates the LR and the rate."""
         self.updates += 1
         now = time.perf_counter()
+        if step.parts:
+            self.parts = step.parts
         if self.updates == 1:
             self.points.put(("params", settings_of(self.trainer)))
             self.since = (self.updates, now)
@@ -72,6 +77,8 @@ class ScriptRun(StepObserver):
         metrics = {"train/lr": self.trainer.lr_at(step.t), "train/samples": self.updates * batch}
         if now > then:
             metrics["perf/images_per_sec"] = (self.updates - done) * batch / (now - then)
+        metrics.update({f"breakdown/rank0/{p}_ms": self.parts[p] for p in (*PARTS, "step")
+                        if p in self.parts})
         self.since = (self.updates, now)
         self.points.put(("metrics", (metrics, self.updates)))
 

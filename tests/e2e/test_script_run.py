@@ -60,6 +60,7 @@ def _check_one_run(uri: str, before: int, out: str) -> None:
     models = re.findall(r"mlflow_script rank=(\d) model=(\S+) done", out)
     assert sorted(models) == [("0", model_id(uri, run.info.run_id)), ("1", "None")], out[-3000:]
     assert any(k.startswith("system/") for k in run.data.metrics), run.data.metrics
+    assert {"breakdown/rank0/step_ms", "breakdown/rank0/exchange_ms"} <= set(run.data.metrics)
 
 
 @pytest.mark.timeout(300)

@@ -33,6 +33,7 @@ from tests.ui.browser import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 LARGEBATCH = str(ROOT / "experiments/proxy/digits-largebatch.yaml")
+MLFLOW_SCRIPT = ROOT / "tests" / "scripts" / "mlflow_script.py"
 BASELINE = str(ROOT / "experiments/proxy/digits-baseline.yaml")
 SHORT = ["train.progress=false", "optim.decay_epochs=[1]", "optim.warmup_epochs=1"]
 VIEW = "workflowType=machine_learning"
@@ -102,7 +103,7 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
     uri = f"sqlite:///{tmp}/ui.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    for d in ("launch", "sweep", "failed", "stalled"):
+    for d in ("launch", "sweep", "failed", "stalled", "own"):
         (tmp / d).mkdir()
     MlflowClient(tracking_uri=uri).search_experiments()  # the schema, before the server reads it
     with mlflow_server(uri, tmp) as port:  # starting while the store is made
@@ -129,7 +130,14 @@ def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict
     stalled = _silent_worker(tmp / "stalled", env, lambda pid: os.kill(pid, signal.SIGSTOP),
                              ("--stall-timeout", str(STALL_TIMEOUT)))
 
+    r = subprocess.run([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1", "--",
+                        sys.executable, str(MLFLOW_SCRIPT), "30"], cwd=tmp / "own", env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
     c = MlflowClient(tracking_uri=uri)
+    script_exp = c.get_experiment_by_name("mlflow_script.py").experiment_id
+    (script,) = c.search_runs([script_exp])
     exp = c.get_experiment_by_name("mxlarge").experiment_id
     runs = c.search_runs([exp])
     launches = sorted((x for x in runs if x.info.status == "FINISHED"
@@ -141,6 +149,7 @@ def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict
            "stalled": next(x.info.run_id for x in failed if x.data.tags["failure"] == "stalled"),
            "parent": next(x.info.run_id for x in runs if x.data.tags.get("sweep_parent")),
            "killed": killed, "stopped": stalled,
+           "script_exp": script_exp, "script": script.info.run_id,
            "cells": sorted((x.info.run_id for x in runs if x.data.tags.get("sweep") == "ui"),
                            key=lambda i: c.get_run(i).data.tags["sweep_label"])}
     return c, ids, tmp
@@ -385,3 +394,18 @@ def test_a_stalled_worker_is_named_as_a_killed_one(served):
     log = re.sub(r"\s", "", _page(port, f"{route}/artifacts/failure/worker-1.log?{VIEW}",
                                   tmp / "stalled-log.txt"))
     assert "#stalled:noworkeradvancedfor" in log and "#itslastheartbeat:workerrank1" in log
+
+
+@pytest.mark.timeout(900)
+def test_an_own_scripts_run_shows_its_world_its_settings_and_its_own_metric(served):
+    """``python -m mxlarge.launcher -- python mlflow_script.py``: one run in the experiment named
+    after the script, showing the world and the Trainer's settings as params, the script's own
+    metric beside the Trainer's, and its logged model."""
+    port, c, ids, tmp = served
+    route = f"experiments/{ids['script_exp']}/runs/{ids['script']}"
+    page = _page(port, f"{route}?{VIEW}", tmp / "script.txt")
+    assert "mlflow_script.py" in page and "Finished" in page
+    for key in ("workers", "servers", "command", "optim.reference_batch", "plan.global_batch",
+                "script_lr", "my_loss", "train/lr", "perf/images_per_sec"):
+        assert key in page, key
+    assert re.search(r"Logged models \(1\)", page), page[-3000:]

@@ -206,3 +206,41 @@ def test_with_the_stall_rule_off_a_straggler_is_named_and_the_timeline_recorded(
                                                  f"(pid {victim.pid}): "), run.data.tags
     assert [a.path for a in client.list_artifacts(run.info.run_id, "timeline")] == \
         ["timeline/trace.json", "timeline/trace.png"]
+
+
+@pytest.mark.timeout(400)
+def test_an_own_scripts_straggler_reaches_its_run_and_ctrl_c_kills_it(tmp_path):
+    """tests/scripts/own_loop.py under ``python -m mxlarge.launcher``, worker rank 1 slowed by a
+    duty cycle: named with its pid within :data:`NAMED_WITHIN` s; then Ctrl-C: the job's run is
+    KILLED and carries the straggler tag and metric."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlruns.db"}
+    own = REPO / "tests" / "scripts" / "own_loop.py"
+    proc = subprocess.Popen([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
+                             "--", sys.executable, str(own), "--steps", "4000", "--sleep-from",
+                             "0", "--sleep", "0.02", "--out", str(tmp_path / "w.params")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc)
+    try:
+        slow = worker_of_rank(str(tmp_path), 1, 90)
+        duty = DutyCycle(slow.pid, off=0.03, on=0.01)
+        start = time.monotonic()
+        try:
+            named = lines.wait_for(rf"^\[launcher\] straggler: worker rank 1 \(pid {slow.pid}\)",
+                                   NAMED_WITHIN)
+        finally:
+            duty.stop()
+        assert named is not None, lines.text()[-3000:]
+        print(f"named {named[0] - start:.1f} s after the duty cycle began")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, lines.text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        lines.close()
+    client, run = the_run(tmp_path)
+    assert run.info.status == "KILLED"
+    assert f"worker rank 1 on {socket.gethostname()} (pid {slow.pid})" in run.data.tags["straggler"]
+    ratio = client.get_metric_history(run.info.run_id, "straggler/ratio")
+    assert ratio and ratio[0].value >= 1.2, ratio

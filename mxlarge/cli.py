@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="worker processes, as the override dist.workers=N sets them "
                          "(default: the config's dist.workers); the workers get the job's "
                          "world as train --world")
-    from mxlarge.launcher.flags import add_job_flags
+    from mxlarge.launcher.flags import add_elastic_flags, add_job_flags
     add_job_flags(la, servers="server processes: the override dist.servers=S (default: the "
                               "config's dist.servers)",
                   restarts="after a failure (crash, kill, stall) relaunch the whole job from "
@@ -93,18 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--run-id", default=None, metavar="ID",
                     help="run the job in this existing MLflow run, which the caller ends "
                          "(mxlarge sweep does this); default: a new run that launch ends")
-    la.add_argument("--elastic", action="store_true",
-                    help="with --max-restarts: before each restart find the live worker hosts "
-                         "and relaunch in a world of the same global batch (2 workers -> 1 "
-                         "worker x 2 simulated workers), bitwise the same training; refused "
-                         "with the reason when none fits (local and ssh launches: ssh probes "
-                         "every host with 'ssh host true'; see mxlarge/launcher/restart.py)")
-    la.add_argument("--min-workers", type=int, default=None, metavar="M",
-                    help="with --elastic: never fewer than M worker processes (default 1)")
-    la.add_argument("--local-lost", default=None, metavar="FILE",
-                    help="with --elastic on a local launch: worker-<i> names listed in FILE "
-                         "(read before each restart) are hosts lost for good (for tests and "
-                         "rehearsals)")
+    add_elastic_flags(la)
 
     sw = sub.add_parser("sweep", help="run a sweep file's grid of labelled runs x seeds "
                                       "(resumable; see mxlarge/sweep.py)")

@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,35 +44,14 @@ from mxlarge.config import Config, ConfigError, DistConfig, load_config, parse_o
 from mxlarge.errors import InputError
 from mxlarge.launcher.backends.base import LaunchBackend
 from mxlarge.launcher.hostfile import HostEntry
-from mxlarge.launcher.job import JobSpec
+from mxlarge.launcher.flags import elastic_of
+from mxlarge.launcher.job import JobSpec, run_attempt
+from mxlarge.launcher.job import attempt_spec as job_attempt_spec
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.record import JobRecord
 from mxlarge.launcher.registry import backend_for
 from mxlarge.launcher.restart import Attempt, Elastic, RestartPlan, RestartPolicy
 from mxlarge.plan import World, with_world, world_of
-
-
-def elastic_of(args: argparse.Namespace, backend: LaunchBackend, world: World, servers: int,
-               lines: list[HostEntry] | None) -> Elastic | None:
-    """``--elastic``'s world keeper, or None; options that cannot apply are refused.
-
-    The hosts and their probe are the backend's
-    (:meth:`~mxlarge.launcher.backends.base.LaunchBackend.elastic`): an ssh or mpi job's are
-    its hostfile's ``lines``, probed over ssh; a Slurm job's its allocation's nodes, probed by
-    asking Slurm and their slurmd; a local job's its worker processes, probed with
-    ``--local-lost``."""
-    if not args.elastic:
-        for flag, value in (("--min-workers", args.min_workers), ("--local-lost", args.local_lost)):
-            if value is not None:
-                raise InputError(f"{flag}: expected together with --elastic")
-        return None
-    if args.max_restarts < 1:
-        raise InputError("--elastic: expected --max-restarts N >= 1 (the world changes at a "
-                         "restart)")
-    try:
-        return backend.elastic(world, servers, lines, args.min_workers or 1, args.local_lost)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
 
 
 def launch_config(path: str | Path, overrides: list[str], workers: int | None,
@@ -250,20 +228,12 @@ def prepare(args: argparse.Namespace) -> Launch:
 
 
 def attempt_spec(job: Launch, attempt: Attempt) -> JobSpec:
-    """The spec of one attempt: the job's, resuming from the attempt's checkpoint, in its world
-    and with its servers (and the backend's environment for a world other than the declared
-    one), from its hostfile (set by the caller). Its server hosts are the declared ones that
-    answered (at most one per server): the backend adds a server host its hostfile lacks, so a
-    lost one would get servers again."""
+    """The spec of one attempt (:func:`mxlarge.launcher.job.attempt_spec`), resuming from the
+    attempt's checkpoint."""
     spec = job.spec
-    cmd = spec.command if attempt.resume is None else (*spec.command, "--resume",
-                                                       str(attempt.resume))
-    homes = tuple(h for h in spec.server_hosts if h not in attempt.lost)[:attempt.servers]
-    out = dataclasses.replace(spec, command=cmd, server_hosts=homes)
-    if attempt.world != spec.world:
-        out = dataclasses.replace(out, world=attempt.world, servers=attempt.servers,
-                                  env=job.backend.attempt_env(spec, spec.world.processes))
-    return out
+    if attempt.resume is not None:
+        spec = dataclasses.replace(spec, command=(*spec.command, "--resume", str(attempt.resume)))
+    return job_attempt_spec(spec, attempt)
 
 
 def run_launch(job: Launch) -> int:
@@ -323,9 +293,7 @@ def run_launch(job: Launch) -> int:
 
 
 def _run_attempt(job: Launch, attempt: Attempt, record: JobRecord) -> Outcome:
-    """One attempt: its lines, its world in the run, its hostfile (a temporary file), run."""
-    from mxlarge.launcher.job import run_job
-
+    """One attempt: its lines, its world in the run, run (from its own hostfile, if any)."""
     number = attempt.number
     if number:
         print(f"mxlarge: restart {number}: " + (f"resuming from {attempt.resume}"
@@ -335,20 +303,7 @@ def _run_attempt(job: Launch, attempt: Attempt, record: JobRecord) -> Outcome:
     if attempt.world != job.spec.world:
         print(f"mxlarge: restart {number}: world {attempt.world.describe()} (lost: "
               f"{', '.join(attempt.lost)})", flush=True)
-    spec = attempt_spec(job, attempt)
-    hostfile = job.spec.hostfile
-    if attempt.hostfile is not None:
-        print(f"mxlarge: restart {number}: hosts " + ", ".join(attempt.hostfile.splitlines())
-              + f" ({spec.servers} server(s), {spec.world.processes} worker(s); lost: "
-              f"{', '.join(attempt.lost)})",
-              flush=True)
-        fd, hostfile = tempfile.mkstemp(prefix="mxlarge-hosts-")
-        with os.fdopen(fd, "w") as f:
-            f.write(attempt.hostfile)
-    try:
-        outcome = run_job(dataclasses.replace(spec, hostfile=hostfile))
-    finally:
-        if hostfile != job.spec.hostfile:
-            os.unlink(hostfile)
+    outcome = run_attempt(attempt_spec(job, attempt), attempt,
+                          lambda line: print(f"mxlarge: {line}", flush=True))
     record.attempt(outcome)
     return outcome

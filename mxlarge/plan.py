@@ -48,6 +48,10 @@ from mxlarge import schedulers
 from mxlarge.config import Config, ConfigError, validate
 from mxlarge.schedulers import Schedule
 
+#: How an elastic attempt of a command of the user's own learns its simulated workers per
+#: process (an ``mxlarge train`` command gets the whole world as ``--world``).
+SIMULATED_ENV = "MXLARGE_SIMULATE_WORKERS"
+
 
 @dataclass(frozen=True)
 class World:

@@ -1,6 +1,6 @@
 """``python -m mxlarge.launcher -n 2 -s 1 [--launcher ssh -H hosts] [--server-hosts H,...]
-[--stall-timeout S] [--max-restarts N] [--experiment E] [--run-name R] [--no-mlflow] -- CMD
-...``: your own training script as a job, in one MLflow run.
+[--stall-timeout S] [--max-restarts N [--elastic]] [--experiment E] [--run-name R]
+[--no-mlflow] -- CMD ...``: your own training script as a job, in one MLflow run.
 
 The run is decided here, before anything starts (:func:`mxlarge.tracking.open_command_run`:
 ``$MLFLOW_RUN_ID``'s, else a new one), and reaches the workers as MLflow's own convention
@@ -8,7 +8,12 @@ has it: ``MLFLOW_TRACKING_URI`` and ``MLFLOW_RUN_ID`` in their environment, so t
 script's own ``mlflow.log_metric`` lands in it. It holds the world as params, each
 attempt's hosts, stragglers and timeline, and ends FINISHED, FAILED (the failed process's
 tags and evidence, as a ``mxlarge launch`` run) or KILLED (stopped with Ctrl-C)
-(:class:`~mxlarge.launcher.record.JobRecord`)."""
+(:class:`~mxlarge.launcher.record.JobRecord`).
+
+With ``--elastic`` a restart may run in a smaller world of the same units (2 workers → 1
+worker × 2 simulated workers); the command learns it from
+:data:`~mxlarge.plan.SIMULATED_ENV` through its Trainer, computes each of
+``trainer.units()`` and resumes through :mod:`mxlarge.resume`."""
 from __future__ import annotations
 
 import argparse
@@ -21,12 +26,13 @@ from typing import Any
 
 from mxlarge.launcher.backends.local import PortInUseError
 from mxlarge.launcher.firewall import FirewallError
-from mxlarge.launcher.flags import add_job_flags
-from mxlarge.launcher.job import JobSpec, firewall_refusal, run_job
+from mxlarge.errors import InputError
+from mxlarge.launcher.flags import add_elastic_flags, add_job_flags, elastic_of
+from mxlarge.launcher.job import JobSpec, attempt_spec, firewall_refusal, run_attempt
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.record import JobRecord
 from mxlarge.launcher.registry import backend_for
-from mxlarge.launcher.restart import RestartPolicy, run_with_restarts
+from mxlarge.launcher.restart import Attempt, RestartPlan, RestartPolicy
 from mxlarge.plan import World
 from mxlarge.timeline import ENV as TIMELINE_ENV
 from mxlarge.timeline import TimelineWindow
@@ -51,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                   restarts="after a failure (crash, kill, stall) run the whole job again, up to "
                            "N times; the command resumes from its own checkpoints "
                            "(mxlarge.resume)")
+    add_elastic_flags(p)
     p.add_argument("--server-hosts", default=None, metavar="HOST[,HOST...]",
                    help="ssh/mpi/slurm: hosts that run servers only (one server each)")
     p.add_argument("--host-ip", default=None,
@@ -71,22 +78,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _spec(p: argparse.ArgumentParser, a: argparse.Namespace,
-          command: list[str]) -> JobSpec:
-    """The job as argv asks for it; every refusal before anything starts."""
+          command: list[str]) -> tuple[JobSpec, RestartPlan]:
+    """The job as argv asks for it, and its restart plan; every refusal before anything
+    starts."""
     if a.max_restarts < 0:
         p.error(f"--max-restarts {a.max_restarts}: expected an integer >= 0")
     hosts = () if a.server_hosts is None else tuple(
         h.strip() for h in a.server_hosts.split(",") if h.strip())
     if a.server_hosts is not None and not hosts:
         p.error(f"--server-hosts {a.server_hosts!r}: expected HOST[,HOST...]")
+    backend = backend_for(a.launcher)
     try:  # the world of a command of the user's own is its processes only (no --world added)
         spec = JobSpec(a.launcher, command, World(processes=a.workers),
                        a.workers if a.servers is None else a.servers, env=dict(a.env),
                        stall_timeout=a.stall_timeout, tuning=not a.no_tuning,
                        firewall=a.firewall, port=a.port, hostfile=a.hostfile,
                        host_ip=a.host_ip, grace=a.grace, server_hosts=hosts)
-        backend_for(a.launcher).check_hosts(a.hostfile, a.workers, spec.servers, hosts)
-    except ValueError as e:
+        lines = backend.check_hosts(a.hostfile, a.workers, spec.servers, hosts)
+        elastic = elastic_of(a, backend, spec.world, spec.servers, lines)
+    except (ValueError, InputError) as e:
         p.error(str(e))
     why = firewall_refusal(a.launcher, a.firewall)
     if why:
@@ -97,7 +107,13 @@ def _spec(p: argparse.ArgumentParser, a: argparse.Namespace,
             TimelineWindow.parse(window)
         except ValueError as e:
             p.error(str(e))
-    return spec
+    servers = a.servers
+    plan = RestartPlan(RestartPolicy(a.max_restarts), spec.world, spec.servers,
+                       elastic=elastic,
+                       servers_of=lambda world: servers or world.processes,
+                       hostfile_of=lambda e, s, w: backend.attempt_hostfile(
+                           lines, e, spec.servers, s, w))
+    return spec, plan
 
 
 def _params(spec: JobSpec) -> dict[str, Any]:
@@ -114,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("no command given (put it after --)")
-    spec = _spec(p, a, command)
+    spec, restarts = _spec(p, a, command)
     try:
         backend_for(a.launcher).preflight(spec)  # every host answers, before anything starts
         opened = None
@@ -126,15 +142,15 @@ def main(argv: list[str] | None = None) -> int:
             spec = dataclasses.replace(spec, env={**spec.env, "MLFLOW_TRACKING_URI": run.uri,
                                                   "MLFLOW_RUN_ID": run.run_id})
             print(f"[launcher] MLflow run {run.run_id} in {run.uri}", flush=True)
-        return _run(spec, a.max_restarts, opened)
+        return _run(spec, restarts, opened)
     except (ValueError, PortInUseError, NotImplementedError, FileNotFoundError,
             FirewallError) as e:
         print(f"mxlarge.launcher: error: {e}", file=sys.stderr)  # incl. an unusable store
         return 2
 
 
-def _run(spec: JobSpec, max_restarts: int, opened: Any) -> int:
-    """Every attempt the restart policy grants, recorded into the run (if any), which ends
+def _run(spec: JobSpec, restarts: RestartPlan, opened: Any) -> int:
+    """Every attempt the restart plan grants, recorded into the run (if any), which ends
     with the job's status."""
     run = opened.run if opened is not None else None
     record = JobRecord(run)
@@ -145,21 +161,26 @@ def _run(spec: JobSpec, max_restarts: int, opened: Any) -> int:
         run.tag({tracking.SAMPLED_BY: "launcher"})
         sampler = tracking.system_metrics(run, os.getpid())  # the job's processes' CPU, memory
 
-    def attempt(number: int) -> Outcome:
-        outcome = run_job(spec)
+    def emit(line: str) -> None:
+        print(f"[launcher] {line}", flush=True)
+
+    def attempt(a: Attempt) -> Outcome:
+        if a.new_world:
+            record.world(a, first_step_known=False)
+        if a.world != spec.world:
+            emit(f"restart {a.number}: world {a.world.processes} worker(s) x "
+                 f"{a.world.simulated} simulated worker(s) (lost: {', '.join(a.lost)})")
+        outcome = run_attempt(attempt_spec(spec, a), a, emit)
         record.attempt(outcome)
         if run is None and outcome.timeline is not None:  # no run to log it in: a file
             path = os.path.abspath(TIMELINE_FILE)
             with open(path, "w") as f:
                 json.dump(outcome.timeline, f)
-            print(f"[launcher] timeline: {path} (open it in https://ui.perfetto.dev)",
-                  flush=True)
+            emit(f"timeline: {path} (open it in https://ui.perfetto.dev)")
         return outcome
 
     try:
-        outcome = run_with_restarts(attempt, RestartPolicy(max_restarts),
-                                    lambda line: print(f"[launcher] {line}", flush=True),
-                                    record.restart)
+        outcome = restarts.run(attempt, emit, record.restart)
         status = record.status(outcome)
         record.outcome(outcome)
         return outcome.exit_code

@@ -11,8 +11,11 @@ Importing this module does not import MXNet.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import IO, Any
@@ -20,9 +23,11 @@ from typing import IO, Any
 from mxlarge.launcher.firewall import local_refusal
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import BACKENDS, backend_for, launcher_choice
-from mxlarge.plan import World
+from mxlarge.launcher.restart import Attempt
+from mxlarge.plan import SIMULATED_ENV, World
 
-__all__ = ["BACKENDS", "JobSpec", "firewall_refusal", "launcher_choice", "run_job", "run_local"]
+__all__ = ["BACKENDS", "JobSpec", "attempt_spec", "firewall_refusal", "launcher_choice",
+           "run_attempt", "run_job", "run_local"]
 
 
 def firewall_refusal(launcher: str, mode: str) -> str | None:
@@ -103,6 +108,41 @@ def run_job(spec: JobSpec, output: IO[str] | Any = None) -> Outcome:
     """Runs ``spec`` once on its backend, supervised until it ends; the children's lines
     and the outcome's go to ``output`` (stdout if None)."""
     return backend_for(spec.launcher).run(spec, output)
+
+
+def attempt_spec(spec: JobSpec, attempt: Attempt) -> JobSpec:
+    """The spec of one attempt: ``spec`` in the attempt's world with its servers (and the
+    backend's environment for a world other than the declared one). A command of the user's
+    own learns its simulated workers from :data:`~mxlarge.plan.SIMULATED_ENV` (an ``mxlarge
+    train`` command from ``--world``). Its server hosts are the declared ones that answered
+    (at most one per server): the backend adds a server host its hostfile lacks, so a lost
+    one would get servers again."""
+    homes = tuple(h for h in spec.server_hosts if h not in attempt.lost)[:attempt.servers]
+    out = dataclasses.replace(spec, server_hosts=homes)
+    if attempt.world == spec.world:
+        return out
+    env = dict(backend_for(spec.launcher).attempt_env(spec, spec.world.processes))
+    if not spec.pass_world:
+        env[SIMULATED_ENV] = str(attempt.world.simulated)
+    return dataclasses.replace(out, world=attempt.world, servers=attempt.servers, env=env)
+
+
+def run_attempt(spec: JobSpec, attempt: Attempt, emit: Callable[[str], None],
+                output: IO[str] | Any = None) -> Outcome:
+    """Runs an attempt's ``spec`` (:func:`attempt_spec`), from the hostfile the backend
+    wrote for its answering hosts, if any (a temporary file, said in one line)."""
+    if attempt.hostfile is None:
+        return run_job(spec, output)
+    emit(f"restart {attempt.number}: hosts " + ", ".join(attempt.hostfile.splitlines())
+         + f" ({spec.servers} server(s), {spec.world.processes} worker(s); lost: "
+         f"{', '.join(attempt.lost)})")
+    fd, hostfile = tempfile.mkstemp(prefix="mxlarge-hosts-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(attempt.hostfile)
+        return run_job(dataclasses.replace(spec, hostfile=hostfile), output)
+    finally:
+        os.unlink(hostfile)
 
 
 def run_local(command: Sequence[str], *, workers: int, servers: int, port: int | None = None,

@@ -31,16 +31,20 @@ class JobRecord:
         self.hosts: list[str] = []  # cluster jobs: where the last attempt ran
         self.episodes: tuple[Episode, ...] = ()  # every attempt's stragglers
 
-    def world(self, attempt: Attempt) -> None:
-        """Tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step."""
+    def world(self, attempt: Attempt, first_step_known: bool = True) -> None:
+        """Tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step
+        (only the tag when that step is the command's own affair: a script resuming through
+        :mod:`mxlarge.resume`)."""
         if self.run is None:
+            return
+        self.run.tag({f"world_{attempt.number}": attempt.world.describe(),
+                      "workers_lost": ",".join(attempt.lost)})
+        if not first_step_known:
             return
         step = 0
         if attempt.resume is not None:
             from mxlarge import checkpoint
             step = int(checkpoint.read_meta(attempt.resume)["step"])
-        self.run.tag({f"world_{attempt.number}": attempt.world.describe(),
-                      "workers_lost": ",".join(attempt.lost)})
         self.run.log_metrics({"world/workers": attempt.world.processes}, step)
 
     def stragglers(self, episodes: tuple[Episode, ...]) -> None:

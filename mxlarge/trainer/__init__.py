@@ -280,6 +280,34 @@ class Trainer(mx.gluon.Trainer):
     def num_devices(self) -> int:
         return len(self.params[0].list_ctx())
 
+    @property
+    def num_units(self) -> int:
+        """Gradient contributors per step, Goyal's k: workers · devices · simulated."""
+        return self.num_workers * self.num_devices * self.simulated_workers
+
+    def units(self) -> Iterator[tuple[int, mx.Context]]:
+        """Yields this process's units ``(u, ctx)``, u of :attr:`num_units`: unit u is
+        worker u of the declared world, whatever process computes it. A script that
+        computes unit u's share of the step under each keeps an ``--elastic`` job's
+        smaller world (2 workers → 1 worker × 2 simulated) the same training.
+
+        With simulated workers each yield has that unit's BN running statistics in
+        place, and the gradients, which accumulate (``grad_req='add'``), are zeroed
+        before the first.
+        """
+        contexts = self.params[0].list_ctx()
+        if self.simulated_workers == 1:
+            for d, ctx in enumerate(contexts):
+                yield self.rank * len(contexts) + d, ctx
+            return
+        if self._pending:
+            raise ValueError("units() with simulated workers needs every shape: run the "
+                             "net's forward once before the training loop")
+        for g in self.grads(0):
+            g[:] = 0
+        for unit, _ in self.bn.each_unit():
+            yield unit, contexts[0]
+
     def role_counts(self) -> dict[str, int]:
         return role_counts(self.roles)
 

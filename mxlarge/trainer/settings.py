@@ -13,6 +13,7 @@ with the reason.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from mxlarge.kvstore import FUSION_BYTES
 from mxlarge.kvstore.any_optimizer import MXNetUpdate
 from mxlarge.kvstore.updater import LargeBatchSGD
 from mxlarge.kvstore.wires import check_wire_dtype
+from mxlarge.plan import SIMULATED_ENV
 from mxlarge.protocol.heartbeat import LAUNCHED, FromLauncher, launched_dir
 from mxlarge.protocol.reports import launched_reports
 from mxlarge.schedulers import Schedule
@@ -153,7 +155,9 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
         simulate_workers: K > 1 reproduces K dist_sync workers in this process: K micro-batches
             of n, each under its own BN running statistics, gradients accumulating
             (``grad_req='add'``), one update with rescale 1/(K·n) (1/(P·K·n) with P dist_sync
-            processes). Needs one device.
+            processes). Needs one device. In an elastic job's smaller world the launcher
+            sets it (``$MXLARGE_SIMULATE_WORKERS``, :data:`mxlarge.plan.SIMULATED_ENV`): the
+            script then runs :meth:`~mxlarge.Trainer.units` (docs/trainer.md).
         heartbeat: the directory a dist worker reports its progress to for the launcher's stall
             watchdog, or None for no reports; the default, ``LAUNCHED``, is the directory the
             launcher gave this process (:func:`~mxlarge.protocol.heartbeat.launched_dir`), none
@@ -203,6 +207,7 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
     if scaling not in ("linear", "sqrt", "none"):
         raise ValueError(f"scaling {scaling!r}: expected linear, sqrt or none")
     check_wire_dtype(wire_dtype)
+    simulate_workers = _simulated(int(simulate_workers), os.environ.get(SIMULATED_ENV))
     return Settings(
         kvstore="local" if kvstore is None else kvstore, gluon_form=gluon_form,
         sgd=opt.get("sgd", True), base=opt["base"], momentum=opt["momentum"],
@@ -212,11 +217,21 @@ def resolve(optimizer: Any, optimizer_params: Mapping[str, Any] | None,
         reference_batch=reference_batch, scaling=scaling, warmup_steps=int(warmup_steps),
         warmup_lr=warmup_lr, batch_size=batch_size, momentum_correction=momentum_correction,
         decay_bn_bias=decay_bn_bias, compression=compression, fusion_bytes=fusion_bytes,
-        wire_dtype=wire_dtype, bn_stats=bn_stats, simulate_workers=int(simulate_workers),
+        wire_dtype=wire_dtype, bn_stats=bn_stats, simulate_workers=simulate_workers,
         heartbeat=_directory(heartbeat, launched_dir),
         reports=_directory(reports, launched_reports),
         timeline=TimelineWindow.of(timeline_start, timeline_steps), breakdown=breakdown,
         track=track)
+
+
+def _simulated(given: int, launched: str | None) -> int:
+    """The simulated workers: ``given``, or the launcher's for an elastic attempt."""
+    if launched is None:
+        return given
+    if given != 1:
+        raise ValueError(f"simulate_workers={given}: the launcher runs this attempt with "
+                         f"{SIMULATED_ENV}={launched} (--elastic); leave simulate_workers out")
+    return int(launched)
 
 
 def _directory(given: str | Path | FromLauncher | None,

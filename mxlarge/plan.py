@@ -102,15 +102,19 @@ class World:
                               "four integers >= 1 (e.g. 2x1x1x32)")
         return cls(*(int(p) for p in parts))
 
-    def describe(self) -> str:
-        """``16 worker(s) x 8 device(s) x 32 images = global batch 4096``."""
+    def shape(self) -> str:
+        """``16 worker(s) x 8 device(s)``: the processes, and devices and simulated workers
+        when more than one."""
         parts = [f"{self.processes} worker(s)"]
         if self.devices > 1:
             parts.append(f"{self.devices} device(s)")
         if self.simulated > 1:
             parts.append(f"{self.simulated} simulated worker(s)")
-        return (" x ".join(parts) + f" x {self.batch} images = global batch "
-                f"{self.global_batch}")
+        return " x ".join(parts)
+
+    def describe(self) -> str:
+        """``16 worker(s) x 8 device(s) x 32 images = global batch 4096``."""
+        return f"{self.shape()} x {self.batch} images = global batch {self.global_batch}"
 
 
 def precision(cfg: Config) -> dict[str, str]:

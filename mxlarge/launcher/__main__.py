@@ -166,10 +166,9 @@ def _run(spec: JobSpec, restarts: RestartPlan, opened: Any) -> int:
 
     def attempt(a: Attempt) -> Outcome:
         if a.new_world:
-            record.world(a, first_step_known=False)
+            record.world(a, config=False)
         if a.world != spec.world:
-            emit(f"restart {a.number}: world {a.world.processes} worker(s) x "
-                 f"{a.world.simulated} simulated worker(s) (lost: {', '.join(a.lost)})")
+            emit(f"restart {a.number}: world {a.world.shape()} (lost: {', '.join(a.lost)})")
         outcome = run_attempt(attempt_spec(spec, a), a, emit)
         record.attempt(outcome)
         if run is None and outcome.timeline is not None:  # no run to log it in: a file

@@ -31,15 +31,16 @@ class JobRecord:
         self.hosts: list[str] = []  # cluster jobs: where the last attempt ran
         self.episodes: tuple[Episode, ...] = ()  # every attempt's stragglers
 
-    def world(self, attempt: Attempt, first_step_known: bool = True) -> None:
-        """Tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step
-        (only the tag when that step is the command's own affair: a script resuming through
-        :mod:`mxlarge.resume`)."""
+    def world(self, attempt: Attempt, config: bool = True) -> None:
+        """Tag ``world_<number>`` and metric ``world/workers`` at the attempt's first step.
+        A command of the user's own (``config`` False) has only the tag, its world's shape:
+        its batch and the step it resumes from (through :mod:`mxlarge.resume`) are its own
+        affair."""
         if self.run is None:
             return
-        self.run.tag({f"world_{attempt.number}": attempt.world.describe(),
-                      "workers_lost": ",".join(attempt.lost)})
-        if not first_step_known:
+        world = attempt.world.describe() if config else attempt.world.shape()
+        self.run.tag({f"world_{attempt.number}": world, "workers_lost": ",".join(attempt.lost)})
+        if not config:
             return
         step = 0
         if attempt.resume is not None:

@@ -83,7 +83,8 @@ def test_an_own_script_loses_a_worker_and_finishes_as_one_simulating_two_bitwise
     run = next(r for e in c.search_experiments() for r in c.search_runs([e.experiment_id])
                if r.info.run_name == "elastic")
     assert run.info.status == "FINISHED"
-    assert run.data.tags["world_1"].startswith("1 worker(s) x 2 simulated worker(s)")
+    assert (run.data.tags["world_0"], run.data.tags["world_1"]) == \
+        ("2 worker(s)", "1 worker(s) x 2 simulated worker(s)")
     assert run.data.tags["workers_lost"] == "worker-1"
     assert run.data.tags["restarts"] == "1"
 

@@ -97,3 +97,23 @@ def mlflow_server(uri: str, cwd: Path) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=30)
+
+
+def one_script_run(script: str, optimizer: str, workers: int = 2):  # type: ignore[no-untyped-def]
+    """The launch of an own script (``python -m mxlarge.launcher``) in the store
+    ``$MLFLOW_TRACKING_URI`` (each launching test has its own): exactly one run, FINISHED,
+    named after ``script``, with the world and the Trainer's settings as params, the LR, the
+    rate and rank 0's breakdown as metrics, and the ranks' breakdown picture. Returns it."""
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    (run,) = c.search_runs([e.experiment_id for e in c.search_experiments()])
+    assert (run.info.status, run.info.run_name) == ("FINISHED", script), run.info
+    p = run.data.params
+    assert (p["workers"], p["servers"], p["launcher"]) == (str(workers), "1", "local"), p
+    assert p["optim.optimizer"] == optimizer and "plan.global_batch" in p, p
+    assert {"train/lr", "train/samples", "perf/images_per_sec",
+            "breakdown/rank0/step_ms"} <= set(run.data.metrics), run.data.metrics
+    assert [a.path for a in c.list_artifacts(run.info.run_id, "breakdown")] == \
+        ["breakdown/ranks.png"]
+    return run

@@ -142,6 +142,9 @@ class Outcome:
             (:mod:`mxlarge.launcher.straggler`).
         timeline: the workers' timeline merged into one Chrome trace
             (:mod:`mxlarge.timeline.trace`), when they recorded one.
+        breakdown: every worker's last step breakdown, by rank: its host and the medians
+            of its last sampled steps (:attr:`~mxlarge.protocol.heartbeat.Record.parts`);
+            empty unless every rank reported one.
     """
 
     exit_code: int
@@ -154,6 +157,7 @@ class Outcome:
     tails: tuple[Tail, ...] = ()
     stragglers: tuple[Episode, ...] = ()
     timeline: dict[str, Any] | None = None
+    breakdown: tuple[tuple[str, dict[str, float]], ...] = ()
 
 
 def failure_tags(tags: Mapping[str, str]) -> dict[str, str]:

@@ -25,8 +25,9 @@ class JobRecord:
     attempt's world, each restart, each attempt's stragglers, and the end tags of the
     outcome."""
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Any, breakdown: bool = False) -> None:
         self.run = run
+        self.draw_breakdown = breakdown
         self.end_tags: dict[str, str] = {}
         self.hosts: list[str] = []  # cluster jobs: where the last attempt ran
         self.episodes: tuple[Episode, ...] = ()  # every attempt's stragglers
@@ -87,10 +88,25 @@ class JobRecord:
         self.run.log_metrics({"restarts": restarts}, failure.step or 0)
 
     def attempt(self, outcome: Outcome) -> None:
-        """An attempt's hosts, stragglers and timeline."""
+        """An attempt's hosts, stragglers and timeline (and its breakdown, if asked)."""
         self.hosts = list(outcome.hosts)
         self.stragglers(outcome.stragglers)
         self.timeline(outcome.timeline)
+        if self.draw_breakdown:
+            self.breakdown(outcome.breakdown)
+
+    def breakdown(self, ranks: tuple[tuple[str, dict[str, float]], ...]) -> None:
+        """Every rank's last step breakdown as the picture ``breakdown/ranks.png``
+        (:func:`~mxlarge.reporting.plots.plot_breakdown`), however the attempt ended: a
+        command of the user's own has no loop of mxlarge's to draw it."""
+        if self.run is None or not ranks:
+            return
+        from mxlarge.reporting.plots import plot_breakdown
+
+        with tempfile.TemporaryDirectory(prefix="mxlarge-breakdown-") as tmp:
+            path = os.path.join(tmp, "ranks.png")
+            plot_breakdown([parts for _, parts in ranks], [host for host, _ in ranks], path)
+            self.run.log_artifacts([path], under="breakdown")
 
     @staticmethod
     def status(outcome: Outcome) -> str:

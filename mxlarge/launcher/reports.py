@@ -1,9 +1,10 @@
 """The launcher's one reader of what workers report beyond being alive.
 
 While the job runs, :class:`WorkerReports` reads the step parts in the workers'
-heartbeats (:attr:`~mxlarge.protocol.heartbeat.Record.parts`) and names stragglers
-(:mod:`mxlarge.launcher.straggler`). When the job is over, it merges the timeline files
-the workers left in the job's report directory (:mod:`mxlarge.protocol.reports`,
+heartbeats (:attr:`~mxlarge.protocol.heartbeat.Record.parts`), names stragglers
+(:mod:`mxlarge.launcher.straggler`) and keeps each rank's last parts: the breakdown of
+the job however it ends. When the job is over, it merges the timeline files the workers
+left in the job's report directory (:mod:`mxlarge.protocol.reports`,
 :mod:`mxlarge.timeline.trace`). It works beside the stall watchdog, not inside it: the
 stall rule may be off (``--stall-timeout 0``) and stragglers and timelines are still
 there.
@@ -19,7 +20,7 @@ from typing import Any
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.straggler import Stragglers
 from mxlarge.launcher.watchdog import READ_EVERY
-from mxlarge.protocol.heartbeat import read_all
+from mxlarge.protocol.heartbeat import Record, read_all
 from mxlarge.timeline import trace as timeline
 
 
@@ -42,6 +43,8 @@ class WorkerReports:
         self.clock = clock
         self.stragglers = Stragglers(emit, clock=clock)
         self._read_at = -float("inf")
+        self.last: dict[int, tuple[str, dict[str, float]]] = {}  # by rank: host, parts
+        self.ranks: set[int] = set()  # every rank that reported
 
     def poll(self) -> None:
         """At each poll of the supervision loop: the heartbeats read (at most every
@@ -53,7 +56,24 @@ class WorkerReports:
         if now - self._read_at < READ_EVERY:
             return
         self._read_at = now
-        self.stragglers.see(read_all(self.heartbeats).values())
+        self.stragglers.see(self._read())
+
+    def _read(self) -> list[Record]:
+        records = list(read_all(self.heartbeats).values()) if self.heartbeats else []
+        for r in records:
+            self.ranks.add(r.rank)
+            if r.parts is not None:
+                self.last[r.rank] = (r.host, r.parts)
+        return records
+
+    def breakdown(self) -> tuple[tuple[str, dict[str, float]], ...]:
+        """Every rank's host and last parts, by rank (one more read: the final records);
+        empty unless every rank that reported, from 0 up, reported parts."""
+        self._read()
+        ranks = sorted(self.last)
+        if ranks != list(range(len(ranks))) or self.ranks - set(ranks):
+            return ()
+        return tuple(self.last[r] for r in ranks)
 
     def timeline(self) -> dict[str, Any] | None:
         """The workers' timeline files merged, said in one line; None when they recorded
@@ -68,6 +88,7 @@ class WorkerReports:
         return trace
 
     def conclude(self, outcome: Outcome) -> Outcome:
-        """``outcome`` with the job's straggler episodes and its merged timeline."""
+        """``outcome`` with the job's straggler episodes, its merged timeline and every
+        rank's last breakdown."""
         return dataclasses.replace(outcome, stragglers=self.stragglers.episodes,
-                                   timeline=self.timeline())
+                                   timeline=self.timeline(), breakdown=self.breakdown())

@@ -7,8 +7,9 @@
 * rank 0 adds a :class:`ScriptRun` observer: the Trainer's resolved settings as params at
   its first update, ``train/lr``, ``train/samples``, ``perf/images_per_sec`` and its own
   step breakdown (``breakdown/rank0/{part}_ms``, when its step timer runs) every
-  :data:`EVERY` updates (and :data:`MIN_SECONDS` apart), with the names and units a config
-  run uses; a thread writes them, so that a step never waits for the store;
+  :data:`EVERY` updates (and :data:`MIN_SECONDS` apart) and at exit, with the names and
+  units a config run uses; a thread writes them, so that a step never waits for the
+  store;
 * every other rank points MLflow's fluent API at a store of its own that is deleted at exit
   (:func:`quiet`): a script's ``mlflow.log_metric`` there creates nothing in the job's store
   and duplicates nothing.
@@ -50,6 +51,7 @@ class ScriptRun(StepObserver):
         self.run = run
         self.trainer = trainer
         self.updates = 0
+        self.last_t = 0  # the step of the last update
         self.since: tuple[int, float] | None = None  # (updates, time) of the last point
         self.parts: dict[str, float] = {}  # the step timer's latest medians (ms), if any
         self.points: queue.Queue[tuple[str, Any] | None] = queue.Queue()
@@ -61,6 +63,7 @@ class ScriptRun(StepObserver):
     def update_done(self, step: Step, applied: bool, weights: Any) -> None:
         """At update 1 the settings; every :data:`EVERY` updates the LR and the rate."""
         self.updates += 1
+        self.last_t = step.t
         now = time.perf_counter()
         if step.parts:
             self.parts = step.parts
@@ -72,9 +75,16 @@ class ScriptRun(StepObserver):
             return
         if self.updates > EVERY and now - self.since[1] < MIN_SECONDS:
             return
+        self._point(now)
+
+    def _point(self, now: float) -> None:
+        """Queues the LR, the samples, the rate since the last point and the breakdown at
+        the current update."""
+        assert self.since is not None
         batch = global_batch(self.trainer)
         done, then = self.since
-        metrics = {"train/lr": self.trainer.lr_at(step.t), "train/samples": self.updates * batch}
+        metrics = {"train/lr": self.trainer.lr_at(self.last_t),
+                   "train/samples": self.updates * batch}
         if now > then:
             metrics["perf/images_per_sec"] = (self.updates - done) * batch / (now - then)
         metrics.update({f"breakdown/rank0/{p}_ms": self.parts[p] for p in (*PARTS, "step")
@@ -83,7 +93,11 @@ class ScriptRun(StepObserver):
         self.points.put(("metrics", (metrics, self.updates)))
 
     def close(self) -> None:
-        """Writes what is queued (at most :data:`FLUSH_SECONDS`), then stops the writer."""
+        """At exit: a last point for the updates since the last one (a short script has
+        one at least), then writes what is queued (at most :data:`FLUSH_SECONDS`) and stops
+        the writer."""
+        if self.since is not None and self.since[0] < self.updates:
+            self._point(time.perf_counter())
         if self.writer.is_alive():
             self.points.put(None)
             self.writer.join(FLUSH_SECONDS)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import load_params
+from tests.helpers import load_params, one_script_run
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cifar10_dist_script.py"
 GLUON_LINE = ("trainer = gluon.Trainer(net.collect_params(), opt.optimizer, optimizer_params, "
@@ -97,6 +97,7 @@ def test_mxnets_cifar10_dist_example_with_adam_runs_with_the_trainer_line_alone(
     note = next(line for line in out.splitlines() if NOTE in line)
     assert TRAP in note and "momentum" not in note, note
     assert "are bitwise equal: every worker reads the same data" not in out
+    one_script_run(script.name, "adam")
 
 
 @pytest.mark.timeout(300)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import load_params
+from tests.helpers import load_params, one_script_run
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gluon_script.py"
 GLUON_LINE = ('trainer = gluon.Trainer(net.collect_params(), opt.optimizer, optimizer_params, '
@@ -216,6 +216,7 @@ def test_gluoncv_style_script_deferred_init_nag_lrsequential_resume_launched(tmp
     assert UNSHARDED not in out
     epochs = [line.split("] ", 1)[1] for line in out.splitlines() if "[Epoch " in line]
     assert [e.split("num_update=")[1] for e in epochs] == ["3", "6", "9", "12"], out[-3000:]
+    one_script_run(script.name, "nag")
 
     code, out2 = _launch([*common, "--resume-epoch", "2", "--resume-params",
                           tmp_path / "ckpt" / "e2-{rank}.params", "--resume-states",
@@ -276,6 +277,7 @@ def test_horovod_style_script_with_its_own_store_and_unsharded_data(tmp_path):
     warning = next(line for line in out.splitlines() if UNSHARDED in line)
     assert "num_parts=trainer.num_workers, part_index=trainer.rank" in warning
     assert "SplitSampler" in warning
+    one_script_run(Path(HOROVOD).name, "sgd")
 
 
 @pytest.mark.timeout(300)

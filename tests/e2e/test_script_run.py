@@ -50,7 +50,7 @@ def _check_one_run(uri: str, before: int, out: str) -> None:
     assert sorted(m.step for m in mine) == list(range(STEPS))  # rank 0's, once a step
     # every 10 updates, at least MIN_SECONDS apart: the first at update 10
     lrs = sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, "train/lr"))
-    assert lrs[0] == (10, 0.05) and {s for s, _ in lrs} <= {10, 20, 30}, lrs
+    assert lrs[0] == (10, 0.05) and lrs[-1][0] == 30 and {s for s, _ in lrs} <= {10, 20, 30}, lrs
     assert all(v == 0.05 for _, v in lrs)
     samples = c.get_metric_history(run.info.run_id, "train/samples")
     assert sorted((m.step, m.value) for m in samples) == [(s, 32 * s) for s, _ in lrs]
@@ -61,6 +61,8 @@ def _check_one_run(uri: str, before: int, out: str) -> None:
     assert sorted(models) == [("0", model_id(uri, run.info.run_id)), ("1", "None")], out[-3000:]
     assert any(k.startswith("system/") for k in run.data.metrics), run.data.metrics
     assert {"breakdown/rank0/step_ms", "breakdown/rank0/exchange_ms"} <= set(run.data.metrics)
+    assert [a.path for a in c.list_artifacts(run.info.run_id, "breakdown")] == \
+        ["breakdown/ranks.png"]
 
 
 @pytest.mark.timeout(300)
@@ -112,7 +114,7 @@ def test_a_job_stopped_with_ctrl_c_is_a_killed_run(tmp_path, mlflow_uri):
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if "own_loop rank=0 step=5" in line:
+        if "own_loop rank=0 step=30" in line:  # sampled steps (1 in 10) on every rank
             proc.send_signal(signal.SIGINT)
             break
     lines.extend(proc.stdout)
@@ -120,6 +122,8 @@ def test_a_job_stopped_with_ctrl_c_is_a_killed_run(tmp_path, mlflow_uri):
     assert proc.wait(60) == 130, "".join(lines)[-3000:]
     (run,) = _runs(mlflow_uri)
     assert run.info.status == "KILLED", "".join(lines)[-3000:]
+    pictures = MlflowClient(mlflow_uri).list_artifacts(run.info.run_id, "breakdown")
+    assert [a.path for a in pictures] == ["breakdown/ranks.png"], "".join(lines)[-3000:]
 
 
 @pytest.mark.timeout(300)
@@ -133,7 +137,8 @@ def test_mlflow_run_id_attaches_and_no_mlflow_makes_none(tmp_path, mlflow_uri):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     run = c.get_run(mine)
     assert run.info.status == "RUNNING" and run.data.params["workers"] == "2"
-    assert [m.step for m in c.get_metric_history(mine, "train/lr")] == [10]
+    # every 10 updates and at exit
+    assert [m.step for m in c.get_metric_history(mine, "train/lr")] == [10, 12]
     assert len(_runs(mlflow_uri)) == 1
     plain = tmp_path / "plain"
     plain.mkdir()

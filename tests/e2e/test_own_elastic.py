@@ -48,6 +48,7 @@ def _wait(path: Path, deadline: float) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_own_script_loses_a_worker_and_finishes_as_one_simulating_two_bitwise(tmp_path):
     marker = f"own-el-{uuid.uuid4().hex}"

@@ -103,6 +103,7 @@ def test_a_failed_worker_fails_the_run_with_its_tags_and_evidence(tmp_path, mlfl
     assert "own_loop raising at step 5" in text.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_job_stopped_with_ctrl_c_is_a_killed_run(tmp_path, mlflow_uri):
     import os
@@ -126,6 +127,7 @@ def test_a_job_stopped_with_ctrl_c_is_a_killed_run(tmp_path, mlflow_uri):
     assert [a.path for a in pictures] == ["breakdown/ranks.png"], "".join(lines)[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mlflow_run_id_attaches_and_no_mlflow_makes_none(tmp_path, mlflow_uri):
     """``$MLFLOW_RUN_ID``: the job logs into that run and leaves it to its owner (RUNNING);

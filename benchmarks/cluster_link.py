@@ -152,7 +152,7 @@ def _job(tb: Any, work: Path, shapes: Path, c: Config, reps: int, iters: int,
     hostfile.write_text("".join(f"{tb.addr(h)}\n" for h in hosts))
     fusion = [] if c.fusion is None else ["--fusion", str(c.fusion)]
     argv = tb.on("h0", sys.executable, "-m", "mxlarge.launcher", "-n", str(c.workers), "-s",
-                 str(c.workers), "--launcher", "ssh", "-H", str(hostfile), "--",
+                 str(c.workers), "--launcher", "ssh", "-H", str(hostfile), "--no-mlflow", "--",
                  sys.executable, "-m", "benchmarks.pushpull_worker", str(shapes), "--no-raw",
                  "--reps", str(reps), "--iters", str(iters), *fusion, *c.worker_args)
     env = {k: v for k, v in os.environ.items()

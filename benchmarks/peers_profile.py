@@ -148,7 +148,7 @@ def _on_testbed(args: list[str]) -> list[dict[str, Any]]:
             hosts.write_text("".join(f"{tb.addr(h)}\n" for h in tb.hosts))
             out = PeerOutput(None)
             cmd = [sys.executable, "-m", "mxlarge.launcher", "-n", "3", "-s", "3", "--launcher",
-                   "ssh", "-H", str(hosts), "--host-ip", tb.addr("h0"), "--",
+                   "ssh", "-H", str(hosts), "--host-ip", tb.addr("h0"), "--no-mlflow", "--",
                    sys.executable, "-m", "benchmarks.peers_profile", *args]
             if stream(tb.on("h0", *cmd), {**os.environ, **job_env()}, out, cwd=root) != 0:
                 raise BenchmarkError("profile job failed:\n" + "\n".join(out.tail[-15:]))

@@ -9,7 +9,7 @@ busy the machine's cores and each host's worker were). Jobs are started on h0 th
 testbed's ``on``
 wrapper:
 
-* dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts`` with the
+* dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts --no-mlflow`` with the
   hosts' addresses: the scheduler on h0, one server and one worker per host; with
   ``--server-hosts N`` the 3 servers on N more hosts h3... (``role=server`` lines, every link
   shaped alike), the workers and Horovod's ranks on h0..h2 as before;
@@ -107,7 +107,7 @@ def testbed_launcher(tb: Any, work: Path, server_hosts: list[str]) -> Any:
         else:
             cmd = [sys.executable, "-m", "mxlarge.launcher", "-n", str(WORKERS), "-s",
                    str(WORKERS), "--launcher", "ssh", "-H", str(hostfile), "--host-ip",
-                   tb.addr("h0"), "--", *argv]
+                   tb.addr("h0"), "--no-mlflow", "--", *argv]
         code = stream(tb.on("h0", *cmd), {**os.environ, **job_env()}, out, cwd=_root())
         out.flush()
         check_job(peer, WORKERS, code, f"{cmd[2]} exited {code}", out)

@@ -9,10 +9,10 @@ busy the machine's cores and each host's worker were). Jobs are started on h0 th
 testbed's ``on``
 wrapper:
 
-* dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts --no-mlflow`` with the
-  hosts' addresses: the scheduler on h0, one server and one worker per host; with
-  ``--server-hosts N`` the 3 servers on N more hosts h3... (``role=server`` lines, every link
-  shaped alike), the workers and Horovod's ranks on h0..h2 as before;
+* dist_sync peers: ``python -m mxlarge.launcher -n 3 -s 3 --launcher ssh -H hosts
+  --no-mlflow`` with the hosts' addresses: the scheduler on h0, one server and one worker
+  per host; with ``--server-hosts N`` the 3 servers on N more hosts h3... (``role=server``
+  lines, every link shaped alike), the workers and Horovod's ranks on h0..h2 as before;
 * Horovod (both peers): ``horovodrun -H h0:1,h1:1,h2:1 --gloo --network-interface eth0``
   over the testbed's ssh, its own sockets bound to h0's address
   (:mod:`benchmarks.horovodrun_bound`).

@@ -43,14 +43,13 @@ from typing import Any
 from mxlarge.config import Config, ConfigError, DistConfig, load_config, parse_overrides, read_yaml
 from mxlarge.errors import InputError
 from mxlarge.launcher.backends.base import LaunchBackend
-from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.flags import elastic_of
 from mxlarge.launcher.job import JobSpec, run_attempt
 from mxlarge.launcher.job import attempt_spec as job_attempt_spec
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.record import JobRecord
 from mxlarge.launcher.registry import backend_for
-from mxlarge.launcher.restart import Attempt, Elastic, RestartPlan, RestartPolicy
+from mxlarge.launcher.restart import Attempt, RestartPlan, RestartPolicy
 from mxlarge.plan import World, with_world, world_of
 
 

@@ -24,9 +24,9 @@ import shlex
 import sys
 from typing import Any
 
+from mxlarge.errors import InputError
 from mxlarge.launcher.backends.local import PortInUseError
 from mxlarge.launcher.firewall import FirewallError
-from mxlarge.errors import InputError
 from mxlarge.launcher.flags import add_elastic_flags, add_job_flags, elastic_of
 from mxlarge.launcher.job import JobSpec, attempt_spec, firewall_refusal, run_attempt
 from mxlarge.launcher.outcome import Outcome

@@ -8,7 +8,6 @@ import argparse
 from typing import Any
 
 from mxlarge.errors import InputError
-
 from mxlarge.launcher.firewall import MODES
 from mxlarge.launcher.registry import BACKENDS, launcher_choice
 from mxlarge.launcher.restart import Elastic

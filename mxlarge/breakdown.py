@@ -50,7 +50,9 @@ class Sample:
     """One sampled step ``at``, seconds: ``step`` = data + compute + exchange + update;
     ``end`` the wall-clock time (``time.time()``) its exchange ended; ``micro`` each
     simulated worker's forward+backward in turn (together about ``compute``), empty
-    without them."""
+    without them; ``server`` the server whose sums were waited for first, -1 for none,
+    and ``held`` the time from the exchange's start until they were all there (waited
+    for first, no other server's sums hide them)."""
 
     at: int
     data: float
@@ -59,6 +61,8 @@ class Sample:
     update: float
     end: float
     micro: tuple[float, ...] = ()
+    server: int = -1
+    held: float = 0.0
 
     @property
     def step(self) -> float:
@@ -88,12 +92,23 @@ class RecentSamples:
         self.samples.append(s)
 
     def record(self) -> dict[str, float]:
-        """The medians of the parts and ``step`` (ms), ``n`` samples, the newest one's
-        step ``at`` and exchange ``end``."""
+        """The medians of the parts and ``step`` (ms), ``n`` samples, the oldest one's step
+        ``from``, the newest one's step ``at`` and exchange ``end``."""
         newest = self.samples[-1]
         medians = medians_ms(self.samples)
         return {**{p: medians[p] for p in (*PARTS, "step")}, "n": float(len(self.samples)),
-                "at": float(newest.at), "end": round(newest.end, 4)}
+                "from": float(self.samples[0].at), "at": float(newest.at),
+                "end": round(newest.end, 4)}
+
+    def servers(self, share: Sequence[float]) -> list[list[float]]:
+        """Per server s (``share[s]``: its share of the pushed bytes): ``[h, share[s]]``, h
+        the median ``held`` (ms) of the samples that waited for s first, -1 without one."""
+        out = []
+        for s, part in enumerate(share):
+            held = [x.held for x in self.samples if x.server == s]
+            out.append([round(1e3 * statistics.median(held), 1) if held else -1.0,
+                        round(part, 4)])
+        return out
 
 
 def summary(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -4,6 +4,7 @@ run carries the per-rank breakdown (tests/e2e/test_breakdown.py), and so does a 
 script's heartbeat."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -52,12 +53,22 @@ def test_the_window_keeps_the_last_samples_and_fits_a_heartbeat_record():
     for t in range(5):
         w.add(sample(10 * t, compute=0.001 * (t + 1), end=1.7e9 + t, micro=(0.001,)))
     rec = w.record()
-    assert set(rec) == {*B.PARTS, "step", "n", "at", "end"}  # the launcher's keys, no micro
-    assert rec["n"] == 3.0 and rec["at"] == 40.0 and rec["end"] == 1.7e9 + 4
+    assert set(rec) == {*B.PARTS, "step", "n", "from", "at", "end"}  # the launcher's, no micro
+    assert rec["n"] == 3.0 and rec["from"] == 20.0 and rec["at"] == 40.0
+    assert rec["end"] == 1.7e9 + 4
     assert rec["compute"] == 4.0  # median of 3, 4, 5 ms
+    # 256 servers' [ms, share] fit too
     r = Record(127, "h" * 40, 4194304, 10 ** 9, 10 ** 9, 10 ** 9, "evaluating", 10 ** 9,
-               {k: 99999.9 for k in rec})
+               {k: 99999.9 for k in rec}, [[99999.9, 0.0039]] * 256)
     assert len(r.encode()) == SIZE and Record.decode(r.encode()) == r
+
+
+def test_each_server_has_the_median_of_the_samples_that_waited_for_it_first():
+    w = B.RecentSamples()
+    for t, (server, held) in enumerate([(0, 0.010), (1, 0.030), (0, 0.012), (1, 0.034),
+                                        (0, 0.014), (-1, 0.0)]):
+        w.add(dataclasses.replace(sample(10 * t), server=server, held=held))
+    assert w.servers([0.25, 0.5, 0.25]) == [[12.0, 0.25], [32.0, 0.5], [-1.0, 0.25]]
 
 
 def test_summary_names_the_rank_with_the_most_own_work_and_the_shares_waiting():
@@ -104,7 +115,7 @@ class Writer:
         self.parts = []
         self.issued = []
 
-    def set_parts(self, parts):
+    def set_parts(self, parts, servers=None):
         self.parts.append(parts)
 
     def issue(self, step):

@@ -157,3 +157,37 @@ def spread(buckets: Sequence[Bucket], servers: int, bound: int, limit: int,
         used.add(key)
         out.append(Bucket(key, b.members, b.offsets, b.size))
     return out
+
+
+@dataclass(frozen=True)
+class Holders:
+    """Which server sums what: ``alone[s]``, the parameters whose whole gradient server s
+    sums (waiting for them waits for s and no other server); ``share[s]``, the share of
+    the pushed bytes s sums."""
+
+    alone: tuple[tuple[int, ...], ...]
+    share: tuple[float, ...]
+
+
+def holders(buckets: Sequence[Bucket], servers: int, bound: int, key_of: Callable[[Bucket], int],
+            nbytes: Callable[[Bucket], int]) -> Holders:
+    """Where MXNet 1.9.1 sums each of ``buckets`` (sent under ``key_of(b)``, ``nbytes(b)``
+    bytes on the wire): a bucket below ``bound`` elements on :func:`server_of` its key, a
+    larger one in equal slices on every server (so its members are no server's
+    alone)."""
+    load = [0.0] * servers
+    where: dict[int, set[int]] = {}
+    for b in buckets:
+        if servers > 1 and b.size >= bound:
+            load = [x + nbytes(b) / servers for x in load]
+            held = set(range(servers))
+        else:
+            s = server_of(key_of(b), servers)
+            load[s] += nbytes(b)
+            held = {s}
+        for m in b.members:
+            where.setdefault(m, set()).update(held)
+    total = sum(load) or 1.0
+    alone = tuple(tuple(sorted(m for m, held in where.items() if held == {s}))
+                  for s in range(servers))
+    return Holders(alone, tuple(x / total for x in load))

@@ -37,7 +37,7 @@ from mxlarge import engine
 from mxlarge.errors import InputError
 from mxlarge.kvstore import FUSION_BYTES, spans_hosts
 from mxlarge.kvstore.collectives import AUX_KEY, SCALARS, STAT_KEY, Collectives
-from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, fuse, piece_floats, spread
+from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, Holders, fuse, holders, piece_floats, spread
 from mxlarge.kvstore.order import Order, gate, lead_groups
 from mxlarge.kvstore.pieces import PieceLinks
 from mxlarge.kvstore.roles import ParamRole
@@ -176,6 +176,7 @@ class SyncStore:
         self.pushed: list[int] = []
         self.stats: list[int] = []
         self.buckets: list[Bucket] = []
+        self._holders: Holders | None = None  # planned once (holders())
         self.views = BucketViews(self.params, on_grads)
         self._broadcast: set[int] = set()  # parameters whose keys hold rank 0's values
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
@@ -239,6 +240,7 @@ class SyncStore:
         last parameter; Gluon pauses recording there, so it cannot be seen): the buckets'
         views become gradients in the first step instead (:mod:`mxlarge.kvstore.views`)."""
         self.roles = list(roles)
+        self._holders = None
         self.pushed = [i for i, r in enumerate(roles) if r.pushed]
         self.stats = [i for i, r in enumerate(roles) if r.local_stat]
         # A bucket has one dtype; float16 and float32 tensors fill buckets of their own.
@@ -286,6 +288,21 @@ class SyncStore:
         if self.distributed:
             self.kv._barrier()
         return ExchangePlan(tuple(self.pushed), tuple(self.stats))
+
+    def holders(self) -> Holders | None:
+        """Which server sums which pushed gradients (:func:`~mxlarge.kvstore.fusion.holders`),
+        as positions in :attr:`pushed`; None before :meth:`plan` or without servers."""
+        if not self.distributed or not self.buckets:
+            return None
+        if self._holders is None:
+            servers = int(os.environ.get("DMLC_NUM_SERVER", "1"))
+            bound = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", BIGARRAY_BOUND))
+            found = holders(self.buckets, servers, bound, self.wire.key,
+                            lambda b: b.size * self._itemsize(b))
+            at = {p: k for k, p in enumerate(self.pushed)}
+            self._holders = Holders(tuple(tuple(at[m] for m in ms) for ms in found.alone),
+                                    found.share)
+        return self._holders
 
     def _init(self, indices: list[int], keys: list[int], values: list[mx.nd.NDArray]) -> None:
         """One ``kv.init`` of parameters ``indices`` (this rank's values; the store

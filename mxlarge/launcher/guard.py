@@ -83,6 +83,8 @@ class GuardReport:
     #: the processes stopped now, of every guard whose lines come this way (mpirun,
     #: srun)
     stopped: dict[tuple[str, int], Stopped] = field(default_factory=dict)
+    #: (host, pid) of every command started, of every guard whose lines come this way
+    started: list[tuple[str, int]] = field(default_factory=list)
 
     def see(self, line: str) -> bool:
         """Take in one output line; return whether it was a guard line."""
@@ -97,6 +99,7 @@ class GuardReport:
         elif m := _STARTED.match(line):
             self.pid = int(m.group("pid"))
             self.host = m.group("host")
+            self.started.append((self.host, self.pid))
         elif m := _KILLED.match(line):
             with contextlib.suppress(KeyError):
                 self.signal = int(signal.Signals[m.group("sig")])

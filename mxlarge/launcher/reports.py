@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.servers import Known, SlowServers
 from mxlarge.launcher.straggler import Stragglers
 from mxlarge.launcher.watchdog import READ_EVERY
 from mxlarge.protocol.heartbeat import Record, read_all
@@ -31,17 +32,20 @@ class WorkerReports:
         heartbeats: the job's heartbeat directory.
         reports: the job's report directory.
         emit: receives the launcher's lines (stragglers, the timeline).
+        servers: who each server is (kvstore rank -> host, pid), for the slow servers'
+            lines (:mod:`mxlarge.launcher.servers`).
         clock: monotonic seconds (tests pass their own).
     """
 
     def __init__(self, heartbeats: str | Path | None, reports: str | Path | None,
-                 emit: Callable[[str], None],
+                 emit: Callable[[str], None], servers: Known = dict,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.heartbeats = heartbeats
         self.reports = reports
         self.emit = emit
         self.clock = clock
         self.stragglers = Stragglers(emit, clock=clock)
+        self.servers = SlowServers(emit, servers, clock=clock)
         self._read_at = -float("inf")
         self.last: dict[int, tuple[str, dict[str, float]]] = {}  # by rank: host, parts
         self.ranks: set[int] = set()  # every rank that reported
@@ -56,7 +60,9 @@ class WorkerReports:
         if now - self._read_at < READ_EVERY:
             return
         self._read_at = now
-        self.stragglers.see(self._read())
+        records = self._read()
+        self.stragglers.see(records)
+        self.servers.see(records)
 
     def _read(self) -> list[Record]:
         records = list(read_all(self.heartbeats).values()) if self.heartbeats else []
@@ -88,7 +94,8 @@ class WorkerReports:
         return trace
 
     def conclude(self, outcome: Outcome) -> Outcome:
-        """``outcome`` with the job's straggler episodes, its merged timeline and every
-        rank's last breakdown."""
-        return dataclasses.replace(outcome, stragglers=self.stragglers.episodes,
+        """``outcome`` with the job's straggler episodes (workers' and servers', by onset),
+        its merged timeline and every rank's last breakdown."""
+        slow = sorted((*self.stragglers.episodes, *self.servers.episodes), key=lambda e: e.step)
+        return dataclasses.replace(outcome, stragglers=tuple(slow),
                                    timeline=self.timeline(), breakdown=self.breakdown())

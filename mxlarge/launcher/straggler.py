@@ -37,6 +37,7 @@ it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -77,66 +78,102 @@ class Rules:
     seconds: float = 20.0
 
 
+def floor(x: float, digits: int) -> str:
+    """``x`` cut (not rounded) to ``digits`` decimals: a figure the rule judged at or
+    above a floor never prints below it, nor one below it at it."""
+    q = 10 ** digits
+    return f"{math.floor(x * q + 1e-9) / q:.{digits}f}"
+
+
 @dataclass(frozen=True)
 class Episode:
-    """One worker slow in one part, from the step the job had completed when it was
-    named (``step``) to the one it recovered at (``ended``, None while it lasts).
+    """One process slow in one part, from its onset (``step``: the first sampled step of
+    the earliest window from which the part stayed slow) to the step the job had
+    completed when it recovered (``ended``, None while it lasts).
 
     Attributes:
-        rank, host, pid: the worker (kvstore rank).
-        part: a key of :data:`SLOW_PARTS`.
-        ratio, excess: its part ÷ and - the other ranks' median (ms), when named.
-        wait: the share of the other ranks' step they wait for it, when named.
+        rank, host, pid: the process (kvstore rank; ``pid`` None when not known).
+        part: a key of :data:`SLOW_PARTS`, or ``server`` (:mod:`mxlarge.launcher.servers`).
+        ratio, excess: its part ÷ and - the others' median (ms): the medians the rule
+            judged.
+        wait: the share of the other ranks' step they wait for it, as judged.
+        now: the ratio over the last quarter of the span judged (how slow it is now).
+        role: ``worker`` or ``server``.
+        share: a server's share of the pushed bytes.
+        alone: a server compared with its own start (the job's only server), not with
+            other servers.
     """
 
     rank: int
     host: str
-    pid: int
+    pid: int | None
     part: str
     ratio: float
     excess: float
     wait: float
     step: int
     ended: int | None = None
+    now: float | None = None
+    role: str = "worker"
+    share: float = 0.0
+    alone: bool = False
 
     def line(self) -> str:
-        """``straggler: worker rank 1 (pid 7) on h2: forward+backward 2.1× the median;
-        the other ranks wait 38% of each step for it`` (a link: ``its exchange ends 26
-        ms after the others' (a slow link)``)."""
-        return (f"straggler: {self._who()}: {self._what()}; the other ranks wait "
-                f"{100 * self.wait:.0f}% of each step for it")
+        """``straggler: worker rank 1 (pid 7) on h2 from step 180: forward+backward
+        2.13× the median (now 2.40×); the other ranks wait 38% of each step for it`` (a
+        link: ``its exchange ends 26 ms after the others' (a slow link)``; a server:
+        ``its sums come 35 ms after the other servers' (1.84×); it holds 50% of the
+        gradient bytes``)."""
+        return (f"straggler: {self._who()} from step {self.step}: {self._what()}; "
+                f"{self._others()} wait {floor(100 * self.wait, 0)}% of each step for it")
 
     def recovered_line(self) -> str:
         """``straggler recovered: worker rank 1 (pid 7) on h2: forward+backward back
         near the median at step 900 (slow from step 300)`` (a link: ``its exchange ends
-        with the others' again``)."""
-        back = "ends with the others' again" if self.part == "link" else "back near the median"
-        return (f"straggler recovered: {self._who()}: {SLOW_PARTS[self.part]} {back} at step "
-                f"{self.ended} (slow from step {self.step})")
+        with the others' again``; a server: ``its sums come with the others' again``)."""
+        back = {"link": "its exchange ends with the others' again",
+                "server": "its sums come as fast as "
+                          + ("at the start" if self.alone else "the other servers'")
+                          + " again"}.get(self.part, f"{SLOW_PARTS.get(self.part)} back near "
+                                                     "the median")
+        return (f"straggler recovered: {self._who()}: {back} at step {self.ended} (slow "
+                f"from step {self.step})")
 
     def describe(self) -> str:
         """The run's ``straggler`` tag for it: who, what, how much, which steps."""
         until = "" if self.ended is None else f" to {self.ended}"
-        return (f"worker rank {self.rank} on {self.host} (pid {self.pid}): {self._what()}, "
-                f"others wait {100 * self.wait:.0f}% of each step, steps {self.step}{until}")
+        return (f"{self._who()}: {self._what()}, {self._others()} wait "
+                f"{floor(100 * self.wait, 0)}% of each step, steps {self.step}{until}")
 
     def _who(self) -> str:
-        return f"worker rank {self.rank} (pid {self.pid}) on {self.host}"
+        pid = "" if self.pid is None else f" (pid {self.pid})"
+        return f"{self.role} rank {self.rank}{pid} on {self.host}"
+
+    def _others(self) -> str:
+        return "the workers" if self.role == "server" else "the other ranks"
 
     def _what(self) -> str:
+        now = "" if self.now is None else f" (now {floor(self.now, 2)}×)"
         if self.part == "link":
             return f"its exchange ends {self.excess:.0f} ms after the others' (a slow link)"
-        return f"{SLOW_PARTS[self.part]} {self.ratio:.1f}× the median"
+        if self.part == "server":
+            than = "later than at the job's start" if self.alone else "after the other servers'"
+            now = "" if self.now is None else f"; now {floor(self.now, 2)}×"
+            return (f"its sums come {self.excess:.0f} ms {than} ({floor(self.ratio, 2)}×{now}); "
+                    f"it holds {floor(100 * self.share, 0)}% of the gradient bytes")
+        return f"{SLOW_PARTS[self.part]} {floor(self.ratio, 2)}× the median{now}"
 
 
 @dataclass(frozen=True)
 class Look:
     """One new window of one rank against the other ranks' (module docstring): at time
     ``t``, ``(ratio, excess, share, wait)`` of each part of :data:`SLOW_PARTS` it could
-    be compared in (``share``: the excess ÷ the others' median step)."""
+    be compared in (``share``: the excess ÷ the others' median step); ``first``: the
+    window's first sampled step."""
 
     t: float
     parts: Mapping[str, tuple[float, float, float, float]]
+    first: int = 0
 
 
 def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: float,
@@ -152,7 +189,7 @@ def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: fl
                  (mine[p] - ref[p]) / step, wait) for p in ("data", "compute", "update")}
     if lag is not None:
         parts["link"] = (1 + lag / step, lag, lag / step, max(0.0, lag) / step)
-    return Look(t, parts)
+    return Look(t, parts, int(mine.get("from", mine.get("at", 0))))
 
 
 def lag(ends: Mapping[int, Mapping[int, float]], rank: int) -> float | None:
@@ -175,11 +212,12 @@ def medians(looks: Sequence[Look], part: str) -> tuple[float, float, float, floa
     return ratio, excess, share, wait
 
 
-def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float, float] | None:
-    """The first part of :data:`SLOW_PARTS` the medians of ``looks`` say is slow (module
-    docstring) over at least :attr:`Rules.hold` looks, as ``(part, ratio, excess,
-    wait)``; None when none is."""
-    for part in SLOW_PARTS:
+def slowest(looks: Sequence[Look], rules: Rules, parts: Iterable[str] = SLOW_PARTS
+            ) -> tuple[str, float, float, float] | None:
+    """The first of ``parts`` the medians of ``looks`` say is slow (module docstring)
+    over at least :attr:`Rules.hold` looks, as ``(part, ratio, excess, wait)``; None
+    when none is."""
+    for part in parts:
         found = medians(looks, part)
         if found is None or sum(part in lk.parts for lk in looks) < rules.hold:
             continue
@@ -188,6 +226,45 @@ def slowest(looks: Sequence[Look], rules: Rules) -> tuple[str, float, float, flo
                 and wait >= rules.min_wait:
             return part, ratio, excess, wait
     return None
+
+
+def onset(looks: Sequence[Look], part: str, rules: Rules) -> int:
+    """The first sampled step of the earliest of ``looks`` from which ``part`` stayed
+    slow: its ratio at or above :attr:`Rules.onset` there and at or above
+    :attr:`Rules.recover` in every look after."""
+    seen = [lk for lk in looks if part in lk.parts]
+    since = len(seen) - 1
+    for i in range(len(seen) - 1, -1, -1):
+        ratio = seen[i].parts[part][0]
+        if ratio < rules.recover:
+            break
+        if ratio >= rules.onset:
+            since = i
+    return seen[since].first if seen else 0
+
+
+def span(kept: Sequence[Look], now: float, rules: Rules) -> tuple[tuple[Look, ...], bool]:
+    """The looks to keep of ``kept`` (those of the last :attr:`Rules.seconds` and the
+    newest one before) and whether they are judged (at least :attr:`Rules.hold` of them,
+    spanning the whole :attr:`Rules.seconds`)."""
+    old = [i for i, lk in enumerate(kept) if lk.t < now - rules.seconds]
+    looks = tuple(kept[old[-1]:] if old else kept)
+    return looks, len(looks) >= rules.hold and looks[0].t <= now - rules.seconds
+
+
+def begins(looks: Sequence[Look], now: float, rules: Rules, parts: Iterable[str] = SLOW_PARTS
+           ) -> tuple[str, float, float, float, float, int] | None:
+    """Whether an episode begins over ``looks``: the first of ``parts`` the rule found
+    slow (:func:`slowest`), its ratio, excess and wait as judged, the ratio over the last
+    quarter of the span (now) and the onset step (:func:`onset`); None when none is
+    slow."""
+    found = slowest(looks, rules, parts)
+    if found is None:
+        return None
+    part, ratio, excess, wait = found
+    recent = [lk for lk in looks if lk.t >= now - rules.seconds / 4]
+    now_ratio = (medians(recent, part) or found[1:])[0]
+    return part, ratio, excess, wait, now_ratio, onset(looks, part, rules)
 
 
 def recovered(looks: Sequence[Look], part: str, rules: Rules) -> bool:
@@ -236,22 +313,18 @@ def judge(state: State, beats: Iterable[Record], now: float, rules: Rules = Rule
             continue  # it has not advanced: no new window of its own
         now_look = look(mine, [w for r, w in windows.items() if r != rank], now,
                         lag(ends, rank) if all(ends.values()) else None)
-        kept = (*history.get(rank, ()), now_look)
-        old = [i for i, lk in enumerate(kept) if lk.t < now - rules.seconds]
-        looks = kept[old[-1]:] if old else kept
+        looks, judged = span((*history.get(rank, ()), now_look), now, rules)
         history[rank] = looks
-        if len(looks) < rules.hold or looks[0].t > now - rules.seconds:
+        if not judged:
             continue  # not yet judged over the whole span
         if rank in episodes:
             if recovered(looks, episodes[rank].part, rules):
                 changes.append(dataclasses.replace(episodes.pop(rank), ended=step))
-        elif (found := slowest(looks, rules)) is not None:
-            # named with how slow it is now: the span's medians only just crossed the
-            # floors
-            recent = [lk for lk in looks if lk.t >= now - rules.seconds / 4]
-            ratio, excess, _, wait = medians(recent, found[0]) or found
+        elif (found := begins(looks, now, rules)) is not None:
+            part, ratio, excess, wait, now_ratio, first = found
             b = by_rank[rank]
-            episodes[rank] = Episode(rank, b.host, b.pid, found[0], ratio, excess, wait, step)
+            episodes[rank] = Episode(rank, b.host, b.pid, part, ratio, excess, wait, first,
+                                     now=now_ratio)
             changes.append(episodes[rank])
     done = {**state.done, **{r: by_rank[r].done for r in windows}}
     return State(done, history, {**state.ends, **ends}, episodes), tuple(changes)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -168,6 +170,11 @@ class Child:
         return self.popen.pid
 
     @property
+    def alone(self) -> bool:
+        """Whether it is one process (not an mpirun or srun carrying several)."""
+        return self._label is None
+
+    @property
     def label(self) -> str:
         """Its name in the job's output and evidence (the class docstring)."""
         if self._label is not None:
@@ -313,6 +320,32 @@ class Supervisor:
         pid = child.guard.pid or child.pid
         return next((r.rank for r in read_all(self.heartbeats).values()
                      if r.pid == pid and child.guard.host in (None, r.host)), None)
+
+    def servers(self) -> dict[int, tuple[str, int | None]]:
+        """Each server's kvstore rank -> (host, pid), as far as known: a child that is
+        one server gives its own (its guard's for a remote one); a child that carries
+        every server (mpirun, srun) gives, for each server rank the scheduler assigned,
+        the host its guards started on whose address is the rank's (the pid when one
+        server started there), else the address itself."""
+        with self._lock:
+            children = list(self.children)
+        out: dict[int, tuple[str, int | None]] = {}
+        assigned = next((c.pslog.assigned for c in children if c.role == "scheduler"), {})
+        for child in (c for c in children if c.role == "server"):
+            if child.alone:
+                rank = child.find_rank()
+                if rank is not None:
+                    out[rank] = (child.guard.host or socket.gethostname(),
+                                 child.guard.pid or child.pid)
+                continue
+            started = list(child.guard.started)
+            for address, (role, rank) in list(assigned.items()):
+                if role == "server":
+                    ip = address.rsplit(":", 1)[0]
+                    there = [(h, p) for h, p in started if address_of(h) == ip]
+                    out[rank] = (there[0][0] if there else ip,
+                                 there[0][1] if len(there) == 1 else None)
+        return out
 
     def poll(self) -> None:
         """Record which children have exited since the last call, in order of detection."""
@@ -512,3 +545,12 @@ def termination_signals(stop: threading.Event, received: list[int]) -> Iterator[
             # ``None`` means the old handler was installed from C; the default is the
             # best approximation Python can restore.
             signal.signal(sig, signal.SIG_DFL if old is None else old)
+
+
+@functools.lru_cache(maxsize=256)
+def address_of(host: str) -> str | None:
+    """``host``'s IPv4 address as this machine resolves it, None if it does not."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return None

@@ -60,6 +60,8 @@ class Step:
         sample: the step's parts in seconds, when an observer timed it
             (:class:`mxlarge.breakdown.Sample`).
         parts: the timing observer's recent medians in ms, what a heartbeat carries.
+        servers: per server, the timing observer's recent median wait for its sums (ms)
+            and its share of the pushed bytes (:meth:`mxlarge.breakdown.RecentSamples.servers`).
         applied: whether the update was applied (None until it is done).
     """
 
@@ -68,6 +70,7 @@ class Step:
     marked: bool = False
     sample: Any = None
     parts: dict[str, float] | None = None
+    servers: list[list[float]] | None = None
     applied: bool | None = None
 
 

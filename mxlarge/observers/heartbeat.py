@@ -33,7 +33,7 @@ class HeartbeatObserver(StepObserver):
 
     def update_done(self, step: Step, applied: bool, weights: Sequence[Any]) -> None:
         if step.parts is not None:
-            self.writer.set_parts(step.parts)
+            self.writer.set_parts(step.parts, step.servers)
         if weights:
             self.writer.completes(step.t, engine.probe(weights[0]))
 

@@ -14,7 +14,9 @@ The parts of a sampled step (:class:`~mxlarge.breakdown.Sample`):
   script's step, from the end of the previous step (synced) to the begin of this one: the
   script's forward, backward and whatever else it does between its steps;
 * ``exchange``: until the summed gradients are written (the servers, and through them every
-  other rank);
+  other rank). The sums one server holds alone are waited for first, a different server each
+  sampled step in turn (``server``, ``held``): no other server's sums hide how long that
+  one takes (the launcher compares servers by it, :mod:`mxlarge.launcher.servers`);
 * ``update``: until the update is done (synced).
 
 A marked step (``step.marked``: a timeline records it) is never timed: it takes no
@@ -24,12 +26,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mxnet as mx
 
 from mxlarge.breakdown import RecentSamples, Sample, sampled
 from mxlarge.observers import TIME, Step, StepObserver
+
+if TYPE_CHECKING:
+    from mxlarge.kvstore.fusion import Holders
 
 
 class StepTimer(StepObserver):
@@ -39,12 +44,18 @@ class StepTimer(StepObserver):
 
     Args:
         sync: waits until the engine is idle (``mx.nd.waitall``).
+        holders: which server sums which gradients (positions in the exchanged list), None
+            without servers (:meth:`mxlarge.kvstore.sync.SyncStore.holders`).
     """
 
     stage = TIME
 
-    def __init__(self, sync: Callable[[], None] = mx.nd.waitall) -> None:
+    def __init__(self, sync: Callable[[], None] = mx.nd.waitall,
+                 holders: Callable[[], Holders | None] = lambda: None) -> None:
         self.sync = sync
+        self.holders = holders
+        self._turn = 0  # which server's sums the next sampled step waits for first
+        self._server = (-1, 0.0)  # this step's: (server, seconds until its sums)
         self.window = RecentSamples()
         self.first: int | None = None  # the process's first step
         self._script_end: tuple[int, float] | None = None  # (next step, when this one ended)
@@ -92,6 +103,7 @@ class StepTimer(StepObserver):
     def exchange_done(self, step: Step, grads: Sequence[Any]) -> None:
         if not self._timing:
             return
+        self._server = self._first_server(grads)
         for g in grads:
             g.wait_to_read()
         self._exchange_to = time.perf_counter()
@@ -107,12 +119,30 @@ class StepTimer(StepObserver):
             data = step.data.seconds if step.data is not None else 0.0
             sample = Sample(step.t, data, self._exchange_from - self._from,
                             self._exchange_to - self._exchange_from, ended - self._exchange_to,
-                            self._exchange_end, micro)
+                            self._exchange_end, micro, *self._server)
             self.window.add(sample)
             step.sample = sample
             step.parts = self.window.record()
+            held = self.holders()
+            if held is not None:
+                step.servers = self.window.servers(held.share)
         elif step.data is None and not step.marked and sampled(step.t + 1):
             # a script's step before a sampled one: its end is where the next one's
             # compute begins
             self.sync()
             self._script_end = (step.t + 1, time.perf_counter())
+
+    def _first_server(self, grads: Sequence[Any]) -> tuple[int, float]:
+        """Waits for the sums of the next server in turn that holds some alone; returns
+        it and the seconds since the exchange began ((-1, 0) without one)."""
+        held = self.holders()
+        if held is None:
+            return -1, 0.0
+        turns = [s for s, alone in enumerate(held.alone) if alone]
+        if not turns:
+            return -1, 0.0
+        server = turns[self._turn % len(turns)]
+        self._turn += 1
+        for k in held.alone[server]:
+            grads[k].wait_to_read()
+        return server, time.perf_counter() - self._exchange_from

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,11 +25,13 @@ class StoreFacts(Protocol):
 
 def worker_observers(store: StoreFacts, heartbeat: Path | None, reports: Path | None,
                      timeline: TimelineWindow | None, breakdown: bool | None,
-                     tracked: Any = None) -> list[StepObserver]:
+                     tracked: Any = None,
+                     holders: Callable[[], Any] = lambda: None) -> list[StepObserver]:
     """A worker's own observers: the timeline's :class:`Recorder` for ``timeline``, a
     :class:`StepTimer` when ``breakdown`` (None: in a dist worker with a ``heartbeat``
-    directory), a :class:`HeartbeatObserver` writing to ``heartbeat`` in a dist
-    worker, and on rank 0 of a dist job whose launcher opened an MLflow run, a
+    directory; ``holders``: which server sums what, :class:`StepTimer`), a
+    :class:`HeartbeatObserver` writing to ``heartbeat`` in a dist worker, and on rank 0
+    of a dist job whose launcher opened an MLflow run, a
     :class:`~mxlarge.tracking.script.ScriptRun` reading the Trainer ``tracked`` (None: no
     run; :mod:`mxlarge.tracking.script` says what the other ranks do).
 
@@ -45,7 +48,7 @@ def worker_observers(store: StoreFacts, heartbeat: Path | None, reports: Path | 
                             store.kv._barrier))
     beats = heartbeat is not None and store.distributed
     if breakdown or (breakdown is None and beats):
-        out.append(StepTimer())
+        out.append(StepTimer(holders=holders))
     if beats:
         out.append(HeartbeatObserver(SESSION.beat(heartbeat, store.rank)))
     if tracked is not None and store.distributed:

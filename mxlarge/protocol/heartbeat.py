@@ -38,7 +38,8 @@ STOP_TIMEOUT = 5.0
 #: (:meth:`HeartbeatWriter.settle`), so that its last record names the step it failed
 #: at.
 SETTLE = 2.0
-SIZE = 512
+#: Bytes of a record: room for the parts and a few hundred servers' ``[ms, share]``.
+SIZE = 8192
 INTERVAL = 1.0  # seconds between writes of one worker's record
 # The phase of a worker whose work is done: every worker passed the store's last
 # barrier, what is left is MXNet's shutdown (written at exit by
@@ -69,7 +70,11 @@ class Record:
             sampled steps in that window, and of the newest sampled step its number ``at``
             and the wall-clock time (``time.time()``) ``end`` its exchange ended; every rank
             samples the same step numbers (the launcher compares ranks at one step:
-            :mod:`mxlarge.launcher.straggler`).
+            :mod:`mxlarge.launcher.straggler`), and the oldest one's number ``from``.
+        servers: per server (kvstore rank), ``[ms, share]``: the median time from the
+            exchange's start until the sums it holds alone were there, over the sampled
+            steps that waited for it first (-1 without one), and its share of the pushed
+            bytes (:mod:`mxlarge.launcher.servers`); None without servers.
     """
 
     rank: int
@@ -81,6 +86,7 @@ class Record:
     phase: str
     tick: int
     parts: dict[str, float] | None = None
+    servers: list[list[float]] | None = None
 
     def encode(self) -> bytes:
         data = json.dumps(asdict(self), separators=(",", ":")).encode()
@@ -165,6 +171,7 @@ class HeartbeatWriter:
         self.here = 0
         self.phase = "train"
         self._parts: dict[str, float] | None = None
+        self._servers: list[list[float]] | None = None
         self._first: int | None = None
         self._tick = 0
         self._interval = interval
@@ -200,9 +207,12 @@ class HeartbeatWriter:
             if advanced:
                 self._write()
 
-    def set_parts(self, parts: dict[str, float]) -> None:
-        """The step breakdown the next write carries (:attr:`Record.parts`)."""
+    def set_parts(self, parts: dict[str, float],
+                  servers: list[list[float]] | None = None) -> None:
+        """The step breakdown the next write carries (:attr:`Record.parts`,
+        :attr:`Record.servers`)."""
         self._parts = parts
+        self._servers = servers
 
     def issue(self, step: int) -> None:
         """Record that update ``step`` is on its way (its gradients are pushed)."""
@@ -297,7 +307,8 @@ class HeartbeatWriter:
         with self._lock:  # the step and the writer thread: ticks stay in order
             self._tick += 1
             record = Record(self.rank, self._host, os.getpid(), self.done, self.issued,
-                            self.here, self.phase, self._tick, self._parts)
+                            self.here, self.phase, self._tick, self._parts,
+                            self._servers)
             with contextlib.suppress(OSError):  # a full or vanished disk must not stop training
                 os.pwrite(self._fd, record.encode(), 0)
 

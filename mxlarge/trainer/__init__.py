@@ -123,7 +123,7 @@ class Trainer(mx.gluon.Trainer):
         self.collectives = self.store.collectives
         self._init_kvstore()
         own = worker_observers(self.collectives, s.heartbeat, s.reports, s.timeline, s.breakdown,
-                               self if s.track else None)
+                               self if s.track else None, self.store.holders)
         for observer in own:
             self.observers.add(observer)
         self.lr = LearningRate(self.updater, s.base, (

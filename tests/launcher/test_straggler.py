@@ -3,6 +3,7 @@ named, for what, with which ratio and wait (closed forms), when an episode begin
 no episode from noise inside the band. Real jobs: tests/e2e/test_straggler.py."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
 import statistics
@@ -51,9 +52,10 @@ def slowed(i, compute=70.0):
     """Windows of 3 ranks where rank 1 computes ``compute`` ms against 40 and the others wait
     for it at the exchange; each look is a new window (its n differs)."""
     extra = compute - 40.0
-    return [parts(exchange=10 + extra, n=20 + i % 2, step=56 + extra),
-            parts(compute=compute, exchange=10, n=20 + i % 2),
-            parts(exchange=10 + extra, n=20 + i % 2, step=56 + extra)]
+    start = {"from": 10 * i + 3}  # the window's first sampled step
+    return [parts(exchange=10 + extra, n=20 + i % 2, step=56 + extra, **start),
+            parts(compute=compute, exchange=10, n=20 + i % 2, **start),
+            parts(exchange=10 + extra, n=20 + i % 2, step=56 + extra, **start)]
 
 
 def test_ratio_and_wait_are_the_closed_forms():
@@ -62,26 +64,29 @@ def test_ratio_and_wait_are_the_closed_forms():
     w = 30 / 86
     assert look(slowed(0)[1], [slowed(0)[0], slowed(0)[2]], 7.0) == Look(
         7.0, {"compute": (70 / 40, 30.0, w, w), "data": (1.0, 0.0, 0.0, w),
-              "update": (1.0, 0.0, 0.0, w)})
+              "update": (1.0, 0.0, 0.0, w)}, 3)
 
 
 def test_one_episode_named_over_20_s_of_looks_then_its_recovery():
     healthy = [[parts(n=20 + i % 2) for _ in range(3)] for i in range(5)]
     state, changes = run([slowed(i) for i in range(6)] + healthy)  # a look every 5 s
-    # named at 20 s (5 looks); ended when the median of the last 20 s is healthy
+    # named at 20 s (5 looks), from the first step of the first slow window (3); ended when
+    # the median of the last 20 s is healthy
     assert [i for i, look in enumerate(changes) if look] == [4, 9]
-    assert changes[4] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 40),)
-    assert changes[9] == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 40, ended=90),)
+    named = Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 3, now=70 / 40)
+    assert changes[4] == (named,)
+    assert changes[9] == (dataclasses.replace(named, ended=90),)
     assert state.open == {}
 
 
 def test_the_line_names_rank_pid_host_ratio_and_wait():
-    e = Episode(1, "h2", 4242, "compute", 70 / 40, 30.0, 30 / 86, 20)
-    assert e.line() == ("straggler: worker rank 1 (pid 4242) on h2: forward+backward 1.8× the "
-                        "median; the other ranks wait 35% of each step for it")
+    e = Episode(1, "h2", 4242, "compute", 70 / 40, 30.0, 30 / 86, 20, now=2.2)
+    assert e.line() == ("straggler: worker rank 1 (pid 4242) on h2 from step 20: forward+backward "
+                        "1.75× the median (now 2.20×); the other ranks wait 34% of each step "
+                        "for it")
     assert Episode(1, "h2", 4242, "link", 1.35, 26.4, 0.35, 20).line() == (
-        "straggler: worker rank 1 (pid 4242) on h2: its exchange ends 26 ms after the others' "
-        "(a slow link); the other ranks wait 35% of each step for it")
+        "straggler: worker rank 1 (pid 4242) on h2 from step 20: its exchange ends 26 ms after "
+        "the others' (a slow link); the other ranks wait 35% of each step for it")
     assert Episode(1, "h2", 4242, "link", 1.35, 26.4, 0.35, 20, 90).recovered_line() == (
         "straggler recovered: worker rank 1 (pid 4242) on h2: its exchange ends with the others' "
         "again at step 90 (slow from step 20)")
@@ -205,7 +210,8 @@ def test_the_keeper_emits_each_line_once_and_keeps_the_episodes():
             keeper.see(beats(windows, done=10 * i, tick=i))
             now[0] += 1.0
     assert [line.split(":")[0] for line in lines] == ["straggler", "straggler recovered"]
-    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 40, 90),)
+    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 3, 90,
+                                       now=70 / 40),)
 
 
 @pytest.mark.parametrize("parts_", [None, {"n": 3}])
@@ -235,8 +241,10 @@ def linked(i, late=26.0, behind=0):
 def test_a_rank_whose_exchange_ends_late_is_named_for_its_link():
     _, changes = run([linked(i) for i in range(6)])
     step = 1 + 18 + 54 + 5
+    # the onset: the first look's window, its newest step 0 (these windows carry no "from")
     assert changes[4] == (Episode(1, "h1", 1001, "link", pytest.approx(1 + 26 / step),
-                                  pytest.approx(26.0), pytest.approx(26 / step), 40),)
+                                  pytest.approx(26.0), pytest.approx(26 / step), 0,
+                                  now=pytest.approx(1 + 26 / step)),)
     assert not any(changes[:4]) and not any(changes[5:])
 
 
@@ -255,15 +263,24 @@ def test_exchange_ends_within_the_band_or_no_common_step_name_nobody():
 
 def test_the_lines_docs_show_are_the_lines_printed():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
-    e = Episode(1, "node07", 48213, "compute", 2.1, 30.0, 0.38, 4210, ended=5170)
+    e = Episode(1, "node07", 48213, "compute", 2.1, 30.0, 0.38, 4210, ended=5170, now=2.43)
     assert f"[launcher] {e.line()}\n[launcher] {e.recovered_line()}\n" in doc
+    s = Episode(1, "node03", 51877, "server", 1.84, 41.2, 0.22, 1830, ended=2610, now=1.9,
+                role="server", share=0.5)
+    assert f"[launcher] {s.line()}\n[launcher] {s.recovered_line()}\n" in doc
 
 
-def test_named_with_how_slow_it_is_now_not_where_the_span_crossed():
-    healthy = [[parts(n=20 + i % 2) for _ in range(3)] for i in range(15)]
-    _, changes = run(healthy + [slowed(i) for i in range(15)], every=1.0)
+def test_named_with_the_figures_the_rule_judged_from_the_step_it_slowed():
+    # 15 healthy looks then slow ones, a look a second: the span's medians cross the floors
+    # at the 26th look (11 slow of 21); the line prints those medians, never below the
+    # floors, and how slow it is now besides; the onset is the first slow window's first step
+    healthy = [[parts(n=20 + i % 2, **{"from": 10 * i + 3}) for _ in range(3)]
+               for i in range(15)]
+    _, changes = run(healthy + [slowed(15 + i) for i in range(15)], every=1.0)
     began = [e for look_ in changes for e in look_]
-    assert [(e.rank, e.ratio, e.wait) for e in began] == [(1, 70 / 40, 30 / 86)]
+    assert [(e.rank, e.ratio, e.wait, e.now, e.step) for e in began] == [
+        (1, 1.375, 15 / 86, 70 / 40, 153)]
+    assert "1.37× the median (now 1.75×); the other ranks wait 17%" in began[0].line()
 
 
 def test_the_supervision_loop_names_a_straggler_from_the_heartbeat_files(tmp_path):
@@ -289,7 +306,7 @@ def test_the_supervision_loop_names_a_straggler_from_the_heartbeat_files(tmp_pat
     sup = Supervisor(lines)
     sup.children = [_Kid("worker", 0, 100), _Kid("worker", 1, 101)]
     reports = WorkerReports(tmp_path, None, lambda line: sup.sink.emit("launcher", line),
-                            run.clock)
+                            clock=run.clock)
     out = supervise(sup, job, dog, threading.Event(), [], reports=reports, clock=run.clock,
                     sleep=run.sleep)
     assert [(e.rank, e.pid, e.host, e.part, e.ratio, e.ended) for e in out.stragglers] == [

@@ -341,7 +341,7 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
     watchdog = Watchdog(
         job.beats, args.num_workers, job.spec.stall_timeout, emit=emit, probe=probe,
         stopped=lambda: [s for c in list(sup.children) for s in list(c.guard.stopped.values())])
-    reports = WorkerReports(job.beats, job.reports, emit)
+    reports = WorkerReports(job.beats, job.reports, emit, sup.servers)
     shim = _SubprocessShim(sup, backend)
     stop = threading.Event()
     received: list[int] = []

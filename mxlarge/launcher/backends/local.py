@@ -240,7 +240,7 @@ class LocalBackend(LaunchBackend):
         def emit(line: str) -> None:
             sup.sink.emit("launcher", line)
         watchdog = Watchdog(beats, workers, spec.stall_timeout, emit=emit)
-        reports = WorkerReports(beats, reported, emit)
+        reports = WorkerReports(beats, reported, emit, sup.servers)
         try:
             with termination_signals(stop, received):
                 sup.sink.emit("launcher", f"job {job_id}: scheduler on {LOOPBACK}:{port}, "

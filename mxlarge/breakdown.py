@@ -14,7 +14,6 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from mxlarge.hooks import MEASURE, Hook
@@ -185,23 +184,22 @@ class BreakdownHook(Hook):
     this rank's window medians in the epoch's metrics (``breakdown/rank{r}/{part}_ms``) and,
     through the store's exact gather on every rank, the :func:`summary` across ranks
     (``breakdown/slowest_rank``, ``spread``, ``wait_share``, ``wait_others_share``). It tags the
-    run through ``tag`` (rank 0's, if given) with :func:`describe`. After training rank 0 draws
-    the ranks' last medians with ``plot(ranks, hosts, path)`` into
-    ``tmpdir/breakdown/ranks.png`` (``loop.artifacts['breakdown']``: the directory). A
-    collective: registered on every rank."""
+    run through ``tag`` (rank 0's, if given) with :func:`describe`. A collective: registered
+    on every rank.
+
+    The picture of the ranks' parts, ``breakdown/ranks.png``, is the launcher's
+    (:meth:`mxlarge.launcher.record.JobRecord.breakdown`, from the same medians in the
+    heartbeats): it draws it however the job ends, where a hook of a worker killed or
+    interrupted draws nothing."""
 
     stage = MEASURE
 
-    def __init__(self, host: str, plot: Callable[..., None] | None = None,
-                 tmpdir: str | None = None,
+    def __init__(self, host: str,
                  tag: Callable[[dict[str, str]], None] | None = None) -> None:
         self.host = host
-        self.plot = plot
-        self.tmpdir = tmpdir
         self.tag = tag
         self.window = RecentSamples()
         self.hosts: list[str] = []
-        self.ranks: list[dict[str, float]] = []
 
     def after_step(self, loop: Any, out: Any) -> None:
         if out.sample is not None:
@@ -222,15 +220,6 @@ class BreakdownHook(Hook):
             mine = [own[p] for p in keys]
         ranks = [dict(zip(keys, row)) for row in t.collectives.each_rank(mine)]
         if all(x["step"] > 0 for x in ranks):
-            self.ranks = ranks
             metrics.update({f"breakdown/{n}": v for n, v in summary(ranks).items()})
             if self.tag is not None:
                 self.tag({"breakdown": describe(ranks, self.hosts)})
-
-    def after_train(self, loop: Any, error: BaseException | None) -> None:
-        if loop.trainer.rank != 0 or not self.ranks or self.plot is None or self.tmpdir is None:
-            return
-        folder = Path(self.tmpdir) / "breakdown"
-        folder.mkdir(exist_ok=True)
-        self.plot(self.ranks, self.hosts, folder / "ranks.png")
-        loop.artifacts["breakdown"] = str(folder)

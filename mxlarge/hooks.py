@@ -17,8 +17,8 @@ loop hands to the next,
   ``wait_others_share`` from :class:`mxlarge.breakdown.BreakdownHook`);
 * after training, ``loop.artifacts`` (declared keys: ``final_params``, the path of the final
   parameters with the ``bn_stats`` statistics, and ``model``, the directory of a hybridized
-  net's ``net.export`` (symbol + those parameters), both written by the final-parameters hook;
-  ``breakdown``, the directory of rank 0's ``ranks.png``, by the breakdown hook).
+  net's ``net.export`` (symbol + those parameters), both written by the final-parameters
+  hook).
 
 Metric names are MLflow's: the part before the first ``/`` is the section the MLflow UI
 groups a run's charts in (``train``, ``val``, ``perf``, ``gns``; MLflow's own

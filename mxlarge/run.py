@@ -224,10 +224,8 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     hooks.append(L.FinalParamsHook(rank, cfg.train.save_params, tmpdir.name))
     if trainer.collectives.distributed:  # every rank: its heartbeat and a collective
         from mxlarge.breakdown import BreakdownHook
-        from mxlarge.reporting.plots import plot_breakdown
-        reports = rank == 0 and run is not None
-        hooks.append(BreakdownHook(socket.gethostname(), plot_breakdown if reports else None,
-                                   tmpdir.name, run.tag if reports else None))
+        tag = run.tag if rank == 0 and run is not None else None
+        hooks.append(BreakdownHook(socket.gethostname(), tag))
     if cfg.train.checkpoint_every:
         hooks.append(L.CheckpointHook(ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last,
                                       cfg, p.world, run.run_id if run else None, rank))

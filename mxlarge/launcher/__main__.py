@@ -153,7 +153,7 @@ def _run(spec: JobSpec, restarts: RestartPlan, opened: Any) -> int:
     """Every attempt the restart plan grants, recorded into the run (if any), which ends
     with the job's status."""
     run = opened.run if opened is not None else None
-    record = JobRecord(run, breakdown=True)
+    record = JobRecord(run)
     status = "FAILED"
     sampler = None
     if run is not None and backend_for(spec.launcher).on_this_machine:

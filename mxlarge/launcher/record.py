@@ -1,7 +1,7 @@
 """What a launched job writes into its MLflow run, for ``mxlarge launch CONFIG`` and
 ``python -m mxlarge.launcher -- CMD`` alike: each elastic attempt's world, each restart, each
-attempt's hosts, stragglers and timeline, and the end: the tags and evidence of a failure and
-the status the run ends with (:meth:`JobRecord.status`)."""
+attempt's hosts, stragglers, timeline and breakdown picture, and the end: the tags and evidence
+of a failure and the status the run ends with (:meth:`JobRecord.status`)."""
 from __future__ import annotations
 
 import json
@@ -25,9 +25,8 @@ class JobRecord:
     attempt's world, each restart, each attempt's stragglers, and the end tags of the
     outcome."""
 
-    def __init__(self, run: Any, breakdown: bool = False) -> None:
+    def __init__(self, run: Any) -> None:
         self.run = run
-        self.draw_breakdown = breakdown
         self.end_tags: dict[str, str] = {}
         self.hosts: list[str] = []  # cluster jobs: where the last attempt ran
         self.episodes: tuple[Episode, ...] = ()  # every attempt's stragglers
@@ -88,17 +87,18 @@ class JobRecord:
         self.run.log_metrics({"restarts": restarts}, failure.step or 0)
 
     def attempt(self, outcome: Outcome) -> None:
-        """An attempt's hosts, stragglers and timeline (and its breakdown, if asked)."""
+        """An attempt's hosts, stragglers, timeline and breakdown picture."""
         self.hosts = list(outcome.hosts)
         self.stragglers(outcome.stragglers)
         self.timeline(outcome.timeline)
-        if self.draw_breakdown:
-            self.breakdown(outcome.breakdown)
+        self.breakdown(outcome.breakdown)
 
     def breakdown(self, ranks: tuple[tuple[str, dict[str, float]], ...]) -> None:
         """Every rank's last step breakdown as the picture ``breakdown/ranks.png``
-        (:func:`~mxlarge.reporting.plots.plot_breakdown`), however the attempt ended: a
-        command of the user's own has no loop of mxlarge's to draw it."""
+        (:func:`~mxlarge.reporting.plots.plot_breakdown`), however the attempt ended
+        (finished, failed, stalled, stopped with Ctrl-C): its one owner, for a config's
+        workers and a command of the user's own alike, since a worker killed or
+        interrupted draws nothing."""
         if self.run is None or not ranks:
             return
         from mxlarge.reporting.plots import plot_breakdown

@@ -232,6 +232,9 @@ def test_kill_9_takes_the_job_down_and_marks_the_run_failed(tmp_path, victim):
     printed = [x[len(f"[{label}] "):] for x in out.splitlines() if x.startswith(f"[{label}] ")]
     # after the launcher's view (lines "# ..."), its output as printed
     assert [x for x in lines if not x.startswith("# ")] == printed[-200:]
+    # beside the evidence, the ranks' picture the launcher drew from their heartbeats
+    assert [a.path for a in client.list_artifacts(runs[0].info.run_id, "breakdown")] == \
+        ["breakdown/ranks.png"]
 
 
 @pytest.mark.slow

@@ -14,6 +14,13 @@ from typing import Any
 import aiohttp
 
 WINDOW = "1600,2400"
+# [natural width, height] of the artifact shown in the page (MLflow draws it from a blob: URL)
+# once it has loaded, else null
+PICTURE_LOADED = """(() => {
+  const img = [...document.querySelectorAll('img')].find(
+    i => i.src.startsWith('blob:') && i.complete && i.naturalWidth);
+  return img ? [img.naturalWidth, img.naturalHeight] : null;
+})()"""
 
 
 def evaluate(url: str, script: str, timeout: float = 60.0) -> Any:

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.helpers import cli, mlflow_server
-from tests.ui.browser import evaluate
+from tests.ui.browser import PICTURE_LOADED, evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 LARGEBATCH = str(ROOT / "experiments/proxy/digits-largebatch.yaml")
@@ -27,13 +27,6 @@ TEXT_WITH = """(() => {{
   const t = document.body ? document.body.innerText : '';
   return t.includes({want!r}) ? t : null;
 }})()"""
-# [natural width, height] of the artifact shown in the page (MLflow draws it from a blob: URL)
-# once it has loaded, else null
-PICTURE_LOADED = """(() => {
-  const img = [...document.querySelectorAll('img')].find(
-    i => i.src.startsWith('blob:') && i.complete && i.naturalWidth);
-  return img ? [img.naturalWidth, img.naturalHeight] : null;
-})()"""
 
 
 def _text(port: int, route: str, want: str) -> str:

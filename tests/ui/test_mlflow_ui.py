@@ -8,7 +8,8 @@ what text cannot tell (a name cut short, an image that did not load), by a scrip
 list's width, the list's metric columns, the description, params only where they take effect
 (no dist.* on a sweep's local cell), one throughput per name, the metric sections, the system
 metrics with the job's own, the logged model, the sweep's comparison in one picture, and a
-failed or stalled worker named by one kvstore rank everywhere, with its failed_* tags."""
+failed or stalled worker named by one kvstore rank everywhere, with its failed_* tags (the
+failed one with the ranks' breakdown picture beside its evidence)."""
 from __future__ import annotations
 
 import html
@@ -29,7 +30,7 @@ from mlflow.tracking import MlflowClient
 from mxlarge.launcher.supervisor import process_label
 from mxlarge.tracking import SAMPLE_EVERY
 from tests.helpers import cli, mlflow_server
-from tests.ui.browser import evaluate
+from tests.ui.browser import PICTURE_LOADED, evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 LARGEBATCH = str(ROOT / "experiments/proxy/digits-largebatch.yaml")
@@ -372,6 +373,11 @@ def test_a_silent_failed_worker_is_named_by_one_rank_everywhere(served):
     assert "##[" + re.sub(r"\s", "", rank0) + "]stillrunning" in job
     assert "##[scheduler]" in job and "##[server0]" in job
     assert all(re.sub(r"\s", "", x) in job for x in lines[rank0][-3:])
+
+    # beside the evidence, the ranks' picture, drawn by the launcher: an image that loads
+    shown = evaluate(f"http://127.0.0.1:{port}/#/{route}/artifacts/breakdown/ranks.png?{VIEW}",
+                     PICTURE_LOADED, 120)
+    assert shown == [750, 420], shown
 
 
 @pytest.mark.timeout(900)

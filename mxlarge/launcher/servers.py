@@ -54,14 +54,14 @@ class ServerState:
 class Held:
     """What the workers' records say of the servers: H per server (None for one that
     holds no gradient alone: never waited for first), each one's share of the pushed
-    bytes, the median step m (ms), the newest and the oldest sampled step of the
-    windows."""
+    bytes, the median step m (ms), the newest sampled step of the windows and their
+    middle (:class:`~mxlarge.launcher.straggler.Look`)."""
 
     h: tuple[float | None, ...]
     share: tuple[float, ...]
     step: float
     newest: int
-    oldest: int
+    mid: int
 
 
 def held(beats: Iterable[Record], samples: int) -> Held | None:
@@ -79,15 +79,15 @@ def held(beats: Iterable[Record], samples: int) -> Held | None:
     parts = [b.parts for b in windows if b.parts]
     return Held(tuple(h), tuple((windows[0].servers or [])[s][1] for s in range(count)),
                 statistics.median(p["step"] for p in parts), min(int(p["at"]) for p in parts),
-                min(int(p.get("from", p["at"])) for p in parts))
+                min(int((p.get("from", p["at"]) + p["at"]) // 2) for p in parts))
 
 
-def look_at(h: float, reference: float, step: float, t: float, first: int) -> Look:
+def look_at(h: float, reference: float, step: float, t: float, mid: int) -> Look:
     """A server's H against ``reference`` (module docstring)."""
     excess = h - reference
     wait = max(0.0, excess) / step if step > 0 else 0.0
     ratio = h / reference if reference > 0 else 1.0
-    return Look(t, {"server": (ratio, excess, wait, wait)}, first)
+    return Look(t, {"server": (ratio, excess, wait, wait)}, mid)
 
 
 def judge_servers(state: ServerState, beats: Iterable[Record], now: float, known: Known,
@@ -110,7 +110,7 @@ def judge_servers(state: ServerState, beats: Iterable[Record], now: float, known
         others = [x / start[k] for k, x in timed.items() if k != s and start[k] > 0]
         reference = start[s] * (statistics.median(others) if others else 1.0)
         kept, judged = span((*looks.get(s, ()), look_at(h, reference, found.step, now,
-                                                        found.oldest)), now, rules)
+                                                        found.mid)), now, rules)
         looks[s] = kept
         if not judged:
             continue

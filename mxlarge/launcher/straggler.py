@@ -87,9 +87,8 @@ def floor(x: float, digits: int) -> str:
 
 @dataclass(frozen=True)
 class Episode:
-    """One process slow in one part, from its onset (``step``: the first sampled step of
-    the earliest window from which the part stayed slow) to the step the job had
-    completed when it recovered (``ended``, None while it lasts).
+    """One process slow in one part, from its onset (``step``, :func:`onset`) to the step
+    the job had completed when it recovered (``ended``, None while it lasts).
 
     Attributes:
         rank, host, pid: the process (kvstore rank; ``pid`` None when not known).
@@ -142,7 +141,9 @@ class Episode:
     def describe(self) -> str:
         """The run's ``straggler`` tag for it: who, what, how much, which steps."""
         until = "" if self.ended is None else f" to {self.ended}"
-        return (f"{self._who()}: {self._what()}, {self._others()} wait "
+        pid = "" if self.pid is None else f" (pid {self.pid})"
+        return (f"{self.role} rank {self.rank} on {self.host}{pid}: {self._what()}, "
+                f"{self._others()} wait "
                 f"{floor(100 * self.wait, 0)}% of each step, steps {self.step}{until}")
 
     def _who(self) -> str:
@@ -168,12 +169,12 @@ class Episode:
 class Look:
     """One new window of one rank against the other ranks' (module docstring): at time
     ``t``, ``(ratio, excess, share, wait)`` of each part of :data:`SLOW_PARTS` it could
-    be compared in (``share``: the excess ÷ the others' median step); ``first``: the
-    window's first sampled step."""
+    be compared in (``share``: the excess ÷ the others' median step); ``mid``: the
+    middle of the window, (its first + its newest sampled step) / 2."""
 
     t: float
     parts: Mapping[str, tuple[float, float, float, float]]
-    first: int = 0
+    mid: int = 0
 
 
 def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: float,
@@ -189,7 +190,8 @@ def look(mine: Mapping[str, float], others: Sequence[Mapping[str, float]], t: fl
                  (mine[p] - ref[p]) / step, wait) for p in ("data", "compute", "update")}
     if lag is not None:
         parts["link"] = (1 + lag / step, lag, lag / step, max(0.0, lag) / step)
-    return Look(t, parts, int(mine.get("from", mine.get("at", 0))))
+    at = mine.get("at", 0)
+    return Look(t, parts, int((mine.get("from", at) + at) // 2))
 
 
 def lag(ends: Mapping[int, Mapping[int, float]], rank: int) -> float | None:
@@ -229,18 +231,21 @@ def slowest(looks: Sequence[Look], rules: Rules, parts: Iterable[str] = SLOW_PAR
 
 
 def onset(looks: Sequence[Look], part: str, rules: Rules) -> int:
-    """The first sampled step of the earliest of ``looks`` from which ``part`` stayed
-    slow: its ratio at or above :attr:`Rules.onset` there and at or above
-    :attr:`Rules.recover` in every look after."""
+    """Where ``part`` began to be slow: the middle of the window of the earliest of
+    ``looks`` from which it stayed slow (every floor of the rule met there, its ratio at
+    or above :attr:`Rules.recover` in every look after). At least half that window's
+    samples were slow, and fewer in the look before: the slowdown began between the two
+    windows' middles, at most one window before the step named."""
     seen = [lk for lk in looks if part in lk.parts]
     since = len(seen) - 1
     for i in range(len(seen) - 1, -1, -1):
-        ratio = seen[i].parts[part][0]
+        ratio, excess, share, wait = seen[i].parts[part]
         if ratio < rules.recover:
             break
-        if ratio >= rules.onset:
+        if ratio >= rules.onset and excess >= rules.min_ms and share >= rules.min_share \
+                and wait >= rules.min_wait:
             since = i
-    return seen[since].first if seen else 0
+    return seen[since].mid if seen else 0
 
 
 def span(kept: Sequence[Look], now: float, rules: Rules) -> tuple[tuple[Look, ...], bool]:

@@ -21,7 +21,8 @@ import pytest
 from mxlarge.protocol.heartbeat import Record, read_all
 from mxlarge.testbed import BRIDGE_NS, Testbed
 from tests.cluster.observe import Job, Observer, start
-from tests.cluster.test_failures import PY, finish, the_run
+from tests.cluster.test_failures import PY, finish, host_of, the_run
+from tests.helpers import dmlc_processes
 
 NAMED_WITHIN = 60.0
 CPU = Path("/sys/fs/cgroup/cpu")
@@ -130,8 +131,9 @@ def test_a_slowed_worker_on_h2_is_named_for_its_compute(testbed: Testbed, work: 
         finish(job, obs, work)
     print(f"straggler on h2 named {took:.1f} s after its CPU quota: {line}")
     assert re.fullmatch(rf"\[launcher\] straggler: worker rank {victim.rank} \(pid "
-                        rf"{victim.pid}\) on h2: forward\+backward [\d.]+× the median; the other "
-                        r"ranks wait \d+% of each step for it", line), line
+                        rf"{victim.pid}\) on h2 from step \d+: forward\+backward [\d.]+× the "
+                        r"median \(now [\d.]+×\); the other ranks wait \d+% of each step for it",
+                        line), line
     tag = the_run(work).data.tags["straggler"]
     assert tag.startswith(f"worker rank {victim.rank} on h2 (pid {victim.pid}): "
                           "forward+backward"), tag
@@ -156,9 +158,61 @@ def test_a_slow_link_to_h2_is_named_for_its_exchange(testbed: Testbed, work: Pat
     print(f"slow link to h2 named {took:.1f} s after tc: {line}; exchange medians (ms): "
           f"{exchange}")
     assert re.fullmatch(rf"\[launcher\] straggler: worker rank {victim.rank} \(pid "
-                        rf"{victim.pid}\) on h2: its exchange ends \d+ ms after the others' \(a "
-                        r"slow link\); the other ranks wait \d+% of each step for it", line), line
+                        rf"{victim.pid}\) on h2 from step \d+: its exchange ends \d+ ms after the "
+                        r"others' \(a slow link\); the other ranks wait \d+% of each step for it",
+                        line), line
     assert "forward+backward" not in job.text()
     tag = the_run(work).data.tags["straggler"]
     assert tag.startswith(f"worker rank {victim.rank} on h2 (pid {victim.pid}): its exchange"), \
         tag
+
+
+def server_on(work: Path, tb: Testbed, host: str, timeout: float) -> int:
+    """The pid of the job's server on ``host`` (the job's processes are named by ``work``,
+    their working directory), once the workers report their step breakdown."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in dmlc_processes(str(work), "server"):
+            try:
+                if host_of(tb, pid) == host:
+                    return pid
+            except OSError:
+                continue
+        time.sleep(0.5)
+    raise AssertionError(f"no server of the job on {host}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["ssh", "slurm"])
+def test_a_server_host_under_a_cpu_quota_is_named_with_its_host(
+        testbed: Testbed, work: Path, backend: str) -> None:
+    """2 workers and 2 servers over h1 and h2, one of each per host (buckets of 16 KiB, so
+    both servers sum gradients); h2's server limited to 2% of a core: named as the server on
+    h2 with its pid, within :data:`NAMED_WITHIN` s, in the line and the run's tag."""
+    (work / "straggler.yaml").write_text(CONFIG.format(work=work))
+    argv = [PY, "-m", "mxlarge.cli", "launch", str(work / "straggler.yaml"), "-n", "2", "-s",
+            "2", "--launcher", backend, "dist.fusion_bytes=16384"]
+    if backend == "ssh":
+        (work / "hosts").write_text(f"{testbed.addr('h1')}\n{testbed.addr('h2')}\n")
+        argv += ["-H", str(work / "hosts")]
+    else:
+        argv = ["salloc", "--no-kill", "-N", "2", "-w", "h1,h2", *argv]
+    obs = Observer(testbed, str(work))
+    job = start(testbed, "h0", argv, work)
+    try:
+        worker_on(job, work, "h2", 150)
+        victim = server_on(work, testbed, "h2", 30)
+        with cpu_quota(victim, 0.02):
+            since = time.monotonic()
+            line = named(job, r"^\[launcher\] straggler: .*$", since, NAMED_WITHIN)
+            took = time.monotonic() - since
+        stop(job)
+    finally:
+        finish(job, obs, work)
+    print(f"{backend}: h2's server named {took:.1f} s after its CPU quota: {line}")
+    assert re.fullmatch(rf"\[launcher\] straggler: server rank [01] \(pid {victim}\) on h2 from "
+                        r"step \d+: its sums come \d+ ms after the other servers' \([\d.]+×; now "
+                        r"[\d.]+×\); it holds \d+% of the gradient bytes; the workers wait \d+% "
+                        r"of each step for it", line), line
+    tag = the_run(work).data.tags["straggler"]
+    assert re.match(rf"server rank [01] on h2 \(pid {victim}\): its sums come", tag), tag

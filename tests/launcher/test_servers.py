@@ -49,8 +49,8 @@ def run(sequence, every=1.0, known=KNOWN):
 def test_the_figures_are_the_closed_forms():
     found = held(beats(0, [10.0, 22.0], share=(0.4, 0.6)), 10)
     # H: the least over the workers; m: the median step
-    assert (found.h, found.share, found.step, found.newest, found.oldest) == (
-        (10.0, 22.0), (0.4, 0.6), 60.0, 9, 3)
+    assert (found.h, found.share, found.step, found.newest, found.mid) == (
+        (10.0, 22.0), (0.4, 0.6), 60.0, 9, 6)
 
 
 def test_a_slow_server_is_named_from_its_onset_with_what_it_costs_then_recovers():
@@ -62,16 +62,16 @@ def test_a_slow_server_is_named_from_its_onset_with_what_it_costs_then_recovers(
     ended = [(i, e) for i, c in enumerate(changes) for e in c if e.ended is not None]
     assert len(began) == 1 and len(ended) == 1
     i, e = began[0]
-    assert e == Episode(1, "h4", 4000, "server", 4.0, 30.0, 0.5, 103, now=4.0, role="server",
+    assert e == Episode(1, "h4", 4000, "server", 4.0, 30.0, 0.5, 106, now=4.0, role="server",
                         share=0.5)
     assert 20 <= i <= 21  # over 20 s of looks, once half of them are slow
-    assert e.line() == ("straggler: server rank 1 (pid 4000) on h4 from step 103: its sums come "
+    assert e.line() == ("straggler: server rank 1 (pid 4000) on h4 from step 106: its sums come "
                         "30 ms after the other servers' (4.00×; now 4.00×); it holds 50% of the "
                         "gradient bytes; the workers wait 50% of each step for it")
     assert ended[0][1].ended == 10 * ended[0][0]
     assert ended[0][1].recovered_line() == (
         f"straggler recovered: server rank 1 (pid 4000) on h4: its sums come as fast as the "
-        f"other servers' again at step {ended[0][1].ended} (slow from step 103)")
+        f"other servers' again at step {ended[0][1].ended} (slow from step 106)")
     assert state.open == {}
 
 
@@ -91,7 +91,7 @@ def test_one_server_is_compared_with_its_own_start():
                                        lambda: {0: ("h3", 3000)})
         named += changes
     assert [(e.rank, e.ratio, e.excess, e.alone, e.step) for e in named] == [
-        (0, 2.5, 15.0, True, 103)]
+        (0, 2.5, 15.0, True, 106)]
     assert "its sums come 15 ms than at the job's start" not in named[0].line()
     assert "its sums come 15 ms later than at the job's start (2.50×" in named[0].line()
 

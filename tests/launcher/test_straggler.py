@@ -52,7 +52,7 @@ def slowed(i, compute=70.0):
     """Windows of 3 ranks where rank 1 computes ``compute`` ms against 40 and the others wait
     for it at the exchange; each look is a new window (its n differs)."""
     extra = compute - 40.0
-    start = {"from": 10 * i + 3}  # the window's first sampled step
+    start = {"from": 10 * i + 3, "at": 10 * i + 9}  # the window's first and newest steps
     return [parts(exchange=10 + extra, n=20 + i % 2, step=56 + extra, **start),
             parts(compute=compute, exchange=10, n=20 + i % 2, **start),
             parts(exchange=10 + extra, n=20 + i % 2, step=56 + extra, **start)]
@@ -64,16 +64,16 @@ def test_ratio_and_wait_are_the_closed_forms():
     w = 30 / 86
     assert look(slowed(0)[1], [slowed(0)[0], slowed(0)[2]], 7.0) == Look(
         7.0, {"compute": (70 / 40, 30.0, w, w), "data": (1.0, 0.0, 0.0, w),
-              "update": (1.0, 0.0, 0.0, w)}, 3)
+              "update": (1.0, 0.0, 0.0, w)}, 6)
 
 
 def test_one_episode_named_over_20_s_of_looks_then_its_recovery():
     healthy = [[parts(n=20 + i % 2) for _ in range(3)] for i in range(5)]
     state, changes = run([slowed(i) for i in range(6)] + healthy)  # a look every 5 s
-    # named at 20 s (5 looks), from the first step of the first slow window (3); ended when
+    # named at 20 s (5 looks), from the middle of the first slow window (3 to 9); ended when
     # the median of the last 20 s is healthy
     assert [i for i, look in enumerate(changes) if look] == [4, 9]
-    named = Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 3, now=70 / 40)
+    named = Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 6, now=70 / 40)
     assert changes[4] == (named,)
     assert changes[9] == (dataclasses.replace(named, ended=90),)
     assert state.open == {}
@@ -210,7 +210,7 @@ def test_the_keeper_emits_each_line_once_and_keeps_the_episodes():
             keeper.see(beats(windows, done=10 * i, tick=i))
             now[0] += 1.0
     assert [line.split(":")[0] for line in lines] == ["straggler", "straggler recovered"]
-    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 3, 90,
+    assert keeper.episodes == (Episode(1, "h1", 1001, "compute", 70 / 40, 30.0, 30 / 86, 6, 90,
                                        now=70 / 40),)
 
 
@@ -241,7 +241,7 @@ def linked(i, late=26.0, behind=0):
 def test_a_rank_whose_exchange_ends_late_is_named_for_its_link():
     _, changes = run([linked(i) for i in range(6)])
     step = 1 + 18 + 54 + 5
-    # the onset: the first look's window, its newest step 0 (these windows carry no "from")
+    # the onset: the middle of the first look's window, step 0 (no "from": its newest step)
     assert changes[4] == (Episode(1, "h1", 1001, "link", pytest.approx(1 + 26 / step),
                                   pytest.approx(26.0), pytest.approx(26 / step), 0,
                                   now=pytest.approx(1 + 26 / step)),)
@@ -273,13 +273,13 @@ def test_the_lines_docs_show_are_the_lines_printed():
 def test_named_with_the_figures_the_rule_judged_from_the_step_it_slowed():
     # 15 healthy looks then slow ones, a look a second: the span's medians cross the floors
     # at the 26th look (11 slow of 21); the line prints those medians, never below the
-    # floors, and how slow it is now besides; the onset is the first slow window's first step
-    healthy = [[parts(n=20 + i % 2, **{"from": 10 * i + 3}) for _ in range(3)]
+    # floors, and how slow it is now besides; the onset is the first slow window's middle
+    healthy = [[parts(n=20 + i % 2, **{"from": 10 * i + 3, "at": 10 * i + 9}) for _ in range(3)]
                for i in range(15)]
     _, changes = run(healthy + [slowed(15 + i) for i in range(15)], every=1.0)
     began = [e for look_ in changes for e in look_]
     assert [(e.rank, e.ratio, e.wait, e.now, e.step) for e in began] == [
-        (1, 1.375, 15 / 86, 70 / 40, 153)]
+        (1, 1.375, 15 / 86, 70 / 40, 156)]
     assert "1.37× the median (now 1.75×); the other ranks wait 17%" in began[0].line()
 
 

@@ -186,7 +186,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     charts = _page(port, f"{route}/model-metrics?{VIEW}", tmp / "launch-metrics.txt")
     # MLflow's sections, by the metric's prefix, with their chart counts: perf = the total, its
     # median, the two workers' own images/s and train_seconds; train = epoch, loss, lr, samples;
-    # val = the four evaluations and best_accuracy, final_error
+    # val = the four evaluations and best_accuracy, final_error_pct
     for section in ("perf (5) Add chart", "train (4) Add chart", "val (6) Add chart"):
         assert section in charts, section
 
@@ -214,7 +214,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     listed = _page(port, listed_route, tmp / "runs.txt")
     assert "You're viewing a shared view" in listed
     assert ("Metrics Duration perf/images_per_sec_median train/loss val/best_accuracy "
-            "val/final_error") in listed  # the columns' header (MLflow sorts them by name)
+            "val/final_error_pct") in listed  # the columns' header (MLflow sorts them by name)
     shown = evaluate(f"http://127.0.0.1:{port}/#/{listed_route}", NAMES_SHOWN, 120)
     assert shown and {name: whole for name, whole in shown if name in names} == \
         dict.fromkeys(names, True), shown
@@ -291,10 +291,10 @@ def test_the_sweep_parent_compares_its_labels_in_one_picture(served):
     assert "Description sweep ui : target accuracy" in page
     # the table that fits: six columns, each label's final error as the cell's own
     assert "label workers batch final error % images/s speedup" in page
-    finals = {label: c.get_run(cell).data.metrics["val/final_error"]
+    finals = {label: c.get_run(cell).data.metrics["val/final_error_pct"]  # in %, as the table
               for label, cell in zip(("base", "big"), ids["cells"])}
     for label, workers, batch in (("base", 1, 64), ("big", 1, 128)):
-        assert f" {label} {workers} {batch} {100 * finals[label]:.2f} ± n/a " in page, label
+        assert f" {label} {workers} {batch} {finals[label]:.2f} ± n/a " in page, label
     # the comparison: one picture with both labels, the first image of the description, then
     # the report's plots: each loaded by the browser from the run's artifacts
     shown = evaluate(f"http://127.0.0.1:{port}/#/{route}?{VIEW}", IMAGES_SHOWN, 120)

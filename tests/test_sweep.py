@@ -105,3 +105,30 @@ def test_processes_starting_on_a_new_sqlite_store_together_all_get_it(tmp_path):
     for rc, out, err in results:
         assert rc == 0, err.strip().splitlines()[-1]
         assert out.strip() == "Default"
+
+
+def test_the_final_error_is_one_number_in_percent_on_console_report_and_mlflow(tmp_path):
+    """The sweep's line, the report's table and the run's metric ``val/final_error_pct`` show
+    the same final error, in percent (the unit the metric's name states)."""
+    import dataclasses
+
+    from mxlarge.reporting.runs import RunData
+    from mxlarge.reporting.summary import summarize
+    from mxlarge.reporting.tables import markdown_table
+    from mxlarge.stats import final_error
+    from mxlarge.sweep import CellOutcome, summary_line
+    from mxlarge.tracking import best_and_final
+
+    errors = [0.30, 0.05, 0.04, 0.0123, 0.02, 0.03]  # median of the last 5: 0.03
+    logged = best_and_final(errors)["val/final_error_pct"]
+    assert logged == pytest.approx(3.0)
+    path = write_yaml(tmp_path / "s.yaml", {"name": "s", "runs": [{"label": "a", "config":
+                                            str(ROOT / BASELINE)}], "seeds": [0]})
+    (cell,) = expand(load_sweep(path))
+    line = summary_line(CellOutcome(cell, "FINISHED", "r" * 32, 1.0, final_error(errors)), 1)
+    rows = tuple({"train/epoch": float(i + 1), "val/error_top1": e, "val/accuracy": 1 - e}
+                 for i, e in enumerate(errors))
+    run = dataclasses.replace(RunData("r" * 32, "a", 0, workers=1), rows=rows)
+    table = markdown_table(summarize([run], 0.99))
+    assert f"final error {logged:.2f} %" in line
+    assert f"| {logged:.2f} ± n/a |" in table

@@ -23,10 +23,11 @@ LEGACY_METRICS = {"train/epoch": "epoch", "val/error_top1": "val_error_top1",
                   "val/accuracy": "val_accuracy", "perf/train_seconds": "train_seconds",
                   "perf/images_per_sec": "images_per_sec_global", "train/loss": "train_loss_step",
                   "train/lr": "lr", "gns/b_simple": "gns_b_simple"}
-# Params that do not change what is trained or are the world size itself: two runs whose other
-# params are equal are "the same config" at different world sizes (for the speedup columns).
-_NOT_CONFIG = ("name", "train.seed", "train.progress", "train.log_every", "train.save_params",
-               "dist.workers", "dist.servers", "dist.kvstore", "dist.check_every")
+# Params that do not change what is trained: two runs whose other params are equal are "the
+# same config" at different worlds (for the speedup columns). The world is every `dist.*` key:
+# how many units (workers, devices, simulated workers) and how they exchange; a run of one unit
+# has none of them (mxlarge.tracking.naming.TAKES_EFFECT), so they cannot tell configs apart.
+_NOT_CONFIG = ("name", "train.seed", "train.progress", "train.log_every", "train.save_params")
 
 
 def epoch_rows(histories: Mapping[str, Sequence[tuple[int, float]]]) -> list[dict[str, float]]:
@@ -52,10 +53,13 @@ def metric_names(logged: Mapping[str, float]) -> dict[str, str]:
 
 
 def config_fingerprint(params: Mapping[str, str]) -> str:
-    """sha256 of the params that define what is trained (world size, store, seed excluded;
-    the plan's and the net's derived ``plan.*``/``net.*`` follow from the rest and the world)."""
-    kept = sorted((k, v) for k, v in params.items()
-                  if k not in _NOT_CONFIG and not k.startswith(("tracking.", "plan.", "net.")))
+    """sha256 of the params that define what is trained (the world's ``dist.*`` but the device
+    type, seed and logging excluded; the plan's and the net's derived ``plan.*``/``net.*``
+    follow from the rest and the world)."""
+    kept = sorted((k, v) for k, v in params.items() if k not in _NOT_CONFIG
+                  and not k.startswith(("tracking.", "plan.", "net.", "dist.")))
+    # a CPU run of one unit logs no device type (it takes effect only when the store sums)
+    kept.append(("dist.device_type", params.get("dist.device_type", "cpu")))
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
 
 
@@ -73,7 +77,9 @@ class RunData:
     seed: int
     status: str = "FINISHED"
     start_time: int = 0
-    workers: int | None = None
+    workers: int | None = None  # processes (param ``plan.workers``)
+    devices: int = 1            # per process (``plan.devices_per_worker``)
+    simulated: int = 1          # workers simulated per process (``plan.simulated_workers``)
     global_batch: int | None = None
     peak_lr: float | None = None
     config_hash: str = ""
@@ -85,6 +91,11 @@ class RunData:
     sweep_target: str = ""  # the sweep's target (JSON tag), see mxlarge.reporting.study
     commit: str = ""  # the git commit the run was made at (tag ``git_commit``)
     diverged: str = ""  # a FAILED run stopped by divergence: the message (tag ``diverged``)
+
+
+def world_shape(run: RunData) -> tuple[int, int, int] | None:
+    """``(processes, devices, simulated)`` of ``run``; None when its processes are unknown."""
+    return None if run.workers is None else (run.workers, run.devices, run.simulated)
 
 
 def by_label(runs: Sequence[RunData]) -> dict[str, list[RunData]]:

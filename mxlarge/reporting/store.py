@@ -46,6 +46,8 @@ def load_sweep_runs(uri: str, experiment: str, name: str) -> list[RunData]:
             run_id=rec["run_id"], label=tags["sweep_label"], seed=int(tags["seed"]),
             status=rec["status"], start_time=int(rec["start_time"]),
             workers=_int_tag(_plan_value(params, tags, "workers")),
+            devices=_int_tag(_plan_value(params, tags, "devices_per_worker")) or 1,
+            simulated=_int_tag(_plan_value(params, tags, "simulated_workers")) or 1,
             global_batch=_int_tag(_plan_value(params, tags, "global_batch")),
             peak_lr=float(peak_lr) if peak_lr is not None else None,
             config_hash=tags.get("config_hash", ""), fingerprint=config_fingerprint(params),

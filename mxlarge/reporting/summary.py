@@ -1,6 +1,6 @@
 """The numbers of a sweep's table: per run (final error, time to target, throughput, noise
-scale) and per label (mean ± sample std over seeds, speedup and efficiency against the 1-worker
-run of the same config).
+scale) and per label (mean ± sample std over seeds, speedup and efficiency against the smallest
+world of the same config).
 
 Pure functions over :class:`~mxlarge.reporting.runs.RunData`: the rules are stated next to the
 numbers in report.md (:func:`mxlarge.reporting.tables.render_markdown`), and the statistics
@@ -8,12 +8,13 @@ themselves (final error, intervals, tests) are :mod:`mxlarge.stats`.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mxlarge.reporting.runs import RunData, by_label
+from mxlarge.reporting.runs import RunData, by_label, world_shape
 from mxlarge.stats import final_error
 
 
@@ -64,14 +65,16 @@ def epoch_median(rows: Sequence[Mapping[str, float]], key: str) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
-def scaling(images_per_sec_k: float, images_per_sec_1: float, k: int) -> tuple[float, float]:
-    """Speedup S = ips(k) / ips(1) and scaling efficiency E = S / k (1.0 is linear scaling)."""
-    speedup = images_per_sec_k / images_per_sec_1
-    return speedup, speedup / k
+def scaling(images_per_sec_k: float, images_per_sec_ref: float, k: int,
+            k_ref: int = 1) -> tuple[float, float]:
+    """Speedup S = ips(k) / ips(k_ref) and scaling efficiency E = S / (k / k_ref) against a
+    reference of ``k_ref`` gradient contributors (1.0 is linear scaling)."""
+    speedup = images_per_sec_k / images_per_sec_ref
+    return speedup, speedup / (k / k_ref)
 
 
 def convergence_speedup(seconds_1: float | None, seconds_k: float | None) -> float | None:
-    """Time-to-target(1 worker) / time-to-target(k workers); None if either is unknown."""
+    """Time-to-target(reference) / time-to-target(k workers); None if either is unknown."""
     if seconds_1 is None or seconds_k is None or seconds_k <= 0:
         return None
     return seconds_1 / seconds_k
@@ -137,7 +140,7 @@ class LabelRow:
     label: str
     seeds: tuple[int, ...]
     missing_seeds: tuple[int, ...]
-    workers: int | None
+    workers: int | None     # gradient contributors k = processes · devices · simulated
     global_batch: int | None
     peak_lr: float | None
     final_errors: tuple[float, ...]
@@ -150,6 +153,22 @@ class LabelRow:
     conv_speedup: float | None
     configs: int = 1        # distinct configs (seed aside) among the seeds: 1 expected
     waiting: float | None = None  # share of a step spent waiting for the exchange
+    shape: tuple[int, int, int] | None = None  # (processes, devices, simulated) of every seed
+
+
+def reference_of(label: str, stats: Mapping[str, Mapping[str, Any]],
+                 order: Sequence[str]) -> str | None:
+    """The label ``label``'s speedup is against: of the labels of its config (equal
+    ``fingerprint``, :func:`~mxlarge.reporting.runs.config_fingerprint`) the one of fewest
+    gradient contributors k (``workers``), the first in ``order`` among equals; the label itself
+    when it is that one. None when its seeds differ in config or world."""
+    mine = stats[label]
+    if mine["fingerprint"] is None or mine["workers"] is None:
+        return None
+    same = [name for name in order if name in stats
+            and stats[name]["fingerprint"] == mine["fingerprint"]
+            and stats[name]["workers"] is not None]
+    return min(same, key=lambda name: stats[name]["workers"])  # min keeps the first of equals
 
 
 @dataclass(frozen=True)
@@ -168,8 +187,7 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
     :func:`~mxlarge.reporting.tables.render_markdown`).
 
     target = ``target_fraction`` × max over runs and epochs of ``val_accuracy``. The reference
-    of a label is the first label in sweep order with world size 1 and the same
-    :func:`~mxlarge.reporting.runs.config_fingerprint` (the label itself when it has world size 1).
+    of a label is :func:`reference_of`.
 
     Args:
         runs: the selected FINISHED runs (:func:`~mxlarge.reporting.runs.select_runs`).
@@ -193,8 +211,10 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
         stats[label] = dict(
             group=group, ttt=ttt, ips=statistics.fmean(ips) if ips else None,
             waiting=statistics.fmean(waits) if waits else None,
-            workers=common([r.workers for r in group]),
+            shape=common([world_shape(r) for r in group]),
             fingerprint=common([r.fingerprint for r in group]))
+        shape = stats[label]["shape"]
+        stats[label]["workers"] = math.prod(shape) if shape is not None else None
     rows = []
     names = list(dict.fromkeys([*order, *labels, *(missing or {})]))
     for label in names:
@@ -208,18 +228,14 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
             continue
         s = stats[label]
         group = s["group"]
-        ref = next((name for name, o in stats.items()
-                    if o["workers"] == 1 and o["fingerprint"] is not None
-                    and o["fingerprint"] == s["fingerprint"]), None)
-        if s["workers"] == 1 and s["fingerprint"] is not None:
-            ref = label
+        ref = reference_of(label, stats, names)
         speedup = None
         efficiency = None
         conv = None
         if ref is not None and s["workers"] is not None:
             o = stats[ref]
             if s["ips"] is not None and o["ips"]:
-                speedup, efficiency = scaling(s["ips"], o["ips"], s["workers"])
+                speedup, efficiency = scaling(s["ips"], o["ips"], s["workers"], o["workers"])
             mine = all_reached([t[1] if t else None for t in s["ttt"]])
             theirs = all_reached([t[1] if t else None for t in o["ttt"]])
             conv = convergence_speedup(theirs[0] if theirs else None, mine[0] if mine else None)
@@ -233,6 +249,6 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
             seconds_to_target=tuple(t[1] if t else None for t in s["ttt"]),
             images_per_sec=s["ips"], reference=ref, speedup=speedup, efficiency=efficiency,
             conv_speedup=conv, configs=len({r.fingerprint for r in group}),
-            waiting=s["waiting"]))
+            waiting=s["waiting"], shape=s["shape"]))
     return Summary(best_accuracy=best[0], best_run=best[1].run_id if best[1] else None,
                    target_fraction=target_fraction, target=target, rows=tuple(rows))

@@ -49,12 +49,27 @@ def _ratio(row: LabelRow, value: float | None, fmt: str, said: bool = False) -> 
     """``value`` against the label's reference (``said``: naming it), "ref." for the reference
     itself."""
     if row.reference is None:
-        return "n/a (no 1-worker run)"
+        return "n/a (seeds differ in config or world)"
     if row.reference == row.label:
         return "ref."
     if value is None:
         return "n/a"
     return fmt.format(value) + (f" vs {row.reference}" if said else "")
+
+
+def workers_cell(row: LabelRow) -> str:
+    """The workers k of ``row`` and, when not all processes, what they are: ``2``,
+    ``16 simulated``, ``4 devices``, ``8 (2 × 4 simulated)``; "mixed" when seeds differ."""
+    if row.shape is None or row.workers is None:
+        return "mixed"
+    processes, devices, simulated = row.shape
+    parts = [f"{n} {what}" for n, what in ((devices, "devices"), (simulated, "simulated"))
+             if n > 1]
+    if not parts:
+        return str(row.workers)
+    if processes == 1 and len(parts) == 1:
+        return parts[0]
+    return f"{row.workers} ({' × '.join([str(processes), *parts])})"
 
 
 def markdown_table(summary: Summary) -> str:
@@ -73,7 +88,7 @@ def markdown_table(summary: Summary) -> str:
             seeds += f" (no FINISHED run: {','.join(map(str, r.missing_seeds))})"
         err = _pm(mean_std(r.final_errors), scale=100) if r.final_errors else "n/a"
         lines.append(
-            f"| {r.label} | {r.workers if r.workers is not None else 'mixed'} "
+            f"| {r.label} | {workers_cell(r)} "
             f"| {r.global_batch if r.global_batch is not None else 'mixed'} "
             f"| {f'{r.peak_lr:.4g}' if r.peak_lr is not None else 'mixed'} | {seeds} | {err} "
             f"| {_reached(r.epochs_to_target, 1)} | {_reached(r.seconds_to_target, 1)} "
@@ -125,11 +140,14 @@ def render_markdown(name: str, summary: Summary, runs: Sequence[RunData], notes:
            "- **images/s (median)**: per run, the median over epochs of `perf/images_per_sec` "
            "(the sum of every worker's own measured rate), which the run logs as "
            "`perf/images_per_sec_median`; mean over seeds.",
-           "- **speedup** = images/s ÷ images/s of the 1-worker run (param `plan.workers` = 1) of "
-           "the same config (all params equal except world size, store, seed and logging); "
-           "**efficiency** = speedup ÷ workers; **conv.-adjusted speedup** = train s to target "
-           "(1 worker) ÷ train s to target (k workers). \"ref.\" marks the 1-worker run itself; "
-           "n/a when there is none or a time to target is missing.",
+           "- **workers**: gradient contributors k = processes × devices × simulated workers "
+           "(params `plan.workers`, `plan.devices_per_worker`, `plan.simulated_workers`).",
+           "- **speedup** = images/s ÷ images/s of the reference: the label of the same config "
+           "(all params equal except the world's `dist.*`, seed and logging) with the fewest "
+           "workers k_ref, the first in sweep order among equals; **efficiency** = speedup ÷ "
+           "(k ÷ k_ref); **conv.-adjusted speedup** = train s to target (reference) ÷ train s "
+           "to target (k workers). \"ref.\" marks the reference itself; n/a when a label's seeds "
+           "differ in config or world, or a time to target is missing.",
            "- **waiting for the exchange**: per run, the median over epochs of "
            "`breakdown/wait_share` (Σ over ranks of the time a sampled step waits for the summed "
            "gradients ÷ Σ of their steps: docs/breakdown.md), mean over seeds; what scaling "
@@ -208,7 +226,7 @@ def description_table(summary: Summary) -> str:
             continue
         err = _pm(mean_std(r.final_errors), scale=100) if r.final_errors else "n/a"
         lines.append(
-            f"| {r.label} | {r.workers if r.workers is not None else 'mixed'} "
+            f"| {r.label} | {workers_cell(r)} "
             f"| {r.global_batch if r.global_batch is not None else 'mixed'} | {err} "
             f"| {f'{r.images_per_sec:.0f}' if r.images_per_sec is not None else 'n/a'} "
             f"| {_ratio(r, r.speedup, '{:.2f}×', said=True)} |")

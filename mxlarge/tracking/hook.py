@@ -22,9 +22,13 @@ Plot = Callable[..., None]
 
 
 def best_and_final(val_errors: Sequence[float]) -> dict[str, float]:
-    """``val/best_accuracy`` = 1 − min error and ``val/final_error`` (median of the last 5
-    evaluations, :func:`mxlarge.stats.final_error`) of the evaluations so far."""
-    return {"val/best_accuracy": 1 - min(val_errors), "val/final_error": final_error(val_errors)}
+    """``val/best_accuracy`` = 1 − min error and ``val/final_error_pct`` = 100 × the median of
+    the last 5 evaluations' error (:func:`mxlarge.stats.final_error`), of the evaluations so far.
+
+    The final error in percent, as the console and the report print it; the unit is in its name
+    because the other ``val/`` metrics are fractions."""
+    return {"val/best_accuracy": 1 - min(val_errors),
+            "val/final_error_pct": 100 * final_error(val_errors)}
 
 
 class MLflowHook(Hook):
@@ -34,7 +38,7 @@ class MLflowHook(Hook):
 
     At step s: ``train/lr`` = the LR of update s and ``train/samples`` = s × ``global_batch``
     (at step 0, every ``log_every`` steps, each epoch's end); ``val/best_accuracy`` and
-    ``val/final_error`` over every evaluation of the run (:func:`best_and_final`, a resumed
+    ``val/final_error_pct`` over every evaluation of the run (:func:`best_and_final`, a resumed
     run's earlier ones included), ``perf/images_per_sec_median`` over every epoch. ``example``:
     a float32 batch, the logged model's input example; ``launched``: the job's processes are
     those under this worker's parent. The rules: 'What a run holds' in docs/design/tracking.md.

@@ -5,8 +5,11 @@ named after the run, with a signature and an input example.
 """
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,34 @@ def unique_model_name(c: Any, experiment_id: str, name: str) -> str:
     while (candidate := name if n == 1 else f"{name}-{n}") in taken:
         n += 1
     return candidate
+
+
+# MLflow 3.17's pyfunc ``save_model`` says this at INFO on every run that logs a model; the check
+# itself stays (a mismatch raises), only the line goes
+CHECKING_EXAMPLE = "Validating input example against model signature"
+
+
+class _DropLine(logging.Filter):
+    """Drops the records whose message is exactly ``line``; every other record passes."""
+
+    def __init__(self, line: str):
+        super().__init__()
+        self.line = line
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.line
+
+
+@contextmanager
+def without_line(logger: str, line: str) -> Iterator[None]:
+    """While inside, logger ``logger`` (not its children) emits no record whose message is
+    ``line``; its warnings, errors and other lines pass."""
+    drop = _DropLine(line)
+    logging.getLogger(logger).addFilter(drop)
+    try:
+        yield
+    finally:
+        logging.getLogger(logger).removeFilter(drop)
 
 
 def _final_metrics(c: Any, run: Any, model: str) -> list[Any]:
@@ -80,11 +111,13 @@ def log_model(uri: str, run_id: str, export_dir: str | Path, example: Any, step:
                                   tags={"mlflow.note.content": note} if note else None)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "model"
-        mlflow.pyfunc.save_model(
-            str(local), loader_module="gluon_pyfunc", data_path=str(export_dir),
-            code_paths=[gluon_pyfunc.__file__],
-            pip_requirements=[f"mxnet=={mx.__version__}", f"numpy=={np.__version__}"],
-            signature=mlflow.models.infer_signature(example, output), input_example=example)
+        with without_line("mlflow.pyfunc", CHECKING_EXAMPLE):
+            mlflow.pyfunc.save_model(
+                str(local), loader_module="gluon_pyfunc", data_path=str(export_dir),
+                code_paths=[gluon_pyfunc.__file__],
+                pip_requirements=[f"mxnet=={mx.__version__}", f"numpy=={np.__version__}"],
+                signature=mlflow.models.infer_signature(example, output),
+                input_example=example)
         c.log_model_artifacts(model.model_id, str(local))
     metrics = _final_metrics(c, run, model.model_id)
     for lo in range(0, len(metrics), 100):

@@ -6,6 +6,7 @@ config keys that take effect (the rules: 'What a run holds' in docs/design/track
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,16 @@ NAMED_CHANGES: tuple[tuple[str, Any, bool], ...] = (
 )
 
 
+def states_world(label: str, world: Any) -> bool:
+    """Whether a sweep's ``label`` already says the world: its numbers hold K (gradient
+    contributors) and later n (images each), e.g. ``16x (16 workers x 16)`` for 16×16; then a
+    name that added ``16×16`` would say it twice."""
+    numbers = [int(x) for x in re.findall(r"\d+", label)]
+    if world.units not in numbers:
+        return False
+    return world.batch in numbers[numbers.index(world.units) + 1:]
+
+
 def run_name(cfg: Config, world: Any, label: str | None = None,
              written: Config | None = None) -> str:
     """What tells a run apart, in that order and as short as that allows (MLflow's runs list
@@ -56,8 +67,10 @@ def run_name(cfg: Config, world: Any, label: str | None = None,
     override changed in the world or the schedule against the file as ``written`` (without a
     file: the world and the epochs): the world ``K×n`` (gradient contributors × images each), then
     :data:`NAMED_CHANGES` (``5ep``, ``90steps``, ``lr0.1``); then the seed ``sS``. E.g.
-    ``digits-largebatch s0``, ``digits-largebatch 24ep s0``, ``16x recipe 16×32 s2``.
-    :meth:`~mxlarge.tracking.run.RunHandle.create` makes it unique in the experiment."""
+    ``digits-largebatch s0``, ``digits-largebatch 24ep s0``, ``16x recipe 16×32 s2``; no world
+    when the label says it (:func:`states_world`): ``16x (16 workers x 16) s0``. In a sweep the
+    label and the seed alone are unique (labels are); elsewhere
+    :meth:`~mxlarge.tracking.run.RunHandle.create` makes the name unique in the experiment."""
     from mxlarge.plan import world_of
 
     try:
@@ -65,7 +78,8 @@ def run_name(cfg: Config, world: Any, label: str | None = None,
     except InputError:  # a world that only the overrides make valid
         was = None
     parts = [label or cfg.name]
-    if was is None or (was.units, was.batch) != (world.units, world.batch):
+    changed = was is None or (was.units, was.batch) != (world.units, world.batch)
+    if changed and not (label and states_world(label, world)):
         parts.append(f"{world.units}×{world.batch}")
     for fmt, get, without_file in NAMED_CHANGES:
         value = get(cfg)

@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # `viewStateShareKey` (the mechanism of the UI's own "Share" of a view; it reads plain JSON
 # there, tests/ui shows the columns). The columns a user compares first: quality, throughput.
 RUNS_VIEW = "mxlarge"
-RUNS_COLUMNS = ("val/final_error", "val/best_accuracy", "perf/images_per_sec_median",
+RUNS_COLUMNS = ("val/final_error_pct", "val/best_accuracy", "perf/images_per_sec_median",
                 "train/loss")
 # The Run Name column's width in that view, in pixels: MLflow's own 190 shows 17 characters of a
 # name (`digits-largebatch`, then "..."); this shows about 30 (`digits-largebatch 100ep s0`).

@@ -104,7 +104,7 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
     assert not any(k.startswith("perf/images_per_sec_rank") for k in metrics)  # 1 worker
     hist = {k: {m.step: m.value for m in c.get_metric_history(rid, k)}
             for k in ("train/lr", "train/samples", "val/error_top1", "val/accuracy",
-                      "val/best_accuracy", "val/final_error")}
+                      "val/best_accuracy", "val/final_error_pct")}
     assert sorted(hist["train/lr"]) == [0, 5, 10, 15, 20, 21, 25, 30, 35, 40, 42, 45, 50, 55,
                                         60, 63]
     for step, lr in hist["train/lr"].items():  # what `mxlarge show --lr-at STEP` prints
@@ -112,7 +112,7 @@ def test_a_run_reads_as_ml_engineers_read_it(tmp_path, mlflow_uri):
     assert hist["train/lr"][0] == pytest.approx(plan.warmup_lr)  # the warmup's start
     assert hist["train/samples"] == {s: 64.0 * s for s in hist["train/lr"]}
     errors = [hist["val/error_top1"][s] for s in (21, 42, 63)]
-    assert hist["val/final_error"][63] == pytest.approx(final_error(errors))
+    assert hist["val/final_error_pct"][63] == pytest.approx(100 * final_error(errors))
     assert hist["val/best_accuracy"] == {s: pytest.approx(max(hist["val/accuracy"][t]
                                                               for t in (21, 42, 63) if t <= s))
                                          for s in (21, 42, 63)}
@@ -194,8 +194,8 @@ def test_sweep_is_one_parent_run_with_children_in_client_and_server(tmp_path, ml
         "base"
     assert "" not in parent.data.params.values()  # no empty params (no target here)
     assert "\n| base | 1 | 64 |" in parent.data.tags["mlflow.note.content"]
-    finals = [x.data.metrics["val/final_error"] for x in children]
-    assert f"| {100 * sum(finals) / 2:.2f} ± " in parent.data.tags["mlflow.note.content"]
+    finals = [x.data.metrics["val/final_error_pct"] for x in children]  # in %, as the table
+    assert f"| {sum(finals) / 2:.2f} ± " in parent.data.tags["mlflow.note.content"]
     assert not parent.data.metrics  # the labels compared in its description's picture
     url = (f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/"
            f"{parent.info.run_id}?workflowType=machine_learning")

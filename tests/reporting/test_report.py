@@ -136,6 +136,13 @@ def test_config_fingerprint_ignores_world_size_seed_and_logging_only():
                "name": "y", "tracking.uri": "sqlite:///a.db"}
     assert config_fingerprint(other_k) == config_fingerprint(PARAMS)
     assert config_fingerprint({**PARAMS, "data.batch_size": "64"}) != config_fingerprint(PARAMS)
+    # simulated workers and what only several units read are the world too; the device is not
+    simulated = {**PARAMS, "dist.simulate_workers": "16", "dist.bn_stats": "reduce"}
+    assert config_fingerprint(simulated) == config_fingerprint(PARAMS)
+    assert config_fingerprint({**PARAMS, "dist.device_type": "cpu"}) == \
+        config_fingerprint(PARAMS)
+    assert config_fingerprint({**PARAMS, "dist.device_type": "gpu"}) != \
+        config_fingerprint(PARAMS)
 
 
 def test_select_runs_keeps_the_newest_finished_run_per_seed_and_names_the_rest():
@@ -152,7 +159,7 @@ def test_select_runs_keeps_the_newest_finished_run_per_seed_and_names_the_rest()
 
 
 def scaling_sweep():
-    """a: 1 worker (reference); b: same config on 2 workers; c: another config on 2 workers;
+    """a: 1 worker (reference); b: same config on 2 workers; c: another config, on 2 workers only;
     d: a 1-worker label whose seed 1 never reaches the target; e: reaches it never."""
     other = {**PARAMS, "data.batch_size": "64"}
     return [
@@ -189,8 +196,8 @@ def test_summarize_target_speedup_efficiency_and_convergence_speedup():
     assert b.speedup == pytest.approx(1.8) and b.efficiency == pytest.approx(0.9)
     # time to target: a = mean(30, 24) = 27 s; b = mean(12, 10) = 11 s
     assert b.conv_speedup == pytest.approx(27 / 11)
-    # c: a config without a 1-worker run: n/a
-    assert c.reference is None and c.speedup is None and c.conv_speedup is None
+    # c: the only label of its config: its own reference, at 2 workers
+    assert c.reference == "c" and c.speedup == pytest.approx(1.0)
     # d: 1-worker, but seed 1 never reaches the target
     assert d.seconds_to_target == (3, None) and d.reference == "d"
     assert e.seconds_to_target == (None,)
@@ -201,7 +208,7 @@ def test_markdown_shows_not_reached_and_missing_reference_as_words():
     table = markdown_table(s)
     lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
     assert list(lines) == ["f", "a", "b", "c", "d", "e"]
-    assert "n/a (no 1-worker run)" in lines["c"]
+    assert "| ref. | ref. | ref. |" in lines["c"]
     assert "1.80×" in lines["b"] and "90%" in lines["b"] and f"{27 / 11:.2f}×" in lines["b"]
     assert lines["d"].count("not reached by 1 of 2 seeds") == 2
     e_cells = [x.strip() for x in lines["e"].split("|")]

@@ -91,3 +91,44 @@ def test_sweep_parent_shows_the_comparison_the_table_and_the_plots(tmp_path, mlf
     assert run.data.metrics == {}
     assert not c.list_artifacts(parent.run_id, "images")
     assert run.data.params["sweep.seeds"] == "0,1"
+
+
+def _write_simulated(uri: str) -> None:
+    """The noise-scale sweep's two cells as training logs them: one process of 16 (4)
+    simulated workers of 16 images, images/s 300 (200)."""
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.create_experiment("mxlarge")
+    parent = tracking.sweep_parent(uri, "mxlarge", "sim", {"sweep.seeds": "0"}, "grid")
+    for label, k, ips in (("16x (16 workers x 16)", 16, 300.0), ("4x (4 workers x 16)", 4, 200.0)):
+        params = {"data.batch_size": "16", "dist.simulate_workers": str(k),
+                  "dist.bn_stats": "reduce", "optim.base_lr": "0.1", "plan.workers": "1",
+                  "plan.devices_per_worker": "1", "plan.simulated_workers": str(k),
+                  "plan.world_size": str(k), "plan.global_batch": str(16 * k),
+                  "plan.peak_lr": str(0.1 * k)}
+        run = c.create_run(exp, tags={"sweep": "sim", "sweep_label": label, "seed": "0",
+                                      "mlflow.parentRunId": parent.run_id}).info.run_id
+        c.log_batch(run, params=[Param(key, v) for key, v in params.items()], metrics=[
+            Metric(key, v, 0, 10) for key, v in (("train/epoch", 1.0), ("val/error_top1", 0.1),
+                                               ("val/accuracy", 0.9),
+                                               ("perf/images_per_sec", ips))])
+        c.set_terminated(run, "FINISHED")
+    parent.end(True)
+
+
+@pytest.mark.timeout(240)
+def test_simulated_workers_are_the_tables_workers_and_one_label_is_the_reference(mlflow_uri):
+    """A label of 16 simulated workers on one process shows 16 workers, not 1; of the two
+    labels of one config the smaller world is the reference and the other a speedup against it
+    (images/s 300 ÷ 200 = 1.5×, efficiency 1.5 ÷ (16 / 4) = 38%)."""
+    from mxlarge.reporting.summary import summarize
+    from mxlarge.reporting.tables import description_table, markdown_table
+
+    _write_simulated(mlflow_uri)
+    summary = summarize(load_sweep_runs(mlflow_uri, "mxlarge", "sim"), 0.99,
+                        order=["16x (16 workers x 16)", "4x (4 workers x 16)"])
+    table = description_table(summary)
+    assert "| 16x (16 workers x 16) | 16 simulated | 256 | 10.00 ± n/a | 300 | 1.50× vs 4x " \
+           "(4 workers x 16) |" in table
+    assert "| 4x (4 workers x 16) | 4 simulated | 64 | 10.00 ± n/a | 200 | ref. |" in table
+    big = markdown_table(summary).splitlines()[2]
+    assert "| 1.50× vs 4x (4 workers x 16) | 38% | " in big

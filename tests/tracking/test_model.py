@@ -48,3 +48,23 @@ def test_logged_model_names_are_unique_in_the_experiment(mlflow_uri, tmp_path):
     names = [c.get_logged_model(_run(mlflow_uri, "digits · 2×128").log_model(
         export, example, 10)).name for _ in range(3)]
     assert names == ["digits-2x128", "digits-2x128-2", "digits-2x128-3"]
+
+
+def test_logging_a_model_does_not_say_it_checks_the_input_example(mlflow_uri, tmp_path, capfd,
+                                                                  caplog):
+    """MLflow's INFO line on checking the example against the signature is not printed; the
+    check still runs, and the logger's other records (warnings) still pass."""
+    import logging
+
+    from mxlarge.tracking.model import CHECKING_EXAMPLE, without_line
+
+    export, example = _export(tmp_path)
+    with caplog.at_level(logging.INFO, logger="mlflow"):
+        _run(mlflow_uri, "quiet s0").log_model(export, example, 10)
+        with without_line("mlflow.pyfunc", CHECKING_EXAMPLE):
+            logging.getLogger("mlflow.pyfunc").warning("a warning passes")
+    out, err = capfd.readouterr()
+    logged = [r.getMessage() for r in caplog.records]
+    assert CHECKING_EXAMPLE not in out + err and CHECKING_EXAMPLE not in logged
+    assert "a warning passes" in logged
+    assert not logging.getLogger("mlflow.pyfunc").filters  # removed once the model is saved

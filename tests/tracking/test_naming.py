@@ -96,3 +96,18 @@ def test_run_names_are_unique_in_the_experiment(mlflow_uri):
     other = tracking.RunHandle.create(load_config(LARGEBATCH, []), mlflow_uri,
                                       source=LARGEBATCH, tags={"sweep_label": "digits"})
     assert c.get_run(other.run_id).data.tags["mlflow.runName"] == "digits s0"
+
+
+def test_a_label_that_says_the_world_is_not_followed_by_it_again():
+    """The noise-scale sweep's cells: the label states K and n, so the name says the world once;
+    a label that states only K (or neither) still gets ``K×n``."""
+    noise = ["data.batch_size=16", "dist.kvstore=local", "dist.workers=1", "train.seed=0"]
+    assert _name(LARGEBATCH, [*noise, "dist.simulate_workers=16"], "16x (16 workers x 16)") == \
+        "16x (16 workers x 16) s0"
+    assert _name(LARGEBATCH, [*noise, "dist.simulate_workers=4"], "4x (4 workers x 16)") == \
+        "4x (4 workers x 16) s0"
+    assert _name(LARGEBATCH, [*noise, "dist.simulate_workers=16"], "16x recipe") == \
+        "16x recipe 16×16 s0"  # n not said
+    assert _name(LARGEBATCH, [*noise, "dist.simulate_workers=16"], "16 workers x 32") == \
+        "16 workers x 32 16×16 s0"  # another world than the one run: both shown
+    assert _name(BASELINE, ["data.batch_size=128"], "big") == "big 1×128 s0"

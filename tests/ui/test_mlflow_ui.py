@@ -42,6 +42,8 @@ VIEW = "workflowType=machine_learning"
 # (stopped) once rank 0 passed KILL_AT
 KILL_AT = 12
 STALL_TIMEOUT = 6  # seconds: the stopped job's --stall-timeout (a step takes ~0.05 s)
+# the sweep's second label: 2 simulated workers of 64 (one process), a label that says its world
+BIG = "big (2 workers x 64)"
 
 
 def _page(port: int, route: str, out: Path) -> str:
@@ -122,7 +124,7 @@ def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict
     sweep.write_text(yaml.safe_dump({
         "name": "ui", "mode": "train", "seeds": [0],
         "runs": [{"label": "base", "config": BASELINE},
-                 {"label": "big", "config": BASELINE, "overrides": ["data.batch_size=128"]}],
+                 {"label": BIG, "config": BASELINE, "overrides": ["dist.simulate_workers=2"]}],
         "overrides": ["data.batch_size=64", "train.epochs=2", *SHORT]}))
     for args in (["sweep", str(sweep)], ["report", "ui", "--out", str(tmp / "sweep" / "rep")]):
         r = cli(args, tmp / "sweep", env=env, timeout=400)
@@ -187,7 +189,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     charts = _page(port, f"{route}/model-metrics?{VIEW}", tmp / "launch-metrics.txt")
     # MLflow's sections, by the metric's prefix, with their chart counts: perf = the total, its
     # median, the two workers' own images/s and train_seconds; train = epoch, loss, lr, samples;
-    # val = the four evaluations and best_accuracy, final_error
+    # val = the four evaluations and best_accuracy, final_error_pct
     for section in ("perf (5) Add chart", "train (4) Add chart", "val (6) Add chart"):
         assert section in charts, section
 
@@ -215,7 +217,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     listed = _page(port, listed_route, tmp / "runs.txt")
     assert "You're viewing a shared view" in listed
     assert ("Metrics Duration perf/images_per_sec_median train/loss val/best_accuracy "
-            "val/final_error") in listed  # the columns' header (MLflow sorts them by name)
+            "val/final_error_pct") in listed  # the columns' header (MLflow sorts them by name)
     shown = evaluate(f"http://127.0.0.1:{port}/#/{listed_route}", NAMES_SHOWN, 120)
     assert shown and {name: whole for name, whole in shown if name in names} == \
         dict.fromkeys(names, True), shown
@@ -223,7 +225,7 @@ def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     # the Models page: each logged model named after its run
     models = _page(port, f"experiments/{ids['exp']}/models?{VIEW}", tmp / "models.txt")
     for name in ("digits-largebatch-2ep-s0", "digits-largebatch-3ep-s0", "base-1x64-2ep-s0",
-                 "big-1x128-2ep-s0"):
+                 "big-2-workers-x-64-2ep-s0"):
         assert name in models, name
 
 
@@ -275,15 +277,19 @@ def test_the_experiment_opens_on_its_runs(served):
 def test_the_sweep_parent_compares_its_labels_in_one_picture(served):
     port, c, ids, tmp = served
     names = [c.get_run(cell).data.tags["mlflow.runName"] for cell in ids["cells"]]
-    assert names == ["base 1×64 2ep s0", "big 1×128 2ep s0"]
-    page = _page(port, f"experiments/{ids['exp']}/runs/{ids['cells'][1]}?{VIEW}",
-                 tmp / "big.txt")
-    assert names[1] in page and "Parent run sweep ui" in page
+    # the world once: from the run where the label does not say it, else the label's own
+    assert names == ["base 1×64 2ep s0", f"{BIG} 2ep s0"]
+    big = _page(port, f"experiments/{ids['exp']}/runs/{ids['cells'][1]}?{VIEW}",
+                tmp / "big.txt")
+    assert names[1] in big and "Parent run sweep ui" in big and "2×64" not in big
+    page = _page(port, f"experiments/{ids['exp']}/runs/{ids['cells'][0]}?{VIEW}",
+                 tmp / "base.txt")
+    assert names[0] in page and "Parent run sweep ui" in page
     # a local cell (one process, one CPU device): its world is plan.*, no dist.* param
     assert "plan.workers" in page and not re.search(r"\bdist\.\w+", page), page[:3000]
-    assert not [k for k in c.get_run(ids["cells"][1]).data.params if k.startswith("dist.")]
+    assert not [k for k in c.get_run(ids["cells"][0]).data.params if k.startswith("dist.")]
     parent = c.get_run(ids["parent"])
-    assert parent.data.tags["sweep_labels"] == "base, big"  # the labels that ran
+    assert parent.data.tags["sweep_labels"] == f"base, {BIG}"  # the labels that ran
     assert "" not in parent.data.params.values() and "sweep.labels" not in parent.data.params
     # no per-label metrics: MLflow would draw each as a chart of one bar with its own scale
     assert parent.data.metrics == {}
@@ -292,15 +298,23 @@ def test_the_sweep_parent_compares_its_labels_in_one_picture(served):
     assert "Description sweep ui : target accuracy" in page
     # the table that fits: six columns, each label's final error as the cell's own
     assert "label workers batch final error % images/s speedup" in page
-    finals = {label: c.get_run(cell).data.metrics["val/final_error"]
-              for label, cell in zip(("base", "big"), ids["cells"])}
-    for label, workers, batch in (("base", 1, 64), ("big", 1, 128)):
-        assert f" {label} {workers} {batch} {100 * finals[label]:.2f} ± n/a " in page, label
+    metrics = {label: c.get_run(cell).data.metrics for label, cell in zip(("base", BIG),
+                                                                           ids["cells"])}
+    ips = {label: m["perf/images_per_sec_median"] for label, m in metrics.items()}
+    # workers: the world's (2 simulated, not its 1 process); speedup: base is the reference of
+    # their config, big a number against it
+    for label, workers, batch, speedup in (
+            ("base", "1", 64, "ref."), (BIG, "2 simulated", 128,
+                                        f"{ips[BIG] / ips['base']:.2f}× vs base")):
+        final = metrics[label]["val/final_error_pct"]  # in %, as the table
+        assert (f" {label} {workers} {batch} {final:.2f} ± n/a {ips[label]:.0f} {speedup} "
+                in page), label
+    assert page.count(" ref. ") == 1
     # the comparison: one picture with both labels, the first image of the description, then
     # the report's plots: each loaded by the browser from the run's artifacts
     shown = evaluate(f"http://127.0.0.1:{port}/#/{route}?{VIEW}", IMAGES_SHOWN, 120)
     assert shown and [(caption, path) for caption, path, _ in shown] == [
-        ("the labels side by side: base, big", "compare.png"),
+        (f"the labels side by side: base, {BIG}", "compare.png"),
         ("validation error by epoch", "val_error.png"),
         ("final error vs global batch", "final_error_vs_batch.png"),
         ("training loss and LR", "loss_lr.png")], shown

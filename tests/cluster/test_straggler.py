@@ -192,8 +192,9 @@ def server_on(work: Path, tb: Testbed, host: str, timeout: float) -> int:
 def test_a_server_host_under_a_cpu_quota_is_named_with_its_host(
         testbed: Testbed, work: Path, backend: str) -> None:
     """2 workers and 2 servers over h1 and h2, one of each per host (buckets of 16 KiB, so
-    both servers sum gradients); h2's server limited to 2% of a core (2 ms in 100): named as the server on
-    h2 with its pid, within :data:`NAMED_WITHIN` s, in the line and the run's tag."""
+    both servers sum gradients); h2's server limited to 2% of a core (2 ms in 100): named as
+    the server on h2 with its pid, within :data:`NAMED_WITHIN` s, in the line and the run's
+    tag."""
     (work / "straggler.yaml").write_text(CONFIG.format(work=work))
     argv = [PY, "-m", "mxlarge.cli", "launch", str(work / "straggler.yaml"), "-n", "2", "-s",
             "2", "--launcher", backend, "dist.fusion_bytes=16384"]

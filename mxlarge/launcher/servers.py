@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from mxlarge.launcher.straggler import Episode, Look, Rules, begins, recovered, span
+from mxlarge.launcher.straggler import Episode, Look, Rules, announce, begins, recovered, span
 from mxlarge.protocol.heartbeat import Record
 
 #: Who each server is: kvstore rank -> (host, pid or None), as far as the launcher knows.
@@ -146,13 +146,7 @@ class SlowServers:
         return tuple(self._episodes)
 
     def see(self, beats: Iterable[Record]) -> None:
+        """Judges ``beats`` (:func:`judge_servers` skips records with no new sampled step)."""
         self.state, changes = judge_servers(self.state, beats, self.clock(), self.known,
                                             self.rules)
-        for episode in changes:
-            if episode.ended is None:
-                self._episodes.append(episode)
-                self.emit(episode.line())
-            else:
-                i = max(i for i, e in enumerate(self._episodes) if e.rank == episode.rank)
-                self._episodes[i] = episode
-                self.emit(episode.recovered_line())
+        announce(changes, self._episodes, self.emit)

@@ -362,11 +362,18 @@ class Stragglers:
             return
         self._seen = ticks
         self.state, changes = judge(self.state, beats, self.clock(), self.rules)
-        for episode in changes:
-            if episode.ended is None:
-                self._episodes.append(episode)
-                self.emit(episode.line())
-            else:
-                i = max(i for i, e in enumerate(self._episodes) if e.rank == episode.rank)
-                self._episodes[i] = episode
-                self.emit(episode.recovered_line())
+        announce(changes, self._episodes, self.emit)
+
+
+def announce(changes: Iterable[Episode], episodes: list[Episode],
+             emit: Callable[[str], None]) -> None:
+    """Each of ``changes`` said to ``emit`` and kept in ``episodes``: one that began
+    appended, one that ended in place of its beginning (the same rank's last)."""
+    for episode in changes:
+        if episode.ended is None:
+            episodes.append(episode)
+            emit(episode.line())
+        else:
+            i = max(i for i, e in enumerate(episodes) if e.rank == episode.rank)
+            episodes[i] = episode
+            emit(episode.recovered_line())

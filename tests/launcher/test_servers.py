@@ -4,27 +4,14 @@ when it recovers, and nobody inside the band; and where a server's sums are wait
 (mxlarge/kvstore/fusion.py holders). Real jobs: tests/e2e/test_slow_server.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from mxlarge.kvstore.fusion import FUSE_KEY, Bucket, holders, server_of
 from mxlarge.launcher.servers import ServerState, SlowServers, held, judge_servers
 from mxlarge.launcher.straggler import Episode
+from tests.launcher.test_straggler import Beat
 
 KNOWN = {0: ("h3", 3000), 1: ("h4", 4000)}
-
-
-@dataclass(frozen=True)
-class Beat:
-    rank: int
-    host: str
-    pid: int
-    done: int
-    phase: str
-    tick: int
-    parts: dict[str, float] | None
-    servers: list[list[float]] | None
 
 
 def beats(i, h, step=60.0, share=(0.5, 0.5), workers=2):

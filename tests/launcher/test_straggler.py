@@ -26,6 +26,7 @@ class Beat:
     phase: str
     tick: int
     parts: dict[str, float] | None
+    servers: list[list[float]] | None = None
 
 
 def parts(compute=40.0, exchange=10.0, data=1.0, update=5.0, n=20, **more):

@@ -3,9 +3,10 @@ workers', with what it costs them.
 
 Every worker's heartbeat carries the medians (ms) of its recent sampled steps
 (:attr:`~mxlarge.protocol.heartbeat.Record.parts`: ``data``, ``compute``, ``exchange``,
-``update``, ``step``, ``n``) and the newest sampled step's number ``at`` and the
-wall-clock time ``end`` its exchange ended. For rank r, a part p of ``data``,
-``compute``, ``update`` and m(x) the median of x over the other ranks:
+``update``, ``step``, ``n``), the oldest sampled step's number ``from``, and the newest
+one's number ``at`` and the wall-clock time ``end`` its exchange ended. For rank r, a
+part p of ``data``, ``compute``, ``update`` and m(x) the median of x over the other
+ranks:
 
     ratio = r.p / m(p),   excess = r.p - m(p),   wait = max(0, m(exchange) - r.exchange) / m(step)
 
@@ -25,9 +26,10 @@ medians say it holds the others back: ratio >= :attr:`Rules.onset`, excess >=
 :attr:`Rules.min_ms` and >= :attr:`Rules.min_share` of m(step), wait >=
 :attr:`Rules.min_wait`. An episode (:class:`Episode`) begins, named for the first such
 part in the order of :data:`SLOW_PARTS` (a busy host slows every part: it is named for
-its forward+backward), with the medians of its looks of the last quarter of that span
-(how slow it is now). It ends when one of the four medians falls below half its floor
-(the ratio: below :attr:`Rules.recover`). Only windows of at least :attr:`Rules.samples`
+its forward+backward), with the medians that decided it (and, besides, the ratio over
+the last quarter of that span: how slow it is now), from its onset (:func:`onset`). It
+ends when one of the four medians falls below half its floor (the ratio: below
+:attr:`Rules.recover`). Only windows of at least :attr:`Rules.samples`
 sampled steps are judged, only while every worker trains. Why these rules, with the
 noise they are set against: "Stragglers" in docs/design/launcher.md.
 
@@ -129,7 +131,8 @@ class Episode:
     def recovered_line(self) -> str:
         """``straggler recovered: worker rank 1 (pid 7) on h2: forward+backward back
         near the median at step 900 (slow from step 300)`` (a link: ``its exchange ends
-        with the others' again``; a server: ``its sums come with the others' again``)."""
+        with the others' again``; a server: ``its sums come as fast as the other servers'
+        again``)."""
         back = {"link": "its exchange ends with the others' again",
                 "server": "its sums come as fast as "
                           + ("at the start" if self.alone else "the other servers'")

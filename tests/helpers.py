@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -117,3 +118,33 @@ def one_script_run(script: str, optimizer: str, workers: int = 2):  # type: igno
     assert [a.path for a in c.list_artifacts(run.info.run_id, "breakdown")] == \
         ["breakdown/ranks.png"]
     return run
+
+
+class DutyCycle:
+    """SIGSTOP for ``off`` seconds, SIGCONT for ``on`` seconds, repeatedly, until stopped: a
+    process that gets ``on / (on + off)`` of the time it would."""
+
+    def __init__(self, pid: int, off: float = 0.01, on: float = 0.01) -> None:
+        self.pid, self.off, self.on = pid, off, on
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+                time.sleep(self.off)
+                os.kill(self.pid, signal.SIGCONT)
+                time.sleep(self.on)
+        except ProcessLookupError:
+            pass
+        finally:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)

@@ -7,6 +7,7 @@ lasts: "Stragglers" in docs/design/launcher.md.
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from mxlarge.breakdown import WINDOW
 from mxlarge.protocol.heartbeat import Record, read_all
 from mxlarge.testbed import BRIDGE_NS, Testbed
 from tests.cluster.observe import Job, Observer, start
@@ -83,7 +85,7 @@ def cpu_quota(pid: int, share: float, period: int = 10000) -> Iterator[None]:
     group.mkdir()
     try:
         (group / "cpu.cfs_period_us").write_text(str(period))
-        (group / "cpu.cfs_quota_us").write_text(str(int(period * share)))
+        (group / "cpu.cfs_quota_us").write_text(str(max(1000, round(period * share))))
         (group / "cgroup.procs").write_text(str(pid))
         yield
     finally:
@@ -93,6 +95,16 @@ def cpu_quota(pid: int, share: float, period: int = 10000) -> Iterator[None]:
             except OSError:
                 pass  # it exited meanwhile
         group.rmdir()
+
+
+def cpu_use(pid: int, seconds: float) -> float:
+    """The share of one core ``pid`` used over the next ``seconds``."""
+    def used() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    before, t0 = used(), time.monotonic()
+    time.sleep(seconds)
+    return (used() - before) / (time.monotonic() - t0)
 
 
 @contextmanager
@@ -168,6 +180,22 @@ def test_a_slow_link_to_h2_is_named_for_its_exchange(testbed: Testbed, work: Pat
         tag
 
 
+def full_windows(job: Job, work: Path, timeout: float) -> None:
+    """Until both workers' windows of sampled steps are full: the launcher then holds each
+    server's start, what a slow server is compared with (a server slowed before that is its
+    own reference and never named)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.proc.poll() is None:
+        for d in work.glob(".mxlarge-heartbeat/*"):
+            records = read_all(d)
+            if len(records) == 2 and all(r.parts and r.parts["n"] >= WINDOW
+                                         for r in records.values()):
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the workers' windows were never full under {work}:\n"
+                         f"{job.text()[-4000:]}")
+
+
 def server_on(work: Path, tb: Testbed, host: str, timeout: float) -> int:
     """The pid of the job's server on ``host`` (the job's processes are named by ``work``,
     their working directory), once the workers report their step breakdown."""
@@ -192,9 +220,10 @@ def server_on(work: Path, tb: Testbed, host: str, timeout: float) -> int:
 def test_a_server_host_under_a_cpu_quota_is_named_with_its_host(
         testbed: Testbed, work: Path, backend: str) -> None:
     """2 workers and 2 servers over h1 and h2, one of each per host (buckets of 16 KiB, so
-    both servers sum gradients); h2's server limited to 2% of a core (2 ms in 100): named as
-    the server on h2 with its pid, within :data:`NAMED_WITHIN` s, in the line and the run's
-    tag."""
+    both servers sum gradients); h2's server limited to a quarter of the CPU it used (about 4%
+    of a core on 2 cores, so a fixed quota of 2% slows it on one machine and not on a faster
+    one): named as the server on h2 with its pid, within :data:`NAMED_WITHIN` s, in the line
+    and the run's tag."""
     (work / "straggler.yaml").write_text(CONFIG.format(work=work))
     argv = [PY, "-m", "mxlarge.cli", "launch", str(work / "straggler.yaml"), "-n", "2", "-s",
             "2", "--launcher", backend, "dist.fusion_bytes=16384"]
@@ -206,16 +235,19 @@ def test_a_server_host_under_a_cpu_quota_is_named_with_its_host(
     obs = Observer(testbed, str(work))
     job = start(testbed, "h0", argv, work)
     try:
-        worker_on(job, work, "h2", 150)
+        full_windows(job, work, 150)
         victim = server_on(work, testbed, "h2", 30)
-        with cpu_quota(victim, 0.02, period=100_000):
+        use = cpu_use(victim, 5.0)
+        # the kernel's smallest quota (1 ms) in a period 4 / use times longer
+        with cpu_quota(victim, use / 4, period=min(1_000_000, int(4000 / use))):
             since = time.monotonic()
             line = named(job, r"^\[launcher\] straggler: .*$", since, NAMED_WITHIN)
             took = time.monotonic() - since
         stop(job)
     finally:
         finish(job, obs, work)
-    print(f"{backend}: h2's server named {took:.1f} s after its CPU quota: {line}")
+    print(f"{backend}: h2's server named {took:.1f} s after a CPU quota of {use / 4:.2%} of a "
+          f"core: {line}")
     assert re.fullmatch(rf"\[launcher\] straggler: server rank [01] \(pid {victim}\) on h2 from "
                         r"step \d+: its sums come \d+ ms after the other servers' \([\d.]+×; now "
                         r"[\d.]+×\); it holds \d+% of the gradient bytes; the workers wait \d+% "

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from mxlarge.launcher.straggler import Rules
-from tests.e2e.test_straggler import CONFIG, NAMED_WITHIN, DutyCycle, Lines, the_run
-from tests.helpers import dmlc_processes
+from tests.e2e.test_straggler import CONFIG, NAMED_WITHIN, Lines, the_run
+from tests.helpers import DutyCycle, dmlc_processes
 
 pytestmark = pytest.mark.slow
 FLOORS = Rules()

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from mxlarge.breakdown import WINDOW, sampled
 from mxlarge.protocol import heartbeat
-from tests.helpers import dmlc_processes
+from tests.helpers import DutyCycle, dmlc_processes
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -86,36 +86,6 @@ def worker_of_rank(marker: str, rank: int, timeout: float) -> heartbeat.Record:
                 return records[rank]
         time.sleep(0.2)
     raise AssertionError("the workers never reported their step breakdown")
-
-
-class DutyCycle:
-    """SIGSTOP for ``off`` seconds, SIGCONT for ``on`` seconds, repeatedly, until stopped: a
-    process that gets ``on / (on + off)`` of the time it would."""
-
-    def __init__(self, pid: int, off: float = 0.01, on: float = 0.01) -> None:
-        self.pid, self.off, self.on = pid, off, on
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                os.kill(self.pid, signal.SIGSTOP)
-                time.sleep(self.off)
-                os.kill(self.pid, signal.SIGCONT)
-                time.sleep(self.on)
-        except ProcessLookupError:
-            pass
-        finally:
-            try:
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def within_a_window(named: int, onset: int) -> bool:

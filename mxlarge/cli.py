@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mxlarge.errors import DivergenceError, InputError, ReplicaMismatch
+from mxlarge.errors import DivergenceError, InputError, ReplicaMismatch, StopRequested
 
 USAGE = """\
 verbs:
@@ -284,6 +284,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(str(exc), 2)
     except (DivergenceError, ReplicaMismatch) as exc:
         return _fail(str(exc), 1)
+    except StopRequested as exc:  # rank 0 at the launcher's word, after its hooks kept what it had
+        print(f"mxlarge: stopped after {exc.step} steps (Ctrl-C at the launcher)", flush=True)
+        return 130
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     return 0

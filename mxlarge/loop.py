@@ -8,6 +8,7 @@ order are in :mod:`mxlarge.hooks`.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -21,7 +22,7 @@ from mxnet import autograd
 
 from mxlarge import hooks as H
 from mxlarge.bnstats import save_device_params
-from mxlarge.errors import DivergenceError
+from mxlarge.errors import DivergenceError, StopRequested
 from mxlarge.gns import sum_sq as gns_sum_sq
 from mxlarge.hooks import Hook, StepOutput
 from mxlarge.observers import DataWait
@@ -347,7 +348,9 @@ class ReplicaCheckHook(Hook):
 
 
 class FinalParamsHook(Hook):
-    """After a successful run, saves the parameters with the ``bn_stats`` statistics.
+    """After a successful run, saves the parameters with the ``bn_stats`` statistics;
+    after a stop the launcher asked for (:class:`~mxlarge.errors.StopRequested`),
+    rank 0 saves them as they are, with its own BN statistics.
 
     Registered on every rank because choosing the statistics is collective. Rank 0
     writes ``tmpdir/final.params`` and publishes it as
@@ -366,10 +369,12 @@ class FinalParamsHook(Hook):
         self.tmpdir = tmpdir
 
     def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
-        if error is not None:
+        stopped = isinstance(error, StopRequested)
+        if error is not None and not (stopped and self.rank == 0):
             return
         bn = loop.trainer.bn
-        with bn.evaluation():
+        # stopped, rank 0 is alone: the shared BN statistics are collective, its own are kept
+        with contextlib.nullcontext() if stopped else bn.evaluation():
             if self.rank == 0 and self.tmpdir is not None:
                 path = f"{self.tmpdir}/final.params"
                 loop.net.save_parameters(path)
@@ -383,10 +388,10 @@ class FinalParamsHook(Hook):
                     else:  # resumed after the last step: no forward ran, Gluon has no graph
                         print("mxlarge: no steps left after the resume: the model symbol is "
                               "not exported (the final parameters are)", flush=True)
-            if self.template:
+            if self.template and not stopped:
                 for unit in bn.unit_ids():
                     loop.net.save_parameters(self.template.format(rank=unit))
-        if self.template:
+        if self.template and not stopped:
             for unit, device in bn.each_unit():
                 save_device_params(loop.net, self.template.format(rank=unit) + ".local", device)
 

@@ -3,11 +3,11 @@
 While the job runs, :class:`WorkerReports` reads the step parts in the workers'
 heartbeats (:attr:`~mxlarge.protocol.heartbeat.Record.parts`), names stragglers
 (:mod:`mxlarge.launcher.straggler`) and keeps each rank's last parts: the breakdown of
-the job however it ends. When the job is over, it merges the timeline files the workers
-left in the job's report directory (:mod:`mxlarge.protocol.reports`,
-:mod:`mxlarge.timeline.trace`). It works beside the stall watchdog, not inside it: the
-stall rule may be off (``--stall-timeout 0``) and stragglers and timelines are still
-there.
+the job however it ends; on the user's Ctrl-C it asks rank 0 to stop. When the job is
+over, it merges the timeline files the workers left in the job's report directory
+(:mod:`mxlarge.protocol.reports`, :mod:`mxlarge.timeline.trace`). It works beside the
+stall watchdog, not inside it: the stall rule may be off (``--stall-timeout 0``) and
+stragglers and timelines are still there.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.servers import Known, SlowServers
 from mxlarge.launcher.straggler import Stragglers
 from mxlarge.launcher.watchdog import READ_EVERY
-from mxlarge.protocol.heartbeat import Record, read_all
+from mxlarge.protocol.heartbeat import FINISHED, Record, ask_stop, read_all
 from mxlarge.timeline import trace as timeline
 
 
@@ -71,6 +71,17 @@ class WorkerReports:
             if r.parts is not None:
                 self.last[r.rank] = (r.host, r.parts)
         return records
+
+    def ask_stop(self) -> bool:
+        """Asks rank 0 to stop at its next step (:func:`~mxlarge.protocol.heartbeat.ask_stop`)
+        if it reports training; whether it was asked."""
+        if self.heartbeats is None:
+            return False
+        first = read_all(self.heartbeats).get(0)
+        if first is None or first.phase == FINISHED:
+            return False
+        ask_stop(self.heartbeats)
+        return True
 
     def breakdown(self) -> tuple[tuple[str, dict[str, float]], ...]:
         """Every rank's host and last parts, by rank (one more read: the final records);

@@ -54,6 +54,9 @@ _DRAIN_WAIT = 1.0
 _TEARDOWN_WORD = 0.5
 
 _TERMINATION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds the launcher waits, after the user's Ctrl-C, for rank 0 to end its step, log
+#: what it has (its model among it) and exit, before it tears the job down.
+STOP_WAIT = 60.0
 
 
 def check_job(command: Sequence[str], workers: int, servers: int) -> list[str]:
@@ -358,6 +361,10 @@ class Supervisor:
                 self._recorded.add(id(child))
                 self._exit_order.append(child)
 
+    def any_exited(self) -> bool:
+        """Whether a child was seen to exit (:meth:`poll`)."""
+        return bool(self._exit_order)
+
     def first_failure(self) -> Child | None:
         """The first child seen to exit with a non-zero status or a signal, if any."""
         return next((c for c in self._exit_order if c.status != 0), None)
@@ -475,7 +482,10 @@ def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | N
     At each poll, in this order (the first that applies ends the loop):
 
     1. the launcher was signalled (``stop``; ``received[0]`` names the signal, SIGTERM if
-       none) → ``backend.terminated``;
+       none) → ``backend.terminated``; on a first SIGINT (the user's Ctrl-C) while rank 0
+       trains, only once a process of the job has exited (rank 0, after it kept what it
+       had: :func:`~mxlarge.protocol.heartbeat.ask_stop`), another signal came, or
+       :data:`STOP_WAIT` s passed;
     2. a child failed (the first seen, :meth:`Supervisor.first_failure`) →
        ``backend.explain``;
     3. the watchdog sees a stall (:func:`stall_outcome`);
@@ -490,9 +500,20 @@ def _supervise_loop(sup: Supervisor, backend: Supervised, watchdog: Watchdog | N
     """
     state = JobState.RUNNING
     ending_since = 0.0
+    asked: float | None = None  # when rank 0 was asked to stop
     while True:
         if stop.is_set():
-            return backend.terminated(received[0] if received else signal.SIGTERM)
+            if asked is None and received[:1] == [signal.SIGINT] and reports is not None \
+                    and reports.ask_stop():
+                asked = clock()
+                sup.sink.emit("launcher", "Ctrl-C: rank 0 stops after its step and keeps what "
+                              f"it has (up to {STOP_WAIT:g} s; Ctrl-C again: at once)")
+            sup.poll()
+            if asked is None or len(received) > 1 or sup.any_exited() \
+                    or clock() - asked > STOP_WAIT:
+                return backend.terminated(received[0] if received else signal.SIGTERM)
+            sleep(POLL_INTERVAL)
+            continue
         sup.poll()
         failed = sup.first_failure()
         if failed is not None:
@@ -531,8 +552,7 @@ def termination_signals(stop: threading.Event, received: list[int]) -> Iterator[
         return
 
     def handler(signum: int, _frame: object) -> None:
-        if not received:
-            received.append(signum)
+        received.append(signum)  # the first names the end; a second one hurries it
         stop.set()
 
     previous: dict[int, Any] = {}

@@ -5,7 +5,8 @@ At each step's exchange the worker's record says the step is on its way; once th
 is done, a probe of its first weight (:func:`mxlarge.engine.probe`) goes to the
 heartbeat's watcher thread, which counts the step complete when the engine reaches it.
 The timing observer's medians (``step.parts``), when a step carries them, go into the
-next record.
+next record. When the launcher asks the job to stop, rank 0's next step raises
+:class:`~mxlarge.errors.StopRequested` as it begins.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mxlarge import engine
+from mxlarge.errors import StopRequested
 from mxlarge.observers import REPORT, Step, StepObserver
 from mxlarge.protocol.heartbeat import HeartbeatWriter
 
@@ -27,6 +29,18 @@ class HeartbeatObserver(StepObserver):
 
     def __init__(self, writer: HeartbeatWriter) -> None:
         self.writer = writer
+        writer.on_stop = self._refuse_next_step
+
+    def _refuse_next_step(self) -> None:
+        # on the writer's thread; bound only now, so that no step pays for it before
+        self.step_begun = self._refuse  # type: ignore[method-assign]
+
+    def _refuse(self, step: Step) -> None:
+        """The step that begins after the launcher's stop: refused, once; the process then
+        leaves without the exit barrier (the others wait for it in their next exchange)."""
+        del self.step_begun
+        self.writer.stopped = True
+        raise StopRequested(step.t)
 
     def exchange_begun(self, step: Step, grads: Sequence[Any]) -> None:
         self.writer.issue(step.t)

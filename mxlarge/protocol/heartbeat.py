@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,6 +45,15 @@ INTERVAL = 1.0  # seconds between writes of one worker's record
 # barrier, what is left is MXNet's shutdown (written at exit by
 # mxlarge.protocol.session).
 FINISHED = "finished"
+#: The file in the heartbeat directory by which the launcher asks rank 0 to stop at its
+#: next step (:func:`ask_stop`, :class:`~mxlarge.errors.StopRequested`).
+STOP_FILE = "stop"
+
+
+def ask_stop(directory: str | Path) -> None:
+    """The launcher's side: rank 0 reads :data:`STOP_FILE` within :data:`INTERVAL` s and
+    stops at its next step."""
+    Path(directory, STOP_FILE).touch()
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,12 @@ class HeartbeatWriter:
         self._interval = interval
         self._host = socket.gethostname()
         self._fd = os.open(path_for(directory, rank), os.O_WRONLY | os.O_CREAT, 0o644)
+        # only rank 0 stops on the launcher's word: the others wait in the next exchange,
+        # so rank 0 keeps whole steps and no collective is needed to agree on one
+        self._stop_file = Path(directory, STOP_FILE) if rank == 0 else None
+        #: called once, on the writer's thread, when the launcher asks rank 0 to stop
+        self.on_stop: Callable[[], None] | None = None
+        self.stopped = False  # a step was refused at the launcher's word: no exit barrier
         self._lock = threading.Lock()
         # done/issued change on the training thread and the watcher thread
         self._cv = threading.Condition(threading.RLock())
@@ -318,3 +333,7 @@ class HeartbeatWriter:
         while True:
             time.sleep(self._interval)
             self._write()
+            if self._stop_file is not None and self._stop_file.exists():
+                self._stop_file = None
+                if self.on_stop is not None:
+                    self.on_stop()

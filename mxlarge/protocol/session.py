@@ -140,6 +140,10 @@ class WorkerSession:
         return None
 
     def _leave(self) -> None:
+        if any(beat.stopped for beat in list(self._beats)):
+            # rank 0 stopped at the launcher's word: the others wait in their next exchange,
+            # never at this barrier; the launcher tears them down once this process is gone
+            self.exit_now(130)
         if self._wait_all is not None:
             self._wait_all()
         for ref in self._stores:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlarge.config import Config, dump_yaml
+from mxlarge.errors import StopRequested
 from mxlarge.hooks import REPORT, Hook, StepOutput
 from mxlarge.stats import final_error
 from mxlarge.tracking.naming import takes_effect
@@ -108,7 +109,9 @@ class MLflowHook(Hook):
 
     def after_train(self, loop: Any, error: BaseException | None) -> None:
         try:
-            if error is not None:
+            if isinstance(error, StopRequested):  # the user's Ctrl-C: the run keeps what it has
+                self.run.tag({"stopped_step": loop.step})
+            elif error is not None:
                 self.run.tag({"failure": f"{type(error).__name__}: {error}"[:4000],
                               "failed_step": loop.step})
             with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """A config's launched run keeps what it had however the job ends: stopped with Ctrl-C it is
-KILLED with its metrics and the ranks' breakdown picture (a worker killed: FAILED with the
-picture beside its evidence, tests/e2e/test_dist.py)."""
+KILLED with its metrics, the ranks' breakdown picture and the model of its last whole step (a
+worker killed: FAILED with the picture beside its evidence, tests/e2e/test_dist.py)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+from mxlarge import tracking
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments" / "proxy" / "digits-largebatch.yaml"
@@ -47,3 +49,28 @@ def test_a_config_run_stopped_with_ctrl_c_is_killed_and_keeps_its_metrics_and_pi
         set(run.data.metrics), sorted(run.data.metrics)
     assert [a.path for a in c.list_artifacts(run.info.run_id, "breakdown")] == \
         ["breakdown/ranks.png"], out[-3000:]
+    # the model so far: rank 0 stopped at a step's end and logged it, the weights of that step
+    assert "Ctrl-C: rank 0 stops after its step" in out, out[-3000:]
+    stopped = int(run.data.tags["stopped_step"])
+    assert stopped >= STOP_AT, run.data.tags
+    assert re.search(rf"^\[worker 0[^]]*\] mxlarge: stopped after {stopped} steps", out, re.M)
+    reference = subprocess.run(
+        [sys.executable, "-m", "mxlarge.cli", "launch", str(CONFIG), "-n", "2", "-s", "1",
+         "train.epochs=400", "train.progress=false", f"train.max_steps={stopped}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert reference.returncode == 0, reference.stdout[-3000:]
+    (done,) = [r for r in c.search_runs([run.info.experiment_id]) if r.info.status == "FINISHED"]
+    assert_same_weights(tracking.load(run.info.run_id, mlflow_uri),
+                        tracking.load(done.info.run_id, mlflow_uri))
+
+
+def assert_same_weights(net, reference) -> None:
+    """Bitwise the same parameters but the BN running statistics (the stopped rank 0 keeps its
+    own; the finished job's are the workers' shared ones)."""
+    mine = {k: v.data().asnumpy() for k, v in net.collect_params().items()}
+    theirs = {k: v.data().asnumpy() for k, v in reference.collect_params().items()}
+    assert mine.keys() == theirs.keys()
+    weights = [k for k in mine if "running_" not in k]
+    assert len(weights) > 10, sorted(mine)
+    for k in weights:
+        assert (mine[k] == theirs[k]).all(), k

@@ -7,11 +7,13 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from mxlarge import tracking
 from mxlarge.tracking import model_id
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -125,6 +127,50 @@ def test_a_job_stopped_with_ctrl_c_is_a_killed_run(tmp_path, mlflow_uri):
     assert run.info.status == "KILLED", "".join(lines)[-3000:]
     pictures = MlflowClient(mlflow_uri).list_artifacts(run.info.run_id, "breakdown")
     assert [a.path for a in pictures] == ["breakdown/ranks.png"], "".join(lines)[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_script_that_saves_on_ctrl_c_logs_the_model_of_its_last_whole_step(tmp_path,
+                                                                             mlflow_uri):
+    """Ctrl-C at the launcher reaches rank 0's script as a KeyboardInterrupt as its next step
+    begins; the script's own ``except KeyboardInterrupt`` logs its model, which is bitwise the
+    model of a job of as many steps; the process leaves without the exit barrier (no wait for
+    the launcher's 60 s); the run is KILLED."""
+    import os
+    proc = subprocess.Popen([sys.executable, "-m", "mxlarge.launcher", "-n", "2", "-s", "1",
+                             "--", sys.executable, str(MLFLOW_SCRIPT), "1000000"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ))
+    c = MlflowClient(mlflow_uri)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = _runs(mlflow_uri)
+        if runs and len(c.get_metric_history(runs[0].info.run_id, "my_loss")) >= 20:
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    asked = time.monotonic()
+    out, _ = proc.communicate(timeout=90)
+    took = time.monotonic() - asked
+    assert proc.returncode == 130, out[-3000:]
+    assert took < 30, (took, out[-3000:])
+    (run,) = _runs(mlflow_uri)
+    assert run.info.status == "KILLED", out[-3000:]
+    steps = int(re.search(r"mlflow_script rank=0 stopped after (\d+) steps", out).group(1))
+    assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "my_loss")) == \
+        list(range(steps))
+    models = re.findall(r"mlflow_script rank=0 model=(\S+) done", out)
+    assert models == [model_id(mlflow_uri, run.info.run_id)], out[-3000:]
+    r = _launch(tmp_path, "--", sys.executable, str(MLFLOW_SCRIPT), str(steps))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    (done,) = [r for r in _runs(mlflow_uri) if r.info.status == "FINISHED"]
+    mine, theirs = ({k: v.data().asnumpy() for k, v in
+                     tracking.load(x.info.run_id, mlflow_uri).collect_params().items()}
+                    for x in (run, done))
+    assert len(mine) == 2 and mine.keys() == theirs.keys()
+    for k in mine:
+        assert (mine[k] == theirs[k]).all(), k
 
 
 @pytest.mark.slow

@@ -11,8 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
+from mxlarge.launcher.reports import WorkerReports
 from mxlarge.launcher.supervisor import (
     POLL_INTERVAL,
+    STOP_WAIT,
     LineSink,
     Supervisor,
     describe_status,
@@ -21,7 +23,7 @@ from mxlarge.launcher.supervisor import (
 )
 from mxlarge.launcher.verdict import exit_outcome, stall_outcome
 from mxlarge.launcher.watchdog import Watchdog
-from mxlarge.protocol.heartbeat import FINISHED
+from mxlarge.protocol.heartbeat import FINISHED, STOP_FILE
 from tests.launcher.test_watchdog import Clock, put
 
 
@@ -337,3 +339,30 @@ def test_close_closes_the_lease_pipe_of_a_child_whose_guard_never_started():
     ("scheduler", None, None, "scheduler")])
 def test_a_process_is_named_by_its_kvstore_rank_once_known(role, rank, launch, label):
     assert process_label(role, rank, launch) == label
+
+
+@pytest.mark.parametrize("case", ["exits", "again", "timeout", "sigterm", "finished"])
+def test_ctrl_c_asks_rank_0_to_stop_and_waits_for_a_process_to_exit(tmp_path, case):
+    """The user's first Ctrl-C while rank 0 trains writes the stop file and says so; the job is
+    torn down once a process exited (rank 0, after it kept what it had), at a second signal,
+    or after STOP_WAIT s. SIGTERM, or a rank 0 whose work is done, tears down at once."""
+    put(tmp_path, 0, 5, phase=FINISHED if case == "finished" else "train")
+    put(tmp_path, 1, 5)
+    worker = _Kid("worker", 0, 100)
+    received = [signal.SIGTERM if case == "sigterm" else signal.SIGINT]
+    events = {"exits": {3: lambda: setattr(worker, "status", 130)},
+              "again": {2: lambda: received.append(signal.SIGINT)}}.get(case, {})
+    run, log, stop = _Run(events), [], threading.Event()
+    stop.set()
+    out_lines = io.StringIO()
+    sup = Supervisor(out_lines)
+    sup.children = [worker]
+    reports = WorkerReports(tmp_path, None, lambda line: None, clock=run.clock)
+    out = supervise(sup, _backend(log), None, stop, received, reports=reports, clock=run.clock,
+                    sleep=run.sleep)
+    asked = case not in ("sigterm", "finished")
+    assert (log, (tmp_path / STOP_FILE).exists()) == ([("terminated", received[0])], asked)
+    assert out.exit_code == 128 + received[0]
+    assert ("Ctrl-C: rank 0 stops after its step" in out_lines.getvalue()) == asked
+    expected = {"exits": 3, "again": 2, "timeout": int(STOP_WAIT / POLL_INTERVAL) + 1}
+    assert run.sleeps == pytest.approx(expected.get(case, 0), abs=1)

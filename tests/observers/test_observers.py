@@ -152,3 +152,24 @@ def test_the_docs_example_observer_runs_as_written_on_a_real_trainer():
     assert sorted(watch.norms) == [0, 2, 4]
     for t, norm in watch.norms.items():
         assert norm == pytest.approx(seen[t], rel=1e-6) and norm > 0
+
+
+def test_the_launchers_stop_refuses_the_next_step_once_and_costs_no_step_before(tmp_path):
+    """Until the launcher's stop, the heartbeat observer has no ``step_begun`` of its own (the
+    base's no-op: a step pays nothing); after it, the next step to begin raises StopRequested
+    (a KeyboardInterrupt) once, and the writer says the process stopped."""
+    from mxlarge.errors import StopRequested
+    from mxlarge.observers.heartbeat import HeartbeatObserver
+    from mxlarge.protocol.heartbeat import HeartbeatWriter
+
+    writer = HeartbeatWriter(tmp_path, rank=0, interval=60)
+    observer = HeartbeatObserver(writer)
+    observers = Observers([observer])
+    assert "step_begun" not in vars(observer)
+    observers.step_begun(Step(4))
+    writer.on_stop()
+    with pytest.raises(StopRequested) as refused:
+        observers.step_begun(Step(5))
+    assert isinstance(refused.value, KeyboardInterrupt) and refused.value.step == 5
+    assert writer.stopped and "step_begun" not in vars(observer)
+    observers.step_begun(Step(6))

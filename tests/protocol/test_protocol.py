@@ -219,3 +219,22 @@ def test_fail_fast_keeps_a_clean_exit_and_exits_with_the_status_given(tmp_path):
     for status in (0, 3):
         r = subprocess.run([sys.executable, "-c", code, str(status)], timeout=60)
         assert r.returncode == status
+
+
+def test_only_rank_0_hears_the_launchers_stop_once(tmp_path):
+    """The launcher's stop file is read by rank 0's writer thread within its interval, which
+    calls ``on_stop`` once; rank 1 never (it waits for rank 0 in its next exchange), and
+    neither before the file exists."""
+    heard: dict[int, int] = {0: 0, 1: 0}
+    beats = [heartbeat.HeartbeatWriter(tmp_path, rank=r, interval=0.05) for r in (0, 1)]
+    for r, beat in enumerate(beats):
+        beat.on_stop = lambda r=r: heard.__setitem__(r, heard[r] + 1)
+    time.sleep(0.2)
+    assert heard == {0: 0, 1: 0}
+    heartbeat.ask_stop(tmp_path)
+    deadline = time.monotonic() + 5
+    while not heard[0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert heard == {0: 1, 1: 0}

@@ -133,11 +133,13 @@ class Episode:
         near the median at step 900 (slow from step 300)`` (a link: ``its exchange ends
         with the others' again``; a server: ``its sums come as fast as the other servers'
         again``)."""
-        back = {"link": "its exchange ends with the others' again",
-                "server": "its sums come as fast as "
-                          + ("at the start" if self.alone else "the other servers'")
-                          + " again"}.get(self.part, f"{SLOW_PARTS.get(self.part)} back near "
-                                                     "the median")
+        if self.part == "link":
+            back = "its exchange ends with the others' again"
+        elif self.part == "server":
+            than = "at the start" if self.alone else "the other servers'"
+            back = f"its sums come as fast as {than} again"
+        else:
+            back = f"{SLOW_PARTS.get(self.part)} back near the median"
         return (f"straggler recovered: {self._who()}: {back} at step {self.ended} (slow "
                 f"from step {self.step})")
 

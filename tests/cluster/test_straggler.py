@@ -67,12 +67,15 @@ def worker_on(job: Job, work: Path, host: str, timeout: float) -> Record:
                          f"{job.text()[-4000:]}")
 
 
-def named(job: Job, pattern: str, since: float, timeout: float) -> str:
-    """The first line of ``job`` matching ``pattern``, waiting up to ``timeout`` s."""
+def named(job: Job, timeout: float = NAMED_WITHIN) -> tuple[str, float]:
+    """The launcher's first straggler line in ``job`` and the seconds it took from this call,
+    waiting up to ``timeout`` s."""
+    pattern = r"^\[launcher\] straggler: .*$"
+    since = time.monotonic()
     while time.monotonic() - since < timeout:
         found = re.search(pattern, job.text(), re.M)
         if found:
-            return found.group(0)
+            return found.group(0), time.monotonic() - since
         time.sleep(0.5)
     raise AssertionError(f"no line {pattern!r} within {timeout:g} s:\n{job.text()[-4000:]}")
 
@@ -136,9 +139,7 @@ def test_a_slowed_worker_on_h2_is_named_for_its_compute(testbed: Testbed, work: 
     try:
         victim = worker_on(job, work, "h2", 150)
         with cpu_quota(victim.pid, 0.3):
-            since = time.monotonic()
-            line = named(job, r"^\[launcher\] straggler: .*$", since, NAMED_WITHIN)
-            took = time.monotonic() - since
+            line, took = named(job)
         stop(job)
     finally:
         finish(job, obs, work)
@@ -159,9 +160,7 @@ def test_a_slow_link_to_h2_is_named_for_its_exchange(testbed: Testbed, work: Pat
     try:
         victim = worker_on(job, work, "h2", 150)
         with slow_link(testbed, "h2", "20mbit"):
-            since = time.monotonic()
-            line = named(job, r"^\[launcher\] straggler: .*$", since, NAMED_WITHIN)
-            took = time.monotonic() - since
+            line, took = named(job)
             exchange = {r.host: r.parts["exchange"] for r in
                         read_all(next(work.glob(".mxlarge-heartbeat/*"))).values()}
         stop(job)
@@ -240,9 +239,7 @@ def test_a_server_host_under_a_cpu_quota_is_named_with_its_host(
         use = cpu_use(victim, 5.0)
         # the kernel's smallest quota (1 ms) in a period 4 / use times longer
         with cpu_quota(victim, use / 4, period=min(1_000_000, int(4000 / use))):
-            since = time.monotonic()
-            line = named(job, r"^\[launcher\] straggler: .*$", since, NAMED_WITHIN)
-            took = time.monotonic() - since
+            line, took = named(job)
         stop(job)
     finally:
         finish(job, obs, work)

@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from mxlarge.launcher.straggler import Rules
-from tests.e2e.test_straggler import CONFIG, NAMED_WITHIN, Lines, the_run
-from tests.helpers import DutyCycle, dmlc_processes
+from tests.e2e.test_straggler import (
+    CONFIG,
+    NAMED_WITHIN,
+    Lines,
+    assert_names_nobody,
+    slowed_until_named,
+    the_run,
+)
+from tests.helpers import dmlc_processes
 
 pytestmark = pytest.mark.slow
 FLOORS = Rules()
@@ -58,30 +63,18 @@ def assert_floors(text: str) -> None:
 @pytest.mark.timeout(400)
 def test_a_slowed_server_is_named_with_its_pid_then_its_recovery(tmp_path):
     proc, out = launch(tmp_path, epochs=5000)
-    cycle = None
-    try:
+
+    def second_server() -> int:
         training(out, 150)
-        victim = servers(str(tmp_path))[1]
-        cycle = DutyCycle(victim, off=0.03, on=0.01)
-        slowed = time.monotonic()
-        named = out.wait_for(r"^\[launcher\] straggler:", NAMED_WITHIN + 30)
-        cycle.stop()
-        assert named is not None, out.text()[-4000:]
-        back = out.wait_for(r"^\[launcher\] straggler recovered:", 90)
-    finally:
-        if cycle is not None:
-            cycle.stop()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
-        out.close()
-    took, line = named
-    print(f"named {took - slowed:.1f} s after the slowdown began: {line}")
+        return servers(str(tmp_path))[1]
+    seen = slowed_until_named(proc, out, second_server, off=0.03, on=0.01)
+    victim, took, line, back = seen.pid, seen.took, seen.line, seen.back
     assert re.fullmatch(rf"\[launcher\] straggler: server rank [01] \(pid {victim}\) on "
                         rf"{re.escape(socket.gethostname())} from step \d+: its sums come \d+ ms "
                         r"after the other servers' \([\d.]+×; now [\d.]+×\); it holds \d+% of "
                         r"the gradient bytes; the workers wait \d+% of each step for it",
                         line), line
-    assert took - slowed < NAMED_WITHIN, (took - slowed, out.text()[-4000:])
+    assert took < NAMED_WITHIN, (took, out.text()[-4000:])
     assert_floors(out.text())
     assert back is not None, out.text()[-4000:]
     assert re.match(rf"\[launcher\] straggler recovered: server rank [01] \(pid {victim}\)",
@@ -95,10 +88,4 @@ def test_a_slowed_server_is_named_with_its_pid_then_its_recovery(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_same_job_unslowed_names_no_server(tmp_path):
-    proc, out = launch(tmp_path, epochs=300)
-    code = proc.wait(240)
-    out.close()
-    assert code == 0, out.text()[-4000:]
-    assert "straggler" not in out.text(), out.text()[-4000:]
-    _, run = the_run(tmp_path)
-    assert "straggler" not in run.data.tags
+    assert_names_nobody(*launch(tmp_path, epochs=300), tmp_path)

@@ -11,7 +11,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -102,15 +105,30 @@ def the_run(tmp_path: Path):  # type: ignore[no-untyped-def]
     return client, runs[0]
 
 
-@pytest.mark.timeout(400)
-def test_a_slowed_worker_is_named_with_its_pid_and_rank_then_its_recovery(tmp_path):
-    proc, out = launch(tmp_path, epochs=5000)
+@dataclass(frozen=True)
+class Slowed:
+    """What :func:`slowed_until_named` saw: the victim's pid, what was noted as the slowdown
+    began, the seconds until the straggler line, that line, and the recovery line (or None)."""
+
+    pid: int
+    noted: Any
+    took: float
+    line: str
+    back: tuple[float, str] | None
+
+
+def slowed_until_named(proc: subprocess.Popen[str], out: Lines, victim: Callable[[], int],
+                       off: float = 0.01, on: float = 0.01,
+                       noted: Callable[[], Any] = lambda: None) -> Slowed:
+    """The process ``victim()`` slowed by a duty cycle until the launcher names a straggler,
+    then left to recover for up to 90 s; the job then stopped with SIGINT (also on a
+    failure)."""
     cycle = None
     try:
-        victim = worker_of_rank(str(tmp_path), 1, 150)
-        cycle = DutyCycle(victim.pid)
+        pid = victim()
+        cycle = DutyCycle(pid, off=off, on=on)
         slowed = time.monotonic()
-        onset = worker_of_rank(str(tmp_path), 1, 10).done  # the step it slows from
+        note = noted()
         named = out.wait_for(r"^\[launcher\] straggler:", NAMED_WITHIN + 30)
         cycle.stop()
         assert named is not None, out.text()[-4000:]
@@ -123,12 +141,21 @@ def test_a_slowed_worker_is_named_with_its_pid_and_rank_then_its_recovery(tmp_pa
         out.close()
     took, line = named
     print(f"named {took - slowed:.1f} s after the slowdown began: {line}")
-    m = re.fullmatch(rf"\[launcher\] straggler: worker rank 1 \(pid {victim.pid}\) on "
+    return Slowed(pid, note, took - slowed, line, back)
+
+
+@pytest.mark.timeout(400)
+def test_a_slowed_worker_is_named_with_its_pid_and_rank_then_its_recovery(tmp_path):
+    proc, out = launch(tmp_path, epochs=5000)
+    seen = slowed_until_named(proc, out, lambda: worker_of_rank(str(tmp_path), 1, 150).pid,
+                              noted=lambda: worker_of_rank(str(tmp_path), 1, 10).done)
+    victim, onset, took, line, back = seen.pid, seen.noted, seen.took, seen.line, seen.back
+    m = re.fullmatch(rf"\[launcher\] straggler: worker rank 1 \(pid {victim}\) on "
                      rf"{re.escape(socket.gethostname())} from step (\d+): forward\+backward "
                      r"([\d.]+)× the median \(now [\d.]+×\); the other ranks wait (\d+)% of each "
                      r"step for it", line)
     assert m, line
-    assert took - slowed < NAMED_WITHIN, (took - slowed, out.text()[-4000:])
+    assert took < NAMED_WITHIN, (took, out.text()[-4000:])
     # half the time stopped: about twice the forward+backward, the other rank waiting for it;
     # the figures the rule judged, at or above its floors
     assert 1.2 <= float(m.group(2)) <= 4.0 and 10 <= int(m.group(3)) <= 90, line
@@ -136,11 +163,11 @@ def test_a_slowed_worker_is_named_with_its_pid_and_rank_then_its_recovery(tmp_pa
     first = int(m.group(1))
     assert within_a_window(first, onset), (first, onset)
     assert back is not None, out.text()[-4000:]
-    assert back[1].startswith(f"[launcher] straggler recovered: worker rank 1 (pid {victim.pid})")
+    assert back[1].startswith(f"[launcher] straggler recovered: worker rank 1 (pid {victim})")
     assert out.text().count("] straggler") == 2, out.text()[-4000:]
     client, run = the_run(tmp_path)
     tag = run.data.tags["straggler"]
-    assert tag.startswith(f"worker rank 1 on {socket.gethostname()} (pid {victim.pid}): "
+    assert tag.startswith(f"worker rank 1 on {socket.gethostname()} (pid {victim}): "
                           "forward+backward "), tag
     assert f", steps {first} to " in tag, tag
     ratio = sorted(client.get_metric_history(run.info.run_id, "straggler/ratio"),
@@ -149,15 +176,19 @@ def test_a_slowed_worker_is_named_with_its_pid_and_rank_then_its_recovery(tmp_pa
     assert ratio[-1].value == 1.0, ratio
 
 
-@pytest.mark.timeout(300)
-def test_the_same_job_unslowed_names_nobody(tmp_path):
-    proc, out = launch(tmp_path, epochs=200)
+def assert_names_nobody(proc: subprocess.Popen[str], out: Lines, tmp_path: Path) -> None:
+    """The job ends by itself, with no straggler line and no ``straggler`` tag."""
     code = proc.wait(240)
     out.close()
     assert code == 0, out.text()[-4000:]
     assert "straggler" not in out.text(), out.text()[-4000:]
     _, run = the_run(tmp_path)
     assert "straggler" not in run.data.tags
+
+
+@pytest.mark.timeout(300)
+def test_the_same_job_unslowed_names_nobody(tmp_path):
+    assert_names_nobody(*launch(tmp_path, epochs=200), tmp_path)
 
 
 @pytest.mark.timeout(420)

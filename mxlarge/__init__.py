@@ -3,7 +3,7 @@
 Importing the package does not import MXNet: a process started as a ps-lite scheduler or server
 runs its role inside ``import mxnet`` and must not have imported anything else first.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place; CHANGELOG.md says what each version changed
 
 __all__ = ["Trainer", "load", "log_model", "__version__"]
 

@@ -39,3 +39,26 @@ def test_make_and_ci_install_the_cpu_wheel():
     installs = re.findall(r"pip install .*-e \"\.\[([^\]]*)\]\"", makefile)
     assert installs and all("cpu" in extras.split(",") for extras in installs), installs
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_one_version_shown_by_both_front_ends_and_described_in_the_changelog():
+    """``mxlarge.__version__`` is the one place: setup.cfg reads it, ``mxlarge --version`` and
+    ``python -m mxlarge.launcher --version`` print it, and CHANGELOG.md's newest release is it.
+    The LICENSE is the Apache-2.0 text setup.cfg names."""
+    import subprocess
+    import sys
+
+    import mxlarge
+
+    cfg = (ROOT / "setup.cfg").read_text()
+    assert "version = attr: mxlarge.__version__" in cfg and "license = Apache-2.0" in cfg
+    for module in ("mxlarge.cli", "mxlarge.launcher"):
+        out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
+                             text=True, check=True).stdout
+        assert out == f"mxlarge {mxlarge.__version__}\n", (module, out)
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$",
+                          (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert releases and releases[0] == mxlarge.__version__, releases
+    licence = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    assert "END OF TERMS AND CONDITIONS" in licence

@@ -49,9 +49,12 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from mxlarge import __version__
+
     p = argparse.ArgumentParser(prog="python -m mxlarge.launcher",
                                 description="Run a command as an MXNet dist_sync job, in one "
                                             "MLflow run.")
+    p.add_argument("--version", action="version", version=f"mxlarge {__version__}")
     p.add_argument("-n", "--workers", type=int, required=True)
     add_job_flags(p, servers="number of servers (default: as many as workers)",
                   restarts="after a failure (crash, kill, stall) run the whole job again, up to "

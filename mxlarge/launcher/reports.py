@@ -19,7 +19,7 @@ from typing import Any
 
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.servers import Known, SlowServers
-from mxlarge.launcher.straggler import Stragglers
+from mxlarge.launcher.straggler import Stragglers, uneven
 from mxlarge.launcher.watchdog import READ_EVERY
 from mxlarge.protocol.heartbeat import FINISHED, Record, ask_stop, read_all
 from mxlarge.timeline import trace as timeline
@@ -62,7 +62,7 @@ class WorkerReports:
         self._read_at = now
         records = self._read()
         self.stragglers.see(records)
-        self.servers.see(records)
+        self.servers.see(records, uneven(self.stragglers.state, self.stragglers.rules))
 
     def _read(self) -> list[Record]:
         records = list(read_all(self.heartbeats).values()) if self.heartbeats else []

@@ -91,9 +91,13 @@ def look_at(h: float, reference: float, step: float, t: float, mid: int) -> Look
 
 
 def judge_servers(state: ServerState, beats: Iterable[Record], now: float, known: Known,
-                  rules: Rules = Rules()) -> tuple[ServerState, tuple[Episode, ...]]:
+                  rules: Rules = Rules(), uneven: bool = False
+                  ) -> tuple[ServerState, tuple[Episode, ...]]:
     """One look at the workers' last heartbeats (module docstring): the new state and
-    the server episodes that began or ended at it."""
+    the server episodes that began or ended at it. While a worker is slow (``uneven``,
+    :func:`~mxlarge.launcher.straggler.uneven`) a server compared with its own start is
+    not judged: a late worker makes its sums come later too (the other servers' change
+    scales that away for the rest)."""
     beats = list(beats)
     if not beats or any(b.phase != "train" for b in beats):
         return state, ()
@@ -108,6 +112,8 @@ def judge_servers(state: ServerState, beats: Iterable[Record], now: float, known
     done = min(b.done for b in beats)
     for s, h in timed.items():
         others = [x / start[k] for k, x in timed.items() if k != s and start[k] > 0]
+        if uneven and not others:
+            continue
         reference = start[s] * (statistics.median(others) if others else 1.0)
         kept, judged = span((*looks.get(s, ()), look_at(h, reference, found.step, now,
                                                         found.mid)), now, rules)
@@ -145,8 +151,9 @@ class SlowServers:
     def episodes(self) -> tuple[Episode, ...]:
         return tuple(self._episodes)
 
-    def see(self, beats: Iterable[Record]) -> None:
-        """Judges ``beats`` (:func:`judge_servers` skips records with no new sampled step)."""
+    def see(self, beats: Iterable[Record], uneven: bool = False) -> None:
+        """Judges ``beats`` (:func:`judge_servers` skips records with no new sampled step;
+        ``uneven``: a worker is slow now)."""
         self.state, changes = judge_servers(self.state, beats, self.clock(), self.known,
-                                            self.rules)
+                                            self.rules, uneven)
         announce(changes, self._episodes, self.emit)

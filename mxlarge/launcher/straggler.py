@@ -340,6 +340,17 @@ def judge(state: State, beats: Iterable[Record], now: float, rules: Rules = Rule
     return State(done, history, {**state.ends, **ends}, episodes), tuple(changes)
 
 
+def uneven(state: State, rules: Rules = Rules()) -> bool:
+    """Whether a worker is slow now: in an open episode, or its newest look has a part at
+    or above the recovery ratio and the floors of ms and share. The workers then push at
+    different times, and every worker waits longer for the sums of every server."""
+    if state.open:
+        return True
+    return any(ratio >= rules.recover and excess >= rules.min_ms and share >= rules.min_share
+               for looks in state.looks.values() if looks
+               for ratio, excess, share, _ in looks[-1].parts.values())
+
+
 class Stragglers:
     """The supervision loop's keeper of :func:`judge`: :meth:`see` the workers'
     heartbeats at each poll; each episode's line goes to ``emit`` when it begins and

@@ -144,3 +144,39 @@ def test_with_one_server_every_gradient_is_its_own():
         holders(buckets, 1, 100, lambda b: b.key, lambda b: b.size)
     found = holders(buckets, 1, 100, lambda b: b.key, lambda b: b.size)
     assert found.alone == ((0, 1, 2),) and found.share == (1.0,)
+
+
+def test_while_a_worker_is_slow_a_lone_server_is_not_judged_and_servers_in_pairs_still_are():
+    """A late worker makes every server's sums come later for the others: a server compared
+    with its own start cannot tell that from being slow itself, so it is not judged while the
+    workers' rule sees a worker slow (``uneven``); two servers are judged against each other."""
+    def judged(sequence, share, uneven):
+        state, named = ServerState(), []
+        for i, h in enumerate(sequence):
+            state, changes = judge_servers(state, beats(i, h, share=share), float(i),
+                                           lambda: KNOWN, uneven=uneven and i >= 10)
+            named += changes
+        return named
+
+    assert judged([[10.0]] * 10 + [[25.0]] * 30, (1.0,), uneven=True) == []
+    assert len(judged([[10.0]] * 10 + [[25.0]] * 30, (1.0,), uneven=False)) == 1
+    pair = judged([[10.0, 10.0]] * 10 + [[10.0, 40.0]] * 30, (0.5, 0.5), uneven=True)
+    assert [(e.rank, e.alone) for e in pair] == [(1, False)]
+
+
+def test_a_worker_is_uneven_in_an_episode_or_when_its_newest_look_meets_the_floors():
+    """:func:`~mxlarge.launcher.straggler.uneven`: the recovery ratio and the ms and share
+    floors of a part of a worker's newest look, or an open episode."""
+    from mxlarge.launcher.straggler import Look, State, uneven
+
+    def state(ratio, excess, share, open_=False):
+        looks = {1: (Look(0.0, {"compute": (ratio, excess, share, share)}),)}
+        episode = Episode(1, "h", 1, "compute", 2.0, 20.0, 0.3, 5)
+        return State(looks=looks, open={1: episode} if open_ else {})
+
+    assert uneven(state(1.1, 2.0, 0.1))
+    assert not uneven(state(1.09, 20.0, 0.5))  # below the recovery ratio
+    assert not uneven(state(3.0, 1.9, 0.5))  # less than 2 ms
+    assert not uneven(state(3.0, 20.0, 0.09))  # less than 10% of a step
+    assert uneven(state(1.0, 0.0, 0.0, open_=True))
+    assert not uneven(State())

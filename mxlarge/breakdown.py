@@ -189,8 +189,8 @@ class BreakdownHook(Hook):
 
     The picture of the ranks' parts, ``breakdown/ranks.png``, is the launcher's
     (:meth:`mxlarge.launcher.record.JobRecord.breakdown`, from the same medians in the
-    heartbeats): it draws it however the job ends, where a hook of a worker killed or
-    interrupted draws nothing."""
+    heartbeats): it draws it while the job runs and however it ends, where a hook of a
+    worker killed or interrupted draws nothing."""
 
     stage = MEASURE
 

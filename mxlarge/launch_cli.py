@@ -292,7 +292,8 @@ def run_launch(job: Launch) -> int:
 
 
 def _run_attempt(job: Launch, attempt: Attempt, record: JobRecord) -> Outcome:
-    """One attempt: its lines, its world in the run, run (from its own hostfile, if any)."""
+    """One attempt: its lines, its world in the run, run (from its own hostfile, if any)
+    with its ranks' picture drawn in the run while it runs and at its end."""
     number = attempt.number
     if number:
         print(f"mxlarge: restart {number}: " + (f"resuming from {attempt.resume}"
@@ -303,6 +304,7 @@ def _run_attempt(job: Launch, attempt: Attempt, record: JobRecord) -> Outcome:
         print(f"mxlarge: restart {number}: world {attempt.world.describe()} (lost: "
               f"{', '.join(attempt.lost)})", flush=True)
     outcome = run_attempt(attempt_spec(job, attempt), attempt,
-                          lambda line: print(f"mxlarge: {line}", flush=True))
+                          lambda line: print(f"mxlarge: {line}", flush=True),
+                          drawn=record.breakdown)
     record.attempt(outcome)
     return outcome

@@ -172,7 +172,7 @@ def _run(spec: JobSpec, restarts: RestartPlan, opened: Any) -> int:
             record.world(a, config=False)
         if a.world != spec.world:
             emit(f"restart {a.number}: world {a.world.shape()} (lost: {', '.join(a.lost)})")
-        outcome = run_attempt(attempt_spec(spec, a), a, emit)
+        outcome = run_attempt(attempt_spec(spec, a), a, emit, drawn=record.breakdown)
         record.attempt(outcome)
         if run is None and outcome.timeline is not None:  # no run to log it in: a file
             path = os.path.abspath(TIMELINE_FILE)

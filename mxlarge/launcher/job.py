@@ -23,6 +23,7 @@ from typing import IO, Any
 from mxlarge.launcher.firewall import local_refusal
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.registry import BACKENDS, backend_for, launcher_choice
+from mxlarge.launcher.reports import Drawn
 from mxlarge.launcher.restart import Attempt
 from mxlarge.plan import SIMULATED_ENV, World
 
@@ -104,10 +105,13 @@ class JobSpec:
         return (*self.command, "--world", self.world.to_arg())
 
 
-def run_job(spec: JobSpec, output: IO[str] | Any = None) -> Outcome:
+def run_job(spec: JobSpec, output: IO[str] | Any = None, drawn: Drawn | None = None
+            ) -> Outcome:
     """Runs ``spec`` once on its backend, supervised until it ends; the children's lines
-    and the outcome's go to ``output`` (stdout if None)."""
-    return backend_for(spec.launcher).run(spec, output)
+    and the outcome's go to ``output`` (stdout if None); ``drawn`` gets every rank's parts
+    while it runs (:class:`~mxlarge.launcher.reports.WorkerReports`: the run's picture,
+    :meth:`~mxlarge.launcher.record.JobRecord.breakdown`)."""
+    return backend_for(spec.launcher).run(spec, output, drawn)
 
 
 def attempt_spec(spec: JobSpec, attempt: Attempt) -> JobSpec:
@@ -128,11 +132,12 @@ def attempt_spec(spec: JobSpec, attempt: Attempt) -> JobSpec:
 
 
 def run_attempt(spec: JobSpec, attempt: Attempt, emit: Callable[[str], None],
-                output: IO[str] | Any = None) -> Outcome:
-    """Runs an attempt's ``spec`` (:func:`attempt_spec`), from the hostfile the backend
-    wrote for its answering hosts, if any (a temporary file, said in one line)."""
+                output: IO[str] | Any = None, drawn: Drawn | None = None) -> Outcome:
+    """Runs an attempt's ``spec`` (:func:`attempt_spec`, :func:`run_job`), from the hostfile
+    the backend wrote for its answering hosts, if any (a temporary file, said in one
+    line)."""
     if attempt.hostfile is None:
-        return run_job(spec, output)
+        return run_job(spec, output, drawn)
     emit(f"restart {attempt.number}: hosts " + ", ".join(attempt.hostfile.splitlines())
          + f" ({spec.servers} server(s), {spec.world.processes} worker(s); lost: "
          f"{', '.join(attempt.lost)})")
@@ -140,7 +145,7 @@ def run_attempt(spec: JobSpec, attempt: Attempt, emit: Callable[[str], None],
     try:
         with os.fdopen(fd, "w") as f:
             f.write(attempt.hostfile)
-        return run_job(dataclasses.replace(spec, hostfile=hostfile), output)
+        return run_job(dataclasses.replace(spec, hostfile=hostfile), output, drawn)
     finally:
         os.unlink(hostfile)
 

@@ -95,10 +95,12 @@ class JobRecord:
 
     def breakdown(self, ranks: tuple[tuple[str, dict[str, float]], ...]) -> None:
         """Every rank's last step breakdown as the picture ``breakdown/ranks.png``
-        (:func:`~mxlarge.reporting.plots.plot_breakdown`), however the attempt ended
-        (finished, failed, stalled, stopped with Ctrl-C): its one owner, for a config's
-        workers and a command of the user's own alike, since a worker killed or
-        interrupted draws nothing."""
+        (:func:`~mxlarge.reporting.plots.plot_breakdown`): while the attempt runs (the
+        ``drawn`` of its :class:`~mxlarge.launcher.reports.WorkerReports`, at most every
+        :data:`~mxlarge.launcher.reports.DRAW_EVERY` s) and however it ended (finished,
+        failed, stalled, stopped with Ctrl-C), each drawing replacing the last: its one
+        owner, for a config's workers and a command of the user's own alike, since a worker
+        killed or interrupted draws nothing."""
         if self.run is None or not ranks:
             return
         from mxlarge.reporting.plots import plot_breakdown

@@ -3,7 +3,8 @@
 While the job runs, :class:`WorkerReports` reads the step parts in the workers'
 heartbeats (:attr:`~mxlarge.protocol.heartbeat.Record.parts`), names stragglers
 (:mod:`mxlarge.launcher.straggler`) and keeps each rank's last parts: the breakdown of
-the job however it ends; on the user's Ctrl-C it asks rank 0 to stop. When the job is
+the job however it ends, handed to ``drawn`` while it runs too (at most every
+:data:`DRAW_EVERY` s); on the user's Ctrl-C it asks rank 0 to stop. When the job is
 over, it merges the timeline files the workers left in the job's report directory
 (:mod:`mxlarge.protocol.reports`, :mod:`mxlarge.timeline.trace`). It works beside the
 stall watchdog, not inside it: the stall rule may be off (``--stall-timeout 0``) and
@@ -24,6 +25,17 @@ from mxlarge.launcher.watchdog import READ_EVERY
 from mxlarge.protocol.heartbeat import FINISHED, Record, ask_stop, read_all
 from mxlarge.timeline import trace as timeline
 
+#: Every rank's host and parts, by rank (:meth:`WorkerReports.breakdown`).
+Ranks = tuple[tuple[str, dict[str, float]], ...]
+#: What receives them while the job runs (:class:`WorkerReports`' ``drawn``).
+Drawn = Callable[[Ranks], None]
+
+#: Seconds at least between two calls of ``drawn`` while the job runs. A picture drawn and
+#: logged takes ~0.2 s of the launcher's supervision loop (the workers' steps do not wait
+#: for it): once a minute keeps that at 0.3% of the loop, and a minute is fresh enough for
+#: medians over the last 20 sampled steps.
+DRAW_EVERY = 60.0
+
 
 class WorkerReports:
     """Reads the job's worker reports (module docstring).
@@ -35,11 +47,17 @@ class WorkerReports:
         servers: who each server is (kvstore rank -> host, pid), for the slow servers'
             lines (:mod:`mxlarge.launcher.servers`).
         clock: monotonic seconds (tests pass their own).
+        drawn: receives every rank's parts (:meth:`breakdown`) while the job runs: as soon
+            as every rank has parts, then at most every :data:`DRAW_EVERY` s when they
+            changed (the launcher's picture:
+            :meth:`~mxlarge.launcher.record.JobRecord.breakdown`); an error it raises is
+            said once and the job goes on.
     """
 
     def __init__(self, heartbeats: str | Path | None, reports: str | Path | None,
                  emit: Callable[[str], None], servers: Known = dict,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 drawn: Drawn | None = None) -> None:
         self.heartbeats = heartbeats
         self.reports = reports
         self.emit = emit
@@ -49,11 +67,15 @@ class WorkerReports:
         self._read_at = -float("inf")
         self.last: dict[int, tuple[str, dict[str, float]]] = {}  # by rank: host, parts
         self.ranks: set[int] = set()  # every rank that reported
+        self.drawn = drawn
+        self._drawn: Ranks = ()  # what drawn last received, at _drawn_at
+        self._drawn_at = -float("inf")
+        self._draw_failed = False
 
     def poll(self) -> None:
         """At each poll of the supervision loop: the heartbeats read (at most every
-        :data:`~mxlarge.launcher.watchdog.READ_EVERY` s, the watchdog's pace) and judged
-        for stragglers."""
+        :data:`~mxlarge.launcher.watchdog.READ_EVERY` s, the watchdog's pace), judged
+        for stragglers and their parts handed to ``drawn`` when due."""
         if self.heartbeats is None:
             return
         now = self.clock()
@@ -63,6 +85,24 @@ class WorkerReports:
         records = self._read()
         self.stragglers.see(records)
         self.servers.see(records, uneven(self.stragglers.state, self.stragglers.rules))
+        self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        """``drawn`` of every rank's parts once they are complete, then when they changed
+        and :data:`DRAW_EVERY` s have passed since its last call."""
+        if self.drawn is None or now - self._drawn_at < DRAW_EVERY:
+            return
+        ranks = self._complete()
+        if not ranks or ranks == self._drawn:
+            return
+        self._drawn = ranks
+        self._drawn_at = now
+        try:
+            self.drawn(ranks)
+        except Exception as e:  # e.g. the MLflow store unreachable: not the job's end
+            if not self._draw_failed:
+                self.emit(f"breakdown picture not logged: {e}")
+            self._draw_failed = True
 
     def _read(self) -> list[Record]:
         records = list(read_all(self.heartbeats).values()) if self.heartbeats else []
@@ -83,10 +123,13 @@ class WorkerReports:
         ask_stop(self.heartbeats)
         return True
 
-    def breakdown(self) -> tuple[tuple[str, dict[str, float]], ...]:
+    def breakdown(self) -> Ranks:
         """Every rank's host and last parts, by rank (one more read: the final records);
         empty unless every rank that reported, from 0 up, reported parts."""
         self._read()
+        return self._complete()
+
+    def _complete(self) -> Ranks:
         ranks = sorted(self.last)
         if ranks != list(range(len(ranks))) or self.ranks - set(ranks):
             return ()

@@ -15,6 +15,7 @@ from typing import IO, Any, ClassVar, Protocol
 
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.outcome import Outcome
+from mxlarge.launcher.reports import Drawn
 from mxlarge.launcher.restart import Elastic
 from mxlarge.plan import World
 
@@ -97,9 +98,11 @@ class LaunchBackend:
         after :meth:`Elastic.replan` (``None``: the job's own hostfile)."""
         return None
 
-    def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
+    def run(self, spec: Spec, output: IO[str] | Any = None, drawn: Drawn | None = None
+            ) -> Outcome:
         """Run one attempt of ``spec``, supervised until it ends (what the supervision
         loop asks of it: a :class:`~mxlarge.launcher.supervisor.Supervised` of the
         backend's own); prints the children's lines and the outcome's to ``output``
-        (stdout if None)."""
+        (stdout if None); ``drawn`` gets every rank's parts while it runs
+        (:class:`~mxlarge.launcher.reports.WorkerReports`)."""
         raise NotImplementedError

@@ -48,7 +48,7 @@ from mxlarge.launcher.hostfile import HostEntry, Layout, is_loopback, layout_of,
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.preflight import check_hosts
 from mxlarge.launcher.reach import unreachable_hosts
-from mxlarge.launcher.reports import WorkerReports
+from mxlarge.launcher.reports import Drawn, WorkerReports
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
 from mxlarge.launcher.watchdog import Watchdog
 
@@ -92,10 +92,12 @@ class DmlcBackend(LaunchBackend):
         check_hosts(ports, f"hostfile {spec.hostfile}", firewall=spec.firewall,
                     host_ip=spec.host_ip, ssh=self.probes_with_ssh())
 
-    def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
+    def run(self, spec: Spec, output: IO[str] | Any = None, drawn: Drawn | None = None
+            ) -> Outcome:
         """Runs ``spec`` through dmlc_tracker, supervised until it ends: the scheduler
-        here, servers and workers where the backend puts them. The hooks, in order:
-        :meth:`check_hosts` and :meth:`check_words` (before anything starts),
+        here, servers and workers where the backend puts them; ``drawn`` gets every rank's
+        parts while it runs (:class:`~mxlarge.launcher.reports.WorkerReports`). The hooks, in
+        order: :meth:`check_hosts` and :meth:`check_words` (before anything starts),
         :meth:`prepare` (what dmlc reads, where the job runs), :meth:`layout`; while
         dmlc submits, for each command it starts, :meth:`describe` and
         :meth:`fix_command`; at the first failure :meth:`before_explain` and
@@ -139,7 +141,8 @@ class DmlcBackend(LaunchBackend):
                     self.layout(entries, servers, workers, args.host_ip), cut,
                     self.shutdown_timeout if spec.shutdown_timeout is None
                     else spec.shutdown_timeout, own)
-                outcome, contacted = _submit(self, job, sys.stdout if output is None else output)
+                outcome, contacted = _submit(self, job, sys.stdout if output is None else output,
+                                             drawn)
         finally:
             _submit_lock.release()
         used = self.used_hosts(hosts, contacted)
@@ -315,10 +318,10 @@ class DmlcRun:
         return None
 
 
-def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
-            ) -> tuple[Outcome, set[str]]:
+def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any,
+            drawn: Drawn | None) -> tuple[Outcome, set[str]]:
     """dmlc's ``submit(job.args)`` in a thread, under the one supervision loop: the
-    outcome and the hosts commands were sent to."""
+    outcome and the hosts commands were sent to (``drawn``: :class:`WorkerReports`')."""
     from dmlc_tracker import tracker  # late: only cluster jobs need dmlc_tracker
 
     module = importlib.import_module(f"dmlc_tracker.{backend.name}")
@@ -341,7 +344,7 @@ def _submit(backend: DmlcBackend, job: Submission, output: IO[str] | Any
     watchdog = Watchdog(
         job.beats, args.num_workers, job.spec.stall_timeout, emit=emit, probe=probe,
         stopped=lambda: [s for c in list(sup.children) for s in list(c.guard.stopped.values())])
-    reports = WorkerReports(job.beats, job.reports, emit, sup.servers)
+    reports = WorkerReports(job.beats, job.reports, emit, sup.servers, drawn=drawn)
     shim = _SubprocessShim(sup, backend)
     stop = threading.Event()
     received: list[int] = []

@@ -32,7 +32,7 @@ from mxlarge.launcher.firewall import LOOPBACK_ONLY
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.pslog import verbose_env
-from mxlarge.launcher.reports import WorkerReports
+from mxlarge.launcher.reports import Drawn, WorkerReports
 from mxlarge.launcher.restart import Elastic, Probe
 from mxlarge.launcher.supervisor import (
     Child,
@@ -194,7 +194,8 @@ class LocalBackend(LaunchBackend):
         return {**local_role_env("worker", declared_workers, {**os.environ, **spec.env}),
                 **spec.env}
 
-    def run(self, spec: Spec, output: IO[str] | Any = None) -> Outcome:
+    def run(self, spec: Spec, output: IO[str] | Any = None, drawn: Drawn | None = None
+            ) -> Outcome:
         """Runs ``spec.argv`` as 1 scheduler, ``spec.servers`` servers and
         ``spec.world.processes`` workers on loopback (the rules:
         ``docs/design/launcher.md``, The local job).
@@ -202,7 +203,9 @@ class LocalBackend(LaunchBackend):
         Each process gets the ``DMLC_*`` variables of its role, plus ``MXLARGE_ROLE``,
         ``MXLARGE_LOCAL_RANK`` (launch index within the role) and ``MXLARGE_JOB_ID``; its output
         goes to ``output`` (stdout if None) as ``[worker 1] ...`` (its kvstore rank, once
-        known: :func:`~mxlarge.launcher.supervisor.process_label`). No child outlives this call.
+        known: :func:`~mxlarge.launcher.supervisor.process_label`); ``drawn`` gets every
+        rank's parts while it runs (:class:`~mxlarge.launcher.reports.WorkerReports`). No
+        child outlives this call.
 
         Raises:
             ValueError: on invalid arguments.
@@ -240,7 +243,7 @@ class LocalBackend(LaunchBackend):
         def emit(line: str) -> None:
             sup.sink.emit("launcher", line)
         watchdog = Watchdog(beats, workers, spec.stall_timeout, emit=emit)
-        reports = WorkerReports(beats, reported, emit, sup.servers)
+        reports = WorkerReports(beats, reported, emit, sup.servers, drawn=drawn)
         try:
             with termination_signals(stop, received):
                 sup.sink.emit("launcher", f"job {job_id}: scheduler on {LOOPBACK}:{port}, "

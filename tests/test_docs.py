@@ -29,11 +29,7 @@ HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
 # Links of generated reports that do not resolve, and why; such a report is `mxlarge report`'s
 # output, not edited by hand, and remaking it needs the sweep's MLflow store. A link that starts
 # to resolve must leave this list.
-KNOWN_BROKEN = {
-    # only noise_scale.png was committed with the report (37ab1f9)
-    "docs/results/digits-noise-scale/report.md": ["val_error.png", "final_error_vs_batch.png",
-                                                  "loss_lr.png"],
-}
+KNOWN_BROKEN: dict[str, list[str]] = {}
 # what the code tells a reader to read: "see 'Who can reach a job' in docs/security.md"
 SEE = re.compile(r"'([^']+)' in (docs/[\w./-]+\.md)")
 

@@ -133,14 +133,17 @@ def test_schedulers_and_plan_leaves():
 
 def test_config_layers():
     """The schema knows no loader; the rules and the export read only the schema; the loader
-    the schema and the rules."""
+    the schema and the rules; the reference page's generator the schema, the export and the
+    loader's words for types and ranges."""
     g = import_graph()
     config = {m: {d for d in deps if d.startswith("mxlarge.config")}
               for m, deps in g.items() if m.startswith("mxlarge.config.")}
     assert config == {"mxlarge.config.schema": set(),
                       "mxlarge.config.rules": {"mxlarge.config.schema"},
                       "mxlarge.config.export": {"mxlarge.config.schema"},
-                      "mxlarge.config.loader": {"mxlarge.config.schema", "mxlarge.config.rules"}}
+                      "mxlarge.config.loader": {"mxlarge.config.schema", "mxlarge.config.rules"},
+                      "mxlarge.config.reference": {"mxlarge.config.schema", "mxlarge.config.export",
+                                                   "mxlarge.config.loader"}}
 
 
 def test_report_does_not_import_mxnet():

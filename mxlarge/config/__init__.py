@@ -6,10 +6,13 @@ Every ``from mxlarge.config import X`` reads from here. Layout and rules: docs/d
 from mxlarge.config.export import (
     applies,
     checkpoint_root,
+    conditions,
     config_sha256,
     dump_yaml,
     field_docs,
+    fields_of,
     flatten,
+    scope,
     to_dict,
 )
 from mxlarge.config.loader import (
@@ -21,9 +24,13 @@ from mxlarge.config.loader import (
 )
 from mxlarge.config.rules import validate
 from mxlarge.config.schema import (
+    BN_UNITS,
     DATASETS,
+    DIST_STORE,
     KVSTORES,
     LOCAL_NETS,
+    STORE_SUMS,
+    Condition,
     Config,
     ConfigError,
     DataConfig,
@@ -32,13 +39,15 @@ from mxlarge.config.schema import (
     OptimConfig,
     TrackingConfig,
     TrainConfig,
+    When,
     _f,
 )
 
 __all__ = [
-    "DATASETS", "KVSTORES", "LOCAL_NETS", "Config", "ConfigError", "DataConfig", "DistConfig",
-    "ModelConfig", "OptimConfig", "TrackingConfig", "TrainConfig", "_f", "applies",
-    "checkpoint_root", "config_from_dict", "config_sha256", "dump_yaml", "field_docs",
-    "flatten", "load_config", "load_dataclass", "parse_overrides", "read_yaml", "to_dict",
+    "BN_UNITS", "DATASETS", "DIST_STORE", "KVSTORES", "LOCAL_NETS", "STORE_SUMS", "Condition",
+    "Config", "ConfigError", "DataConfig", "DistConfig", "ModelConfig", "OptimConfig",
+    "TrackingConfig", "TrainConfig", "When", "_f", "applies", "checkpoint_root", "conditions",
+    "config_from_dict", "config_sha256", "dump_yaml", "field_docs", "fields_of", "flatten",
+    "load_config", "load_dataclass", "parse_overrides", "read_yaml", "scope", "to_dict",
     "validate",
 ]

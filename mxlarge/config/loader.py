@@ -24,12 +24,14 @@ from mxlarge.config.schema import Config, ConfigError
 from mxlarge.errors import closest
 
 
-def _describe(tp: Any) -> str:
+def describe_type(tp: Any) -> str:
+    """A field's type as the errors and docs/config.md say it: ``an integer``, ``a list of 2
+    numbers``, ``a string or null``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        return f"{_describe(inner[0])} or null"
+        return f"{describe_type(inner[0])} or null"
     if origin is tuple:
         noun = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}[args[0]]
         if len(args) == 2 and args[1] is Ellipsis:
@@ -39,7 +41,8 @@ def _describe(tp: Any) -> str:
         tp, getattr(tp, "__name__", str(tp)))
 
 
-def _rules_text(meta: dict) -> str:
+def rules_text(meta: dict) -> str:
+    """A field's range rules in symbols: ``>= 0 and < 1``; empty without any."""
     parts = []
     for key, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
         if key in meta:
@@ -76,10 +79,10 @@ class _Loader:
             return self.scalar(inner, value, path, meta)
         if origin is tuple:
             if not isinstance(value, (list, tuple)):
-                raise self.error(path, value, _describe(tp))
+                raise self.error(path, value, describe_type(tp))
             item_tp = args[0]
             if not (len(args) == 2 and args[1] is Ellipsis) and len(value) != len(args):
-                raise self.error(path, value, _describe(tp))
+                raise self.error(path, value, describe_type(tp))
             return tuple(self.scalar(item_tp, v, f"{path}[{i}]", meta) for i, v in enumerate(value))
         if tp is bool:
             if not isinstance(value, bool):
@@ -109,7 +112,7 @@ class _Loader:
 
     @staticmethod
     def _range(meta: dict) -> str:
-        text = _rules_text(meta)
+        text = rules_text(meta)
         return f" {text}" if text else ""
 
     def check_rules(self, value: Any, path: str, meta: dict, shown: Any = None) -> None:
@@ -120,7 +123,7 @@ class _Loader:
         for key, ok in (("ge", lambda v, b: v >= b), ("gt", lambda v, b: v > b),
                         ("le", lambda v, b: v <= b), ("lt", lambda v, b: v < b)):
             if key in meta and not ok(value, meta[key]):
-                raise self.error(path, shown, f"{_describe(type(value))} {_rules_text(meta)}")
+                raise self.error(path, shown, f"{describe_type(type(value))} {rules_text(meta)}")
 
     def section(self, cls: type, data: Any, path: str) -> Any:
         if data is None:

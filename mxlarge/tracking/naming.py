@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mxlarge.config import Config, applies, flatten
+from mxlarge.config import STORE_SUMS, Condition, Config, applies, conditions, flatten
 from mxlarge.errors import InputError
 from mxlarge.plan import precision
 
@@ -102,46 +102,14 @@ def describe_run(cfg: Config, plan: Any, source: str | None = None,
     return "\n".join(lines)
 
 
-def _dist(c: Config) -> bool:
-    """Workers and servers exchange through a dist store (several processes)."""
-    return c.dist.kvstore.startswith("dist")
-
-
-def _store_sums(c: Config) -> bool:
-    """The store sums gradients: between processes, or between one process's devices."""
-    return _dist(c) or c.dist.devices > 1
-
-
-def _bn_units(c: Config) -> bool:
-    """More than one set of BN statistics to choose from: workers, devices or simulated
-    workers (:mod:`mxlarge.bnstats`)."""
-    return _dist(c) or c.dist.devices > 1 or c.dist.simulate_workers > 1
-
-
 # Config keys (and ``net.*`` facts) that take effect only when another key says so: no
 # `optim.lars_eta` param on a run without LARS; on one process of one CPU device no `dist.*` at
 # all (its world is the plan's: `plan.workers`, `plan.devices_per_worker`,
 # `plan.simulated_workers`; Gluon makes no store for one device; MXNet's default context is the
-# CPU). (config.applies handles the dataset- and model-specific keys.)
-TAKES_EFFECT: dict[str, Any] = {
-    **dict.fromkeys(("dist.workers", "dist.servers", "dist.server_hosts", "dist.check_every",
-                     "dist.wire_dtype", "dist.compression"), _dist),
-    **dict.fromkeys(("dist.kvstore", "dist.devices", "dist.fusion_bytes", "net.params_pushed",
-                     "net.params_pushed_elements"), _store_sums),
-    "dist.device_type": lambda c: _store_sums(c) or c.dist.device_type != "cpu",
-    "dist.simulate_workers": lambda c: c.dist.simulate_workers > 1,
-    "dist.bn_stats": _bn_units,
-    "optim.lars_eta": lambda c: c.optim.lars, "optim.lars_lr": lambda c: c.optim.lars,
-    "optim.poly_power": lambda c: c.optim.decay == "poly",
-    "optim.decay_epochs": lambda c: c.optim.decay == "step",
-    "optim.decay_factor": lambda c: c.optim.decay == "step",
-    "optim.warmup_epochs": lambda c: c.optim.warmup != "none",
-    "optim.warmup_lr": lambda c: c.optim.warmup != "none",
-    "train.gns_decay": lambda c: c.train.gns_every > 0,
-    "train.keep_last": lambda c: c.train.checkpoint_every > 0,
-    "train.checkpoint_dir": lambda c: c.train.checkpoint_every > 0,
-    "dist.compression_threshold": lambda c: _dist(c) and c.dist.compression != "none",
-}
+# CPU). A config key's condition is its schema field's `when` (mxlarge/config/schema.py, which
+# docs/config.md shows); config.applies handles the dataset- and model-specific keys.
+TAKES_EFFECT: dict[str, Condition] = {
+    **conditions(), "net.params_pushed": STORE_SUMS, "net.params_pushed_elements": STORE_SUMS}
 
 
 def takes_effect(key: str, value: Any, cfg: Config) -> bool:

@@ -1,9 +1,11 @@
 """The numbers the README and docs/performance.md quote are the results files' (issue 57).
 
-A benchmark's table in the docs is typed by hand after a run; these tests read the committed
-results (``benchmarks/results/``) and check every ratio a table quotes: its median (to the
-decimals written) and, where a range is written, its min and max. A re-run whose numbers are not
-copied into the docs, or a docs number that matches no results file, fails here.
+docs/performance.md's measured tables are rendered from the committed results
+(``benchmarks/results/``) by ``benchmarks/tables.py``, and tests/test_performance_tables.py
+fails when one is stale; these tests read every ratio those tables quote back from the results
+files, its median (to the decimals written) and, where a range is written, its min and max,
+and check that the page's prose quotes no ratio the results lack. The README's tables are
+typed by hand: a re-run whose numbers are not copied into them fails here.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from statistics import median
 from typing import Any
 
 import pytest
+
+from benchmarks.tables import regions
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -74,20 +78,27 @@ def unmatched(cells: list[str], records: list[dict[str, Any]]) -> list[str]:
             if not matches(q, records)]
 
 
+def generated(name: str) -> list[list[str]]:
+    """The rows (cells) of docs/performance.md's generated table ``name``, header included."""
+    return [[c.strip() for c in ln.strip().strip("|").split("|")]
+            for ln in regions(PERFORMANCE)[name].splitlines()
+            if ln.startswith("|") and not ln.startswith("|---")]
+
+
 def test_the_benchmarks_table_quotes_make_bench():
     records = ratios(RESULTS / "latest.json")
-    rows = table(PERFORMANCE, "\n## Benchmarks")
-    assert len(rows) >= 15
-    bad = {row[0][:70]: miss for row in rows if (miss := unmatched(row[1:2], records))}
+    header, *rows = generated("bench")
+    assert header[2] == "median (min–max)" and len(rows) >= 8
+    bad = {row[1][:70]: miss for row in rows if (miss := unmatched(row[2:3], records))}
     assert not bad, ("docs/performance.md quotes numbers benchmarks/results/latest.json lacks: "
                      f"{bad}")
 
 
 def test_the_link_table_quotes_make_bench_cluster():
     records = ratios(RESULTS / "cluster" / "latest.json")
-    rows = table(PERFORMANCE, "### Against the link")
-    # the first column may hold earlier runs' figures for comparison ("1.888 at 04d8625")
-    bad = {row[0][:70]: miss for row in rows if (miss := unmatched(row[1:2], records))}
+    header, *rows = generated("bench-cluster")
+    assert header[2] == "median (min–max)" and rows
+    bad = {row[1][:70]: miss for row in rows if (miss := unmatched(row[2:3], records))}
     assert not bad, ("docs/performance.md quotes numbers benchmarks/results/cluster/latest.json "
                      f"lacks: {bad}")
 
@@ -102,15 +113,43 @@ PEERS = ["gluon_kv", "gluon", "horovod"]
 
 def test_the_loopback_peers_table_quotes_peers_json():
     nets = _loopback()
-    rows = table(PERFORMANCE, "### Loopback")
-    assert len(rows) == 3
+    header, *rows = generated("peers-loopback")
+    assert header[2:5] == [f"`{p}`" for p in PEERS] and len(rows) == 3
     for row in rows:
         net = nets[next(v for k, v in NETS.items() if row[0].startswith(k))]
         ms = 1e3 * median(net["peers"]["mxlarge"]["sec_per_step"])
         assert row[1] == f"{ms:.1f}", (row[0], row[1], ms)
-        for peer, cell in zip(["gluon_kv", "gluon", "horovod"], row[2:5]):
+        for peer, cell in zip(PEERS, row[2:5]):
             q = QUOTED.match(cell)
             assert q and matches(q, [net["peers"][peer]["ratio"]]), (row[0], peer, cell)
+
+
+@pytest.mark.parametrize("name,parts", [
+    ("peers-testbed-1gbit", ["testbed-1gbit"]),
+    ("peers-testbed-200mbit", ["testbed-200mbit"]),
+    ("peers-server-hosts", ["testbed-200mbit-servers", "testbed-1gbit-servers"])])
+def test_the_testbed_tables_quote_peers_json(name, parts):
+    data = json.loads((RESULTS / "peers.json").read_text())
+    nets = [n for part in parts for n in data[part]["nets"].values()]
+    part_records = [p["ratio"] for n in nets for p in n["peers"].values()]
+    part_records += [t for n in nets for t in n.get("targets", [])]
+    header, *rows = generated(name)
+    assert rows and header[-1] == "measured at"
+    first = header.index("mxlarge ms/step") + 1
+    bad = {row[0]: miss for row in rows if (miss := unmatched(row[first:-1], part_records))}
+    assert not bad
+
+
+def test_the_performance_pages_prose_quotes_only_results():
+    """A ratio in the page's prose (outside its tables and code; 3 decimals, at least 0.1, as
+    1.053) is a median or a target of some results file: prose keeps no old run's numbers."""
+    records = [r for path in sorted(RESULTS.rglob("*.json")) for r in ratios(path)]
+    records += [{**r, "median": r["target"]} for r in records if r.get("target") is not None]
+    prose = re.sub(r"```.*?```", "", PERFORMANCE, flags=re.S)
+    prose = "\n".join(ln for ln in prose.splitlines() if not ln.lstrip().startswith("|"))
+    quoted = [q for q in QUOTED.finditer(prose)
+              if len(q.group(1).split(".")[1]) >= 3 and float(q.group(1)) >= 0.1]
+    assert [q.group(0) for q in quoted if not matches(q, records)] == []
 
 
 def test_the_readmes_loopback_row_quotes_peers_json():
@@ -122,20 +161,6 @@ def test_the_readmes_loopback_row_quotes_peers_json():
         for name, w in zip(["demo", "resnet20", "resnet50"], written):
             value = nets[name]["peers"][peer]["ratio"]["median"]
             assert _same(w, value, False), (peer, name, w, value)
-
-
-@pytest.mark.parametrize("part,link", [("testbed-1gbit", "1 Gbit/s"),
-                                       ("testbed-200mbit", "200 Mbit/s")])
-def test_the_testbed_table_quotes_peers_json(part, link):
-    records = ratios(RESULTS / "peers.json")
-    nets = json.loads((RESULTS / "peers.json").read_text())[part]["nets"]
-    part_records = [p["ratio"] for n in nets.values() for p in n["peers"].values()]
-    rows = [r for r in table(PERFORMANCE, "### Testbed") if r[0] == link]
-    assert rows
-    for row in rows:
-        ratio_cells = row[3:6]  # gluon_kv, gluon, horovod
-        bad = unmatched(ratio_cells, part_records)
-        assert not bad, (row[:2], bad, len(records))
 
 
 README_TESTBED = {"testbed, 3 hosts at 1 Gbit/s, servers co-located": "testbed-1gbit",

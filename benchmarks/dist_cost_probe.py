@@ -1,4 +1,4 @@
-"""Where the demo net's dist cost goes (``make bench`` row ``dist_cost_demo_1w1s``; issue 43).
+"""Where the demo net's dist cost goes (``make bench`` row ``dist_cost_demo_1w1s``).
 
     python -m benchmarks.dist_cost_probe [--reps 8] [--env OMP_WAIT_POLICY=PASSIVE ...]
 

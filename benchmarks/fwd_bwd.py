@@ -6,7 +6,7 @@ of the exchange or the update overlapping) of the same hybridized net under
 store of one launched 1 worker + 1 server job, interleaved rounds
 (:mod:`benchmarks.fwd_bwd_worker`, whose docstring says what is in each mode). Nets: the demo
 net (``small_resnet`` width 16, 1×8×8, n = 128) and ``cifar_resnet20_v1`` (3×32×32, n = 32), one
-job each, the two trainers' steps alternating step by step. Target ≤ 1.02 (issue 43: what
+job each, the two trainers' steps alternating step by step. Target ≤ 1.02 (what
 mxlarge adds per step must not show up in the graph's own time).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a step costs besides the graph, mxlarge.Trainer vs gluon.Trainer (a diagnostic, not in
-any make; issue 43).
+any make).
 
     python -m benchmarks.fwd_bwd_profile [--nets demo,resnet20] [--steps 30]
 

@@ -52,7 +52,7 @@ class Target:
 
 
 #: On loopback mxlarge no slower than any peer; on the testbed at most 0.95× every float32
-#: peer's step time, and with the 16-bit wire (issue 36) at most 1.00× Horovod's
+#: peer's step time, and with the 16-bit wire at most 1.00× Horovod's
 #: ``Compression.fp16`` (the same bytes) and at most 0.6× Horovod in float32.
 TARGETS = {
     "loopback": tuple(Target(p, "mxlarge", 1.0, "mxlarge no slower") for p in FLOAT32_PEERS),
@@ -274,7 +274,7 @@ def measure(nets: Sequence[NetSpec], peers: Sequence[str], launcher: Launcher, *
     return runs
 
 
-#: mxlarge's step ÷ the perfect-overlap bound with its update, at most (issue 57), per net;
+#: mxlarge's step ÷ the perfect-overlap bound with its update, at most, per net;
 #: the other nets' are reported.
 BOUND = {"resnet50": 1.05}
 

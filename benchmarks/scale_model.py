@@ -39,7 +39,7 @@ across phases). Per phase, the busiest NIC direction decides:
 
   .. math:: t_\text{ps} = 2 S \frac{m-1}{m} \Big/ B
 
-**Per-key overhead** (revisited for issue 17): each key costs one pushpull request and its
+**Per-key overhead** (revisited): each key costs one pushpull request and its
 response on top of its bytes, :math:`k_\text{key}` seconds per key (measured on the testbed:
 (demo net per key − fused) ÷ (20 − 1) keys, ``benchmarks/results/cluster``), for the :math:`K`
 keys a step sends (ResNet-50's 161 tensors travel as 48 keys under mxlarge's default fusion):

@@ -1,4 +1,4 @@
-"""Benchmark 16: step-time cost of recording the timeline (issue 55).
+"""Benchmark 16: step-time cost of recording the timeline.
 
 Ratio = seconds per step of ``TrainLoop.train_step`` while the timeline records every step of a
 5-step window (its marks, the push/pull split of each bucket, the file written after the last

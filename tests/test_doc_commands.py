@@ -1,4 +1,4 @@
-"""Every shell command in README.md's and docs/*.md's code blocks runs, as written (issue 56).
+"""Every shell command in README.md's and docs/*.md's code blocks runs, as written.
 
 The rule:
 

@@ -1,4 +1,4 @@
-"""Issue 43's finding, pinned: the same graph's forward+backward runs the same engine operators
+"""A finding pinned: the same graph's forward+backward runs the same engine operators
 under mxlarge.Trainer (gradients as views of its fusion buckets) as under gluon.Trainer, and
 mxlarge's step issues fewer update kernels (benchmarks/README.md, section 14)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The numbers the README and docs/performance.md quote are the results files' (issue 57).
+"""The numbers the README and docs/performance.md quote are the results files'.
 
 docs/performance.md's measured tables are rendered from the committed results
 (``benchmarks/results/``) by ``benchmarks/tables.py``, and tests/test_performance_tables.py

@@ -266,7 +266,7 @@ def test_two_jobs_sharing_a_host_each_count_the_attempts_at_their_own_ports(
         testbed: Testbed, work: Path) -> None:
     """Two jobs' filters on h1 at once (job a's process on port 20001, job b's on 20002); h3
     tries a's port 3 times and b's twice. Whichever table refuses an attempt first, each job
-    reports its own: a 3, b 2 (before issue 56 one reported all 5, the other none)."""
+    reports its own: a 3, b 2."""
     before = rulesets(testbed)
     h1 = testbed.addr("h1")
     stop = work / "stop"

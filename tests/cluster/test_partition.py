@@ -5,7 +5,7 @@ Observer, heartbeats, MLflow store and :func:`anything_of`): one cut for all thr
 For each backend the launcher names h2 unreachable within the stall timeout (ssh's keepalive
 or the watchdog, then the probe: ``mxlarge.launcher.reach.unreachable``), never blames h1's
 healthy workers, does not wait for h2's packet filter to confirm its removal, and exits
-non-zero within the stall timeout + 10 s of the cut (issue 41; the test prints each launcher
+non-zero within the stall timeout + 10 s of the cut (the test prints each launcher
 line's time after the cut); h2's worker and server, cut off from the launcher, end themselves
 (the guard's lease, carried by the ssh client's, mpirun's ``--stdin all`` or srun's
 ``--input=all`` stdin) while the link is still down: within 30 s of the job's end nothing of it
@@ -141,7 +141,7 @@ def test_a_partitioned_host_is_named_and_its_processes_end_themselves(testbed: T
         # a stall's failure is "stalled", its message the detail (mxlarge/launch_cli.py)
         said = tags["failure_detail"] if tags["failure"] == "stalled" else tags["failure"]
         assert f"host {h2} unreachable" in said, (b, tags)
-        if tags["failure"] == "stalled":  # named as a death is (issue 56): h2's worker
+        if tags["failure"] == "stalled":  # named as a death is: h2's worker
             assert tags["failed_role"] == "worker" and tags["failed_host"] == "h2", (b, tags)
             assert {"failed_kvstore_rank", "failed_pid"} <= set(tags), (b, tags)
 

@@ -1,13 +1,13 @@
 """A server stopped (``SIGSTOP``, state ``T``) under an mpirun job and under an srun job at
 once, 2 workers + 2 servers over h1 and h2 each (``--stall-timeout 10``): no worker is behind
-(every worker ticks and waits at the same step), so before issue 41 the stall said only
+(every worker ticks and waits at the same step), so a stall rule alone could say only
 "suspect a server, the scheduler or the network". The guard of the stopped server says it is
 stopped (mxlarge/launcher/guard.py), and the stall names it, its pid and its host; the MLflow
 run blames it (``failed_role=server``, ``failed_host``, ``failed_pid``). Nothing of either job
 is left on any host afterwards.
 
 A worker stopped under an ssh, an mpirun and an srun job at once: each run names it as a death
-would (``failed_role=worker``, its kvstore rank, host and pid; issue 56), and at the teardown
+would (``failed_role=worker``, its kvstore rank, host and pid), and at the teardown
 the guards say so, none that the launcher's connection was lost. In the slower cluster tier
 (``make test-cluster-slow``).
 """

@@ -1,4 +1,4 @@
-"""A finished script exits (issue 42): real scheduler, server and workers on 127.0.0.1.
+"""A finished script exits: real scheduler, server and workers on 127.0.0.1.
 
 A script that ends right after its last ``trainer.step()`` (no ``mx.nd.waitall()``) used to hang
 in MXNet's shutdown in about half of the runs (mxlarge/protocol/session.py); a worker that hangs

@@ -17,7 +17,7 @@ def test_launched_job_prints_a_progress_line_every_log_every_steps(tmp_path):
     r = cli(["launch", str(cfg), "-n", "2", "-s", "1", "train.max_steps=30",
              "train.log_every=10", "train.progress=true"], tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # every process exited by itself: no worker had to be ended after it finished (issue 42)
+    # every process exited by itself: no worker had to be ended after it finished
     assert "job finished: 2 worker(s), 1 server(s) and the scheduler exited 0" in r.stdout
     assert "[launcher] warning" not in r.stdout
     lines = re.findall(r"step (\d+)/(\d+) epoch 1/1 loss=(\S+) lr=(\S+) images/s=(\S+) "
@@ -46,7 +46,7 @@ def _agreement(r, uri):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["train", "launch"])
 def test_the_progress_lines_images_per_sec_is_perf_images_per_sec(tmp_path, mlflow_uri, how):
-    """One images/s (issue 56): at an epoch's last step the progress line shows that epoch's
+    """One images/s: at an epoch's last step the progress line shows that epoch's
     `perf/images_per_sec` (training steps only), within 5%, on one process and on 2 workers."""
     cfg = ("experiments/proxy/digits-baseline.yaml" if how == "train"
            else "experiments/proxy/digits-largebatch.yaml")

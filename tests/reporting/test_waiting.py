@@ -1,4 +1,4 @@
-"""The report's share of a step spent waiting for the exchange (issue 55), per label."""
+"""The report's share of a step spent waiting for the exchange, per label."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The script shape of issue 42: a small conv net with BatchNorm, ``net.initialize()`` plus an
+"""A script shape users write: a small conv net with BatchNorm, ``net.initialize()`` plus an
 inference forward, a dist_sync Trainer, 5 steps, and the script ends right after its last
 ``trainer.step()`` (no ``mx.nd.waitall()``), as most scripts end.
 

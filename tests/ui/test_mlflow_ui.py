@@ -162,7 +162,7 @@ def _store(uri: str, tmp: Path, env: dict[str, str]) -> tuple[MlflowClient, dict
 def test_launched_runs_differ_within_the_list_and_show_what_took_effect(served):
     port, c, ids, tmp = served
     names = [c.get_run(i).data.tags["mlflow.runName"] for i in ids["launches"]]
-    # the config's name, what the overrides changed (the epochs), the seed (issue 56)
+    # the config's name, what the overrides changed (the epochs), the seed
     assert names == ["digits-largebatch 2ep s0", "digits-largebatch 3ep s0"]
     route = f"experiments/{ids['exp']}/runs/{ids['launches'][0]}"
     page = _page(port, f"{route}?{VIEW}", tmp / "launch.txt")

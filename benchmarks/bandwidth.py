@@ -26,15 +26,15 @@ launcher's settings (``--no-tuning``), one key per tensor, other bucket sizes (t
 behind the default), ``MXNET_KVSTORE_BIGARRAY_BOUND`` = 1e9 (no tensor sliced over servers), 2
 servers and 2 workers.
 
-Where the time goes (``perf record`` of the worker and server of a 1 + 1 job, see
-``results/latest.md``): the server copies every pushed array into its merge buffer and from
-there into the stored value with ``mxnet::CopyFromToImpl<cpu, cpu>``, an 8-bytes-per-move loop
-far slower than ``memcpy`` (a third of the server's CPU time); it allocates fresh buffers for
-every request, which glibc serves with ``mmap`` (page faults and kernel zeroing: ~9 % of the
-server, ~5 % of the worker) and zero-fills some of them (``memset``, ~5 %); and ps-lite copies
-pulled data into the worker's buffer (``memcpy``, ~17 % of the worker). The raw baseline does
-none of that: over loopback a "transfer" is itself just the kernel's two copies, so each extra
-copy of the 102 MB shows directly in the ratio.
+Where the time goes (``perf record`` of the worker and server of a 1 + 1 job, in
+benchmarks/README.md, benchmark 3): the server copies every pushed array into its merge buffer and
+from there into the stored value with ``mxnet::CopyFromToImpl<cpu, cpu>``, an 8-bytes-per-move loop
+far slower than ``memcpy`` (a third of the server's CPU time); it allocates fresh buffers for every
+request, which glibc serves with ``mmap`` (page faults and kernel zeroing: ~9 % of the server, ~5 %
+of the worker) and zero-fills some of them (``memset``, ~5 %); and ps-lite copies pulled data into
+the worker's buffer (``memcpy``, ~17 % of the worker). The raw baseline does none of that: over
+loopback a "transfer" is itself just the kernel's two copies, so each extra copy of the 102 MB
+shows directly in the ratio.
 """
 from __future__ import annotations
 

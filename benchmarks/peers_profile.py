@@ -8,8 +8,8 @@ namespace testbed with 1 Gbit/s links, under the testbed lock), ``resnet50_v1b``
 ``trainer.step`` timed to its end (communication + update). What the store does per key is
 swapped between interleaved rounds, everything else fixed:
 
-* ``mxlarge``: the Trainer as it is: ``kv.push(i)`` then ``kv.pull(i)``, keys issued last
-  layer first, priority −i;
+* ``mxlarge``: the Trainer as it is: one ``kv.pushpull`` per bucket (a push and a pull
+  on a sampled step or a wire that splits them), buckets issued last layer first;
 * ``pushpull_rev``: one ``kv.pushpull(i)`` per key instead (ps-lite answers the push with the
   sum), same order;
 * ``pushpull_fwd``: ``kv.pushpull(i)`` in parameter order: exactly what

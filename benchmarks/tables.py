@@ -6,10 +6,13 @@ Usage::
     .venv/bin/python -m benchmarks.tables --write    # rewrite the page's generated tables
     .venv/bin/python -m benchmarks.tables --check    # exit 1 if a table differs from the results
 
-A generated table sits between two marker lines of the page::
+A generated table sits between two marker lines of the page, a blank line on each side of it
+(Markdown lint's MD058: a table is surrounded by blank lines)::
 
     <!-- generated: NAME -->
+
     | ... |
+
     <!-- end generated -->
 
 NAME is a key of :data:`TABLES`. ``--write`` replaces what is between the markers and nothing
@@ -341,8 +344,8 @@ TABLES: dict[str, Callable[[Results], str]] = {
 
 
 def render(data: Results) -> dict[str, str]:
-    """Every table, as the page holds it between its markers."""
-    return {name: fn(data) + "\n" for name, fn in TABLES.items()}
+    """Every table, as the page holds it between its markers (a blank line before and after)."""
+    return {name: "\n" + fn(data) + "\n\n" for name, fn in TABLES.items()}
 
 
 def regions(text: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import inspect
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Sequence
@@ -27,13 +28,16 @@ from mxlarge.config.schema import Config
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 COMMAND = "python -m mxlarge.config.reference --write"
+#: The column prose wraps at (pyproject.toml's MD013 ``line_length``); table rows are one line.
+WIDTH = 100
 
 INTRO = """\
 # Config reference
 
-<!-- Generated from mxlarge/config/schema.py by `{command}`: do not edit by hand. -->
+<!-- Generated from mxlarge/config/schema.py by `{command}`:
+do not edit by hand. -->
 
-An experiment is one YAML file. It has a `name` and up to six sections: {sections}.
+{sections}
 Each section maps keys to values, and a key left out keeps its default.
 The shipped experiments are in `experiments/`, e.g. `experiments/proxy/digits-largebatch.yaml`.
 A small one:
@@ -122,8 +126,14 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _wrap(text: str) -> str:
+    """Prose wrapped at the page's width (Markdown lint's MD013), never inside a word."""
+    return textwrap.fill(" ".join(text.split()), WIDTH, break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def _doc(cls: type) -> str:
-    return " ".join(inspect.cleandoc(cls.__doc__ or "").split())
+    return _wrap(inspect.cleandoc(cls.__doc__ or ""))
 
 
 def _table(cls: type, prefix: str) -> list[str]:
@@ -148,7 +158,9 @@ def render() -> str:
     sections = [f for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])]
     links = ", ".join(f"[{f.name}](#{f.name})" for f in sections)
     count = sum(1 for _ in fields_of())
-    out = [INTRO.format(command=COMMAND, sections=links, count=count)]
+    intro = _wrap(f"An experiment is one YAML file. It has a `name` and up to six sections: "
+                  f"{links}.")
+    out = [INTRO.format(command=COMMAND, sections=intro, count=count)]
     out += ["## The top level", "", _doc(Config), "", *_table(Config, ""), ""]
     for f in sections:
         cls = hints[f.name]

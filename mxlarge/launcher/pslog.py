@@ -41,7 +41,7 @@ _BIND = re.compile(r"van\.cc:\d+: Bind to role=\w+, (?:id=\d+, )?ip=(?P<ip>[^,\s
 # not the user, asked for them.
 _VERBOSE = re.compile(r"(?:van\.cc|zmq_van\.h):\d+: (?:Bind to |assign rank=|the scheduler is "
                       r"connected to |\S+ is connected to others|Barrier count for "
-                      r"|\S+ is stopp(?:ing|ed)$)")
+                      r"|\S+ is (?:stopping|stopped)$)")
 # The scheduler's "assign rank=ID to node role=R, ip=I, port=P": ps-lite node ids are 8
 # + 2r for server r and 9 + 2r for worker r (kvstore rank r), so this names every
 # process's kvstore rank.

@@ -12,7 +12,7 @@ leak).
 Its backends start every process with ``subprocess.check_call`` in daemon threads and
 never look at the result; :func:`patched_subprocess` swaps the ``subprocess`` name in
 its modules for the launcher's shim (:mod:`mxlarge.launcher.backends.dmlc`) for the time
-of a submission. The history is in ``docs/design/launcher.md``.
+of a submission. Why: "Compatibility with Python 3.11" in ``docs/design/launcher.md``.
 """
 from __future__ import annotations
 

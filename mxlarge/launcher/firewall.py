@@ -8,8 +8,7 @@ port, so that a job reports the ones at its own ports only (another job's table 
 shared host may be the one that refused them); a guard process per host (:data:`GUARD`)
 installs it and deletes it when its input ends or its lease stops. ``mode``: ``auto``
 where it can, ``on`` or :class:`FirewallError`, ``off``. The table, its lifetime and the
-rights it needs: "The packet filter" in docs/design/launcher.md. Importing this module
-does not import MXNet.
+rights it needs: docs/design/firewall.md. Importing this module does not import MXNet.
 """
 from __future__ import annotations
 

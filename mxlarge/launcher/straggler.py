@@ -18,7 +18,7 @@ the newest step s every rank sampled,
 
 (the rank whose pulled sums arrive last starts its next step last, and the others wait
 for its push that much; exchange durations are the same on every rank,
-docs/design/launcher.md).
+docs/design/watching.md).
 
 Each heartbeat of r that has advanced is one :class:`Look`. r is slow in p when, over
 its looks of the last :attr:`Rules.seconds` (at least :attr:`Rules.hold` of them), the
@@ -31,7 +31,7 @@ the last quarter of that span: how slow it is now), from its onset (:func:`onset
 ends when one of the four medians falls below half its floor (the ratio: below
 :attr:`Rules.recover`). Only windows of at least :attr:`Rules.samples`
 sampled steps are judged, only while every worker trains. Why these rules, with the
-noise they are set against: "Stragglers" in docs/design/launcher.md.
+noise they are set against: "Stragglers" in docs/design/watching.md.
 
 :func:`judge` is the pure rule; :class:`Stragglers` is the supervision loop's keeper of
 it.

@@ -12,7 +12,7 @@ poll; it reads the workers' heartbeat files (:mod:`mxlarge.protocol.heartbeat`) 
 every :data:`READ_EVERY` seconds. The default timeout: max(:data:`MIN_TIMEOUT`,
 :data:`STEP_FACTOR` × the median step time); busy phases get :data:`BUSY_FACTOR` × it,
 the first step :data:`START_FACTOR` × it. The rules (arming, start, busy phases, probe,
-finished, who is behind): "The stall watchdog's rules" in docs/design/launcher.md.
+finished, who is behind): "The stall watchdog's rules" in docs/design/watching.md.
 """
 from __future__ import annotations
 

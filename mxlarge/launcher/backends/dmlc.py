@@ -11,7 +11,7 @@ namespace that ``mxnet/tools/launch.py`` would build and calls dmlc's own
 failure (:class:`DmlcRun`).
 
 What differs between backends is each backend's class; this module asks it and never
-looks at its name. Why, and the history behind the fixes: ``docs/design/launcher.md``.
+looks at its name. Why, and what each fix is for: ``docs/design/launcher.md``.
 """
 from __future__ import annotations
 

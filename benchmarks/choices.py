@@ -88,8 +88,8 @@ def _launch(argv: Sequence[str], log: Any) -> dict[str, Any]:
     args.overrides = [*args.overrides, *extra]
     spec, _ = job_spec(args)
     # the spec's command is `python -m mxlarge.cli train CONFIG OVERRIDES...`
-    assert spec.command[1:4] == ["-m", "mxlarge.cli", "train"], spec.command
-    spec = dataclasses.replace(spec, command=[sys.executable, "-m", __name__, "--worker",
+    assert list(spec.command[1:4]) == ["-m", "mxlarge.cli", "train"], spec.command
+    spec = dataclasses.replace(spec, command=[sys.executable, "-m", "benchmarks.choices", "--worker",
                                               *spec.command[4:]],
                                env={**spec.env, **_job_env()})
     out = JobOutput(log)
@@ -106,7 +106,7 @@ def _train(argv: Sequence[str], log: Any) -> dict[str, Any]:
     """``mxlarge train ARGV`` as :func:`worker` in a process of its own; its result."""
     from benchmarks.common import BenchmarkError, JobOutput
 
-    proc = subprocess.run([sys.executable, "-m", __name__, "--worker", *argv[1:]],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.choices", "--worker", *argv[1:]],
                           env={**os.environ, **_job_env()}, capture_output=True, text=True)
     out = JobOutput(log)
     out.write(proc.stdout + proc.stderr)

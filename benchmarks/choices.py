@@ -47,6 +47,7 @@ COMPRESSION: tuple[tuple[str, float, tuple[int, ...]], ...] = (
 #: LARS's global LRs γ; ``None`` is the run without LARS.
 LARS_LRS: tuple[float | None, ...] = (0.05, 1.0, 5.0, 50.0, None)
 PARTS = ("compression", "lars")
+TITLES = {"compression": "Gradient compression", "lars": "LARS"}
 
 
 def _num(x: float) -> str:
@@ -89,9 +90,8 @@ def _launch(argv: Sequence[str], log: Any) -> dict[str, Any]:
     spec, _ = job_spec(args)
     # the spec's command is `python -m mxlarge.cli train CONFIG OVERRIDES...`
     assert list(spec.command[1:4]) == ["-m", "mxlarge.cli", "train"], spec.command
-    spec = dataclasses.replace(spec, command=[sys.executable, "-m", "benchmarks.choices", "--worker",
-                                              *spec.command[4:]],
-                               env={**spec.env, **_job_env()})
+    command = [sys.executable, "-m", "benchmarks.choices", "--worker", *spec.command[4:]]
+    spec = dataclasses.replace(spec, command=command, env={**spec.env, **_job_env()})
     out = JobOutput(log)
     outcome = run_job(spec, out)
     out.flush()
@@ -165,11 +165,11 @@ def write_md(data: dict[str, Any], path: Path) -> None:
         if part not in data:
             continue
         d = data[part]
-        lines += [f"## {part}", "", f"Commit {d['commit']}, {d['date']}.", "",
+        lines += [f"## {TITLES[part]}", "",
+                  f"Measured at commit {short(d['commit'])}, {d['date']}.", "",
                   md_table(["command", "steps", "final validation accuracy", "seconds"],
                            [[f"`{r['command']}`", r["steps"], f"{r['accuracy']:.4f}",
-                             f"{r['seconds']:.0f}"] for r in d["runs"]]), "",
-                  f"measured at {short(d['commit'])}", ""]
+                             f"{r['seconds']:.0f}"] for r in d["runs"]]), ""]
     path.write_text("\n".join(lines))
 
 

@@ -46,10 +46,11 @@ Results = Mapping[str, Any]  # {"bench": latest.json, "cluster": cluster/latest.
 
 
 def load(root: Path = RESULTS) -> dict[str, Any]:
-    """The three committed results files."""
+    """The four committed results files."""
     return {"bench": json.loads((root / "latest.json").read_text()),
             "cluster": json.loads((root / "cluster" / "latest.json").read_text()),
-            "peers": json.loads((root / "peers.json").read_text())}
+            "peers": json.loads((root / "peers.json").read_text()),
+            "choices": json.loads((root / "choices.json").read_text())}
 
 
 
@@ -140,12 +141,14 @@ def _peer_rows(part: Mapping[str, Any], lead: Callable[[str], list[str]]
     return columns, rows
 
 
-def peers_table(data: Results, part_key: str) -> str:
-    """One layout and link rate: each net's peer step time ÷ mxlarge's."""
+def peers_table(data: Results, part_key: str, link: str | None = None) -> str:
+    """One layout and link rate: each net's peer step time ÷ mxlarge's; with ``link``, a first
+    column names the link rate."""
     part = data["peers"][part_key]
-    columns, rows = _peer_rows(part, lambda label: [label])
-    return md_table(["net", "mxlarge ms/step", *[f"`{p}`" for p in columns], "measured at"],
-                    rows)
+    lead = (lambda label: [label]) if link is None else (lambda label: [link, label])
+    columns, rows = _peer_rows(part, lead)
+    return md_table([*([] if link is None else ["link"]), "net", "mxlarge ms/step",
+                     *[f"`{p}`" for p in columns], "measured at"], rows)
 
 
 #: The testbed parts with the servers on hosts of their own, one table.
@@ -330,16 +333,59 @@ def ratios_table(results: Mapping[str, Any], spec: Sequence[Row],
 
 
 
+def _accuracies(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The final validation accuracies of some runs (one per seed), " / " between them."""
+    return " / ".join(f"{r['accuracy']:.3f}" for r in sorted(runs, key=lambda r: r.get("seed", 0)))
+
+
+def compression_table(data: Results) -> str:
+    """benchmarks/choices.py's compression part: a column per threshold t (no compression
+    first), the best compressed one in bold."""
+    part = data["choices"]["compression"]
+    runs = part["runs"]
+    none = [r for r in runs if r["compression"] == "none"]
+    thresholds = sorted({r["threshold"] for r in runs if r["compression"] != "none"})
+    best = max((r["accuracy"] for r in runs if r["compression"] != "none"), default=None)
+    header, cells = ["final validation accuracy, t =", "no compression"], [_accuracies(none)]
+    seeds = sorted({r["seed"] for r in runs})
+    for t in thresholds:
+        at = [r for r in runs if r["compression"] != "none" and r["threshold"] == t]
+        header.append(f"{t:g}" + (" (default)" if t == 0.5 else ""))
+        cell = _accuracies(at)
+        cells.append(f"**{cell}**" if len(at) == 1 and at[0]["accuracy"] == best else cell)
+    seeds_label = " / ".join(str(s) for s in seeds)
+    return md_table([*header, "measured at"],
+                    [[f"seed {seeds_label} (one figure: seed {seeds[0]})", *cells,
+                      short(part["commit"])]])
+
+
+def lars_table(data: Results) -> str:
+    """benchmarks/choices.py's LARS part: a column per global LR γ, then the run without LARS."""
+    part = data["choices"]["lars"]
+    runs = part["runs"]
+    lars = sorted((r for r in runs if r["lars_lr"] is not None), key=lambda r: r["lars_lr"])
+    header = [f"{r['lars_lr']:g}" + (" (the SGD LR)" if r["lars_lr"] == 0.05 else "")
+              for r in lars]
+    cells = [_accuracies([r]) for r in lars]
+    if plain := [r for r in runs if r["lars_lr"] is None]:
+        header.append("no LARS, LR 0.05")
+        cells.append(_accuracies(plain))
+    return md_table(["digits proxy, batch 16, 4 epochs, γ =", *header, "measured at"],
+                    [["final validation accuracy", *cells, short(part["commit"])]])
+
+
 #: Every generated table of the page: name → renderer.
 TABLES: dict[str, Callable[[Results], str]] = {
     "peers-loopback": lambda d: peers_table(d, "loopback"),
-    "peers-testbed-1gbit": lambda d: peers_table(d, "testbed-1gbit"),
-    "peers-testbed-200mbit": lambda d: peers_table(d, "testbed-200mbit"),
+    "peers-testbed-1gbit": lambda d: peers_table(d, "testbed-1gbit", "1 Gbit/s"),
+    "peers-testbed-200mbit": lambda d: peers_table(d, "testbed-200mbit", "200 Mbit/s"),
     "peers-server-hosts": server_hosts_table,
     "peers-accuracy": accuracy_table,
     "bounds": bounds_table,
     "bench-cluster": lambda d: ratios_table(d["cluster"], CLUSTER, goodput=True),
     "bench": lambda d: ratios_table(d["bench"], BENCH),
+    "choices-compression": compression_table,
+    "choices-lars": lars_table,
 }
 
 

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mxlarge-installed
 
-.PHONY: demo test test-slow test-cluster test-cluster-slow test-ui bench bench-cluster bench-peers bench-peers-cluster lint clean
+.PHONY: demo test test-slow test-cluster test-cluster-slow test-ui bench bench-cluster bench-peers bench-peers-cluster lint typecheck clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -95,5 +95,9 @@ lint: $(STAMP)
 	$(BIN)/codespell $(DOCS_MD) mxlarge
 	$(BIN)/pymarkdown scan --recurse --exclude 'docs/results/*/report.md' $(DOCS_MD)
 
+# mypy over mxlarge/ at the level written down in setup.cfg's [mypy] section.
+typecheck: $(STAMP)
+	$(BIN)/mypy mxlarge
+
 clean:
-	rm -rf $(VENV) mlruns.db mlruns mxlarge-runs .pytest_cache
+	rm -rf $(VENV) mlruns.db mlruns mxlarge-runs .pytest_cache .mypy_cache

@@ -3,12 +3,14 @@
 Importing the package does not import MXNet: a process started as a ps-lite scheduler or server
 runs its role inside ``import mxnet`` and must not have imported anything else first.
 """
+from typing import Any
+
 __version__ = "0.2.0"  # the one place; CHANGELOG.md says what each version changed
 
 __all__ = ["Trainer", "load", "log_model", "__version__"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "Trainer":
         from mxlarge.trainer import Trainer
         return Trainer

@@ -7,9 +7,12 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mxlarge.errors import DivergenceError, InputError, ReplicaMismatch, StopRequested
+
+if TYPE_CHECKING:  # the CLI imports its commands' modules late, when they run
+    from mxlarge.config import Config
 
 USAGE = """\
 verbs:
@@ -194,7 +197,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _built_net_facts(cfg) -> tuple[dict[str, int], Any]:
+def _built_net_facts(cfg: Config) -> tuple[dict[str, int], Any]:
     """Builds and initialises the net (no data needed): parameter role counts and the
     :class:`~mxlarge.nets.init.InitReport`."""
     import mxnet as mx
@@ -209,7 +212,7 @@ def _built_net_facts(cfg) -> tuple[dict[str, int], Any]:
     return role_counts(param_roles(net.collect_params(), cfg.optim.decay_bn_bias)), report
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace) -> Config:
     from mxlarge.config import load_config
     return load_config(args.config, args.overrides)
 

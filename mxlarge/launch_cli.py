@@ -126,8 +126,8 @@ def job_spec(args: argparse.Namespace) -> tuple[JobSpec, Config]:
         print(f"mxlarge: --max-restarts {args.max_restarts}: checkpointing every epoch "
               "(train.checkpoint_every=1) so that a restart resumes from the last one",
               flush=True)
-    command = [sys.executable, "-m", "mxlarge.cli", "train",
-               str(Path(args.config).resolve()), *overrides]
+    command = (sys.executable, "-m", "mxlarge.cli", "train",
+               str(Path(args.config).resolve()), *overrides)
     try:  # the job as data, before any run is created or process started
         spec = JobSpec(args.launcher, command, world, servers_of(cfg),
                        stall_timeout=args.stall_timeout, tuning=not args.no_tuning,
@@ -287,8 +287,9 @@ def run_launch(job: Launch) -> int:
         if opened is not None:
             opened.close(ok, record.end_tags, status)
             if opened.owned:
-                print(f"mxlarge: MLflow run {run.run_id} {status}: "
-                      f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)
+                owned = opened.run
+                print(f"mxlarge: MLflow run {owned.run_id} {status}: "
+                      f"{tracking.ui_hint(owned.uri, owned.run_id)}", flush=True)
 
 
 def _run_attempt(job: Launch, attempt: Attempt, record: JobRecord) -> Outcome:

@@ -302,7 +302,12 @@ def plan(cfg: Config, world: World, train_samples: int, samples_from: str = "dat
         raise ConfigError(f"{source}: train.gns_every = {cfg.train.gns_every}: the gradient noise "
                           "scale needs 2 or more workers, devices or simulated workers")
     o = cfg.optim
-    base = o.lars_lr if o.lars else o.base_lr  # LARS: its own global LR γ (docs/performance.md)
+    base = o.base_lr
+    if o.lars:  # LARS: its own global LR γ (docs/performance.md)
+        if o.lars_lr is None:  # the loader refuses this (config.rules); a Config built in code
+            raise ConfigError(f"{source}: optim.lars_lr = None: expected the LARS global LR "
+                              "gamma with optim.lars = true")
+        base = o.lars_lr
     peak = schedulers.scaled_lr(base, o.reference_batch, world.global_batch, o.scaling)
     # a warmup ramps up to the peak, never down to it (a global batch below the reference)
     warmup_lr = min(o.warmup_lr if o.warmup_lr is not None else base, peak)

@@ -15,10 +15,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from mxlarge.config import Config
 from mxlarge.errors import DivergenceError, InputError
+from mxlarge.hooks import Hook
 from mxlarge.plan import Plan, World, check_processes, check_timeline, plan, with_world, world_of
 
 
@@ -131,13 +132,21 @@ def build(cfg: Config, source: str = "<config>", kv: Any = None,
                       heartbeat=heartbeat_dir, reports=reports_dir, breakdown=breakdown,
                       track=False, **window)
     if cfg.train.amp != "none":
+        from mxnet.contrib import amp  # imported above, before the net was built
         amp.init_trainer(trainer)
     return Built(plan=p, net=net, data=data, trainer=trainer, ctx=ctx, init_report=init_report,
                  rank=rank)
 
 
+class TimelineKeywords(TypedDict, total=False):
+    """The Trainer's timeline keywords (:class:`mxlarge.trainer.Trainer`): none, or both."""
+
+    timeline_start: int
+    timeline_steps: int
+
+
 def timeline_keywords(cfg: Config, source: str, total_steps: int,
-                      reports_dir: Path | None) -> dict[str, int]:
+                      reports_dir: Path | None) -> TimelineKeywords:
     """The Trainer's timeline keywords of ``train.timeline_start``/``timeline_steps``, checked
     against the run's steps (:func:`mxlarge.plan.check_timeline`) and the launcher's report
     directory (:mod:`mxlarge.timeline`)."""
@@ -199,6 +208,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     rank = b.rank
     start_epoch = 0
     if ckpt is not None:
+        assert meta is not None  # read with ckpt
         checkpoint.restore(ckpt, meta, net=b.net, trainer=trainer, world=p.world)
         start_epoch = meta["epoch"]
         _warn_config_changes(meta["config"], dump_yaml(cfg), rank)
@@ -208,7 +218,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         opened = tracking.open_run(cfg, given=run_id, resumed=(meta or {}).get("run_id"),
                                    plan=p, source=source, may_open=rank == 0)
     run = opened.run if opened is not None else None
-    hooks: list[L.Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor,
+    hooks: list[Hook] = [L.LossHook(cfg.train.log_every, cfg.train.divergence_factor,
                                       p.steps_per_epoch),
                            L.TimerHook(p.steps_per_epoch),
                            L.EvalHook(data.val, batch_size=max(cfg.data.batch_size, 64),

@@ -156,4 +156,4 @@ def mlperf_mean(times: Sequence[float | None], min_runs: int = MIN_MLPERF_RUNS) 
     if any(t is None for t in kept):
         return MLPerf(None, len(times), reached,
                       f"not reached by {len(times) - reached} of {len(times)} runs")
-    return MLPerf(statistics.fmean(kept), len(times), reached)  # type: ignore[arg-type]
+    return MLPerf(statistics.fmean([t for t in kept if t is not None]), len(times), reached)

@@ -98,7 +98,7 @@ def expand(sweep: Sweep, cli: Sequence[str] = ()) -> list[Cell]:
     """
     from mxlarge.plan import plan_for, servers_of
 
-    cells = []
+    cells: list[Cell] = []
     for run in sweep.runs:
         path = resolve_config(run.config, Path(sweep.source).resolve().parent)
         if path is None:

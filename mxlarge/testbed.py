@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 NET = "198.18.0"
 PREFIX = "mxl-"
@@ -78,8 +79,8 @@ class TestbedError(RuntimeError):
     """The testbed cannot be brought up here (not root, packages, daemons)."""
 
 
-def _run(*cmd: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+def _run(*cmd: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
 
 
 def ensure_packages() -> None:
@@ -310,12 +311,14 @@ NodeName=DEFAULT CPUs=4 RealMemory=1000 State=UNKNOWN
 
     def _wait_idle(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
+        answer = "sinfo never ran"  # a timeout <= 0
         while time.monotonic() < deadline:
             r = _run(*self.on("h0", "sinfo", "-h", "-o", "%T"), check=False, timeout=20)
             if r.returncode == 0 and r.stdout.split() == ["idle"]:
                 return
+            answer = f"{r.stdout}{r.stderr}"
             time.sleep(0.5)
-        raise TestbedError(f"Slurm nodes not idle after {timeout:g} s: {r.stdout}{r.stderr}; "
+        raise TestbedError(f"Slurm nodes not idle after {timeout:g} s: {answer}; "
                            f"see {self.root}/log")
 
     # ----------------------------------------------------------------------------- links

@@ -57,7 +57,7 @@ def _dataclass_items(tp: Any) -> type | None:
     """The item class of ``tuple[SomeDataclass, ...]``, else None."""
     args = typing.get_args(tp)
     if (typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
-            and dataclasses.is_dataclass(args[0])):
+            and isinstance(args[0], type) and dataclasses.is_dataclass(args[0])):
         return args[0]
     return None
 
@@ -141,7 +141,7 @@ class _Loader:
                     str(key), list(fields), path))
             tp = hints[key]
             item = _dataclass_items(tp)
-            if dataclasses.is_dataclass(tp):
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a class, not an instance
                 kwargs[key] = self.section(tp, value, full)
             elif item is not None:
                 if not isinstance(value, list) or not value:

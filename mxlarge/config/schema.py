@@ -91,8 +91,10 @@ class Joined(Condition):
         # (a | b) | c is a | b | c: one level per word
         flat: list[Condition] = []
         for part in self.parts:
-            same = isinstance(part, Joined) and part.word == self.word
-            flat.extend(part.parts if same else (part,))
+            if isinstance(part, Joined) and part.word == self.word:
+                flat.extend(part.parts)
+            else:
+                flat.append(part)
         object.__setattr__(self, "parts", tuple(flat))
 
     def __call__(self, cfg: Any) -> bool:

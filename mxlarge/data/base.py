@@ -158,14 +158,14 @@ class ArrayTrainSource(TrainSource):
         perm = sharding.epoch_permutation(n_total, epoch, self.seed)
         positions = sharding.shard_positions(n_total, self.rank, self.num_workers,
                                              self.batch_size)
-        augment = self.pad > 0 or self.flip
-        if augment:
-            offsets, flips = sharding.shift_flip_draws(n_total, epoch, self.seed, self.pad,
-                                                       self.flip)
+        # (offsets, flips) of every sample this epoch, or None without augmentation
+        draws = (sharding.shift_flip_draws(n_total, epoch, self.seed, self.pad, self.flip)
+                 if self.pad > 0 or self.flip else None)
         for pos in positions:
             idx = perm[pos]
             x = self.images[idx]
-            if augment:
+            if draws is not None:
+                offsets, flips = draws
                 x = pad_crop_flip(x, offsets[pos], flips[pos], self.pad, self.fill)
             yield to_nd(self.normalize(x), self.labels[idx])
 

@@ -13,6 +13,7 @@ horizontal flip if ``cfg.flip``; drawn per sample from ``(seed, epoch, position)
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +103,7 @@ def _read_all(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
-def normalizer(cfg: DataConfig):
+def normalizer(cfg: DataConfig) -> Callable[[np.ndarray], np.ndarray]:
     """uint8 ``(n, 3, H, W)`` -> float32 ``(x - mean) / std``, elementwise in float32."""
     mean = np.asarray(cfg.mean, dtype=np.float32).reshape(1, 3, 1, 1)
     std = np.asarray(cfg.std, dtype=np.float32).reshape(1, 3, 1, 1)

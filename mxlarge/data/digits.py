@@ -9,6 +9,7 @@ not apply). Augmentation (``cfg.augment``): a random shift of up to one pixel (z
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def load_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float,
     return (*out, mean, std)
 
 
-def _normalizer(mean: float, std: float):
+def _normalizer(mean: float, std: float) -> Callable[[np.ndarray], np.ndarray]:
     mean32 = np.float32(mean)
     std32 = np.float32(std)
     return lambda x: (x - mean32) / std32
@@ -65,7 +66,7 @@ def build(cfg: DataConfig, *, rank: int, num_workers: int, seed: int) -> Data:
     check_num_classes(cfg, NUM_CLASSES)
     x_train, y_train, x_val, y_val, mean, std = load_split()
     # Images are stored standardised, so the zero padding is the standardised value of 0.
-    fill = float(_normalizer(mean, std)(np.float32(0.0)))
+    fill = float(_normalizer(mean, std)(np.zeros((), dtype=np.float32)))
     train = ArrayTrainSource(
         x_train, y_train, normalize=_identity, pad=SHIFT if cfg.augment else 0, fill=fill,
         flip=False, rank=rank, num_workers=num_workers, batch_size=cfg.batch_size, seed=seed)

@@ -20,15 +20,16 @@ def cifar_pattern(index: int) -> np.ndarray:
     return ((index * 7 + c * 85 + y * 5 + x * 3) % 256).astype(np.uint8)
 
 
-def write_cifar_batch(path: str | Path, images: np.ndarray, labels: Sequence[int]) -> Path:
+def write_cifar_batch(path: str | Path, images: np.ndarray, labels: Sequence[int] | np.ndarray,
+                      ) -> Path:
     """Writes ``images`` (uint8 ``(N, 3, 32, 32)``, RGB) and labels as one binary batch file.
 
     Record layout: 1 label byte, then the R, G and B planes (1024 bytes each, row-major).
     """
     images = np.asarray(images, dtype=np.uint8)
-    labels = np.asarray(labels, dtype=np.uint8)
-    assert images.shape[1:] == (3, 32, 32) and len(images) == len(labels)
-    records = np.concatenate([labels[:, None], images.reshape(len(images), -1)], axis=1)
+    label_bytes = np.asarray(labels, dtype=np.uint8)
+    assert images.shape[1:] == (3, 32, 32) and len(images) == len(label_bytes)
+    records = np.concatenate([label_bytes[:, None], images.reshape(len(images), -1)], axis=1)
     path = Path(path)
     path.write_bytes(records.tobytes())
     return path
@@ -60,8 +61,8 @@ def make_cifar10(root: str | Path, train_counts: Sequence[int] = (30, 30), test_
     return out
 
 
-def make_recordio(rec_path: str | Path, images: Sequence[np.ndarray], labels: Sequence[float],
-                  quality: int = 100) -> tuple[Path, Path]:
+def make_recordio(rec_path: str | Path, images: Sequence[np.ndarray],
+                  labels: Sequence[float] | np.ndarray, quality: int = 100) -> tuple[Path, Path]:
     """Packs RGB uint8 ``(H, W, 3)`` images as JPEGs into ``rec_path`` and its ``.idx``.
 
     Record ``i`` has key ``i`` and header label ``labels[i]``.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mxnet import ndarray as nd
@@ -91,7 +91,8 @@ class MXNetUpdate(ScheduledLR, mxopt.Optimizer):
         out.update({f"state{j}": a for j, a in enumerate(_leaves(state))})
         return out
 
-    def update(self, index, weight, grad, state):  # noqa: D401 - MXNet's signature
+    def update(self, index: Any, weight: Any, grad: Any,  # noqa: D401 - MXNet's signature
+               state: Any) -> NoReturn:
         raise AttributeError("mxlarge's optimizer runs through Trainer.update (the step comes "
                              "from the Trainer's count)")
 

@@ -30,6 +30,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import mxnet as mx
 
@@ -128,7 +129,8 @@ class Order:
             stamps.append(time.perf_counter())
         for e in ends:
             e.wait_to_read()
-        self._measured.append(lead_share(*stamps, time.perf_counter()))
+        # marks: measure()'s two probes (first, last), so two stamps then now
+        self._measured.append(lead_share(*cast(tuple[float, float], stamps), time.perf_counter()))
 
     def agree(self, median: Callable[[float], float]) -> None:
         """On the call after the probes: their threads joined, and ``median`` (a

@@ -191,6 +191,7 @@ class SyncStore:
             raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
         self.wire: Wire = wire_for(self.distributed, wire_dtype, compression)
         if compression:
+            assert self.kv is not None  # wire_for raised unless distributed
             self.kv.set_gradient_compression(compression)
         self.observers = observers if observers is not None else Observers()
         self._pieces = PieceLinks()
@@ -199,6 +200,7 @@ class SyncStore:
         sixteen = any(np.dtype(p.dtype) != np.float32 for p in self.params)
         if self.distributed and self.rank == 0 and (self.wire.half or sixteen):
             # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
+            assert self.kv is not None  # distributed
             self.kv._send_command_to_servers(1, "")
         self.collectives = Collectives(self.kv, self.distributed, self.gather,
                                        self.wire.compressed)
@@ -401,6 +403,7 @@ class SyncStore:
         """Sum of ``arrays`` over devices and workers, written back into them, through
         the wire's arrays: one pushpull, or a push and a pull where the wire splits them
         or the step is marked (then the observers hear of each)."""
+        assert self.kv is not None  # allreduce_grads returned first without a store
         sent = self.wire.outbound(b, arrays, prescale)
         key = self.wire.key(b)
         if step is not None and step.marked and self.distributed:
@@ -425,6 +428,7 @@ class SyncStore:
         bits as 0/t), every other slot zeros, so the pulled sum holds each rank's vector
         unchanged.
         """
+        assert self.kv is not None  # Collectives gathers only when distributed
         mine = np.ascontiguousarray(mine, np.float32).ravel()
         k = self.kv.num_workers
         n = mine.size

@@ -150,7 +150,8 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
         momentum, master = state if isinstance(state, tuple) else (state, None)
         return {k: v for k, v in (("momentum", momentum), ("master", master)) if v is not None}
 
-    def update(self, index, weight, grad, state):  # noqa: D401 - MXNet's signature
+    def update(self, index: int | list[int] | tuple[int, ...], weight: Any, grad: Any,  # noqa: D401
+               state: Any) -> None:  # MXNet's signature: one array each, or lists
         """MXNet's per-call entry (e.g. when run by ``gluon.Trainer`` or on a server).
 
         MXNet counts updates itself and its first count is 1, so the step is count − 1.
@@ -164,7 +165,8 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
             state = [state]
         self.apply(step, indices, weight, grad, state, self.rescale_grad)
 
-    def update_multi_precision(self, index, weight, grad, state):
+    def update_multi_precision(self, index: int | list[int] | tuple[int, ...], weight: Any,
+                               grad: Any, state: Any) -> None:
         """The float16 weights' ``(momentum, master)`` states are handled by :meth:`apply`."""
         self.update(index, weight, grad, state)
 
@@ -234,7 +236,9 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
             else:
                 nd.multi_sgd_update(*_interleave(w, g), **kw)
 
-    def _apply_mixed(self, weights, grads, states, lr, momentum, wds, rescale_grad, indices):
+    def _apply_mixed(self, weights: Sequence[nd.NDArray], grads: Sequence[nd.NDArray],
+                     states: Sequence[Any], lr: float, momentum: float, wds: Sequence[float],
+                     rescale_grad: float, indices: Sequence[int]) -> None:
         """Float16 weights with float32 ``(momentum, master)`` states: MXNet's mp kernels."""
         moms = [s[0] for s in states]
         masters = [s[1] for s in states]
@@ -269,7 +273,9 @@ class LargeBatchSGD(ScheduledLR, mxopt.Optimizer):
             else:
                 nd.multi_mp_sgd_update(*_interleave(w, grads[lo:hi], masters[lo:hi]), **kw)
 
-    def _apply_lars(self, indices, weights, grads, states, lr, momentum, wds, rescale_grad):
+    def _apply_lars(self, indices: Sequence[int], weights: Sequence[nd.NDArray],
+                    grads: Sequence[nd.NDArray], states: Sequence[Any], lr: float,
+                    momentum: float, wds: Sequence[float], rescale_grad: float) -> None:
         ctx = weights[0].context
         lars_pos = [j for j, i in enumerate(indices) if i not in self.no_decay]
         mixed = bool(states) and isinstance(states[0], tuple)

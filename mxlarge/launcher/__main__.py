@@ -92,7 +92,7 @@ def _spec(p: argparse.ArgumentParser, a: argparse.Namespace,
         p.error(f"--server-hosts {a.server_hosts!r}: expected HOST[,HOST...]")
     backend = backend_for(a.launcher)
     try:  # the world of a command of the user's own is its processes only (no --world added)
-        spec = JobSpec(a.launcher, command, World(processes=a.workers),
+        spec = JobSpec(a.launcher, tuple(command), World(processes=a.workers),
                        a.workers if a.servers is None else a.servers, env=dict(a.env),
                        stall_timeout=a.stall_timeout, tuning=not a.no_tuning,
                        firewall=a.firewall, port=a.port, hostfile=a.hostfile,
@@ -193,8 +193,9 @@ def _run(spec: JobSpec, restarts: RestartPlan, opened: Any) -> int:
             opened.close(status == "FINISHED", record.end_tags, status)
             if opened.owned:
                 from mxlarge import tracking
-                print(f"[launcher] MLflow run {run.run_id} {status}: "
-                      f"{tracking.ui_hint(run.uri, run.run_id)}", flush=True)
+                owned = opened.run
+                print(f"[launcher] MLflow run {owned.run_id} {status}: "
+                      f"{tracking.ui_hint(owned.uri, owned.run_id)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def tracker_compat() -> Iterator[None]:
         if _compat_depth == 0:
             for name in ("isAlive", "setDaemon"):
                 _compat_saved[name] = threading.Thread.__dict__.get(name, _MISSING)
+            # adding the alias Python 3.9 removed is the point (dmlc's tracker calls it)
             threading.Thread.isAlive = threading.Thread.is_alive  # type: ignore[attr-defined]
-            threading.Thread.setDaemon = _set_daemon  # type: ignore[method-assign]
+            # replacing the deprecated setDaemon is the point (dmlc's tracker still calls it)
+            threading.Thread.setDaemon = _set_daemon  # type: ignore[method-assign, deprecated]
         _compat_depth += 1
     try:
         yield
@@ -96,11 +98,12 @@ def scheduler_address(tracker: ModuleType, host_ip: str) -> Iterator[None]:
             hostIP = host_ip
         return original(nworker, nserver, fun_submit, hostIP=hostIP, pscmd=pscmd)
 
-    tracker.submit = submit
+    # typeshed's ModuleType reads any attribute but writes none: patching dmlc's tracker
+    tracker.submit = submit  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        tracker.submit = original
+        tracker.submit = original  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -109,8 +112,9 @@ def patched_subprocess(modules: Sequence[ModuleType], shim: Any) -> Iterator[Non
     saved = [(m, m.subprocess) for m in modules]
     try:
         for m in modules:
+            # typeshed's ModuleType reads any attribute but writes none
             m.subprocess = shim  # type: ignore[attr-defined]
         yield
     finally:
         for m, original in saved:
-            m.subprocess = original  # type: ignore[attr-defined]
+            m.subprocess = original  # type: ignore[attr-defined]  # as above

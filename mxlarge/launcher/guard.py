@@ -316,6 +316,8 @@ class Lease:
             pipes = list(self._pipes)
         for pipe in pipes:
             with contextlib.suppress(OSError, ValueError):
+                # a pipe is a Popen's stdin, kept as object: the supervisor passes
+                # Popen.stdin, which is Optional to mypy
                 pipe.write(word)  # type: ignore[attr-defined]
                 pipe.flush()  # type: ignore[attr-defined]
 
@@ -335,7 +337,7 @@ class Lease:
         with self._lock:
             for pipe in self._pipes:
                 with contextlib.suppress(OSError, ValueError):
-                    pipe.close()  # type: ignore[attr-defined]
+                    pipe.close()  # type: ignore[attr-defined]  # a Popen's stdin (_write)
 
 
 def main(argv: list[str] | None = None) -> int:

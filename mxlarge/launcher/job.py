@@ -156,7 +156,7 @@ def run_local(command: Sequence[str], *, workers: int, servers: int, port: int |
               stall_timeout: float | None = None, tuning: bool = True) -> Outcome:
     """:func:`run_job` of a local job of ``workers`` worker processes (the
     :class:`JobSpec` fields by keyword; ``output`` stdout if None)."""
-    spec = JobSpec("local", command, World(processes=workers), servers, env=env or {},
+    spec = JobSpec("local", tuple(command), World(processes=workers), servers, env=env or {},
                    stall_timeout=stall_timeout, tuning=tuning, port=port, grace=grace,
                    shutdown_timeout=shutdown_timeout)
     return run_job(spec, sys.stdout if output is None else output)

@@ -52,6 +52,7 @@ def claimed_scheduler_port(tracker: ModuleType) -> Iterator[None]:
 
     original = tracker.PSTracker
 
+    # original is a class of dmlc's untyped module: a value of type Any to mypy
     class Claimed(original):  # type: ignore[misc, valid-type]
         def __init__(self, hostIP: str, cmd: str | None, port: int = 9091,  # noqa: N803
                      port_end: int = 9999, envs: Mapping[str, str] | None = None) -> None:
@@ -65,8 +66,9 @@ def claimed_scheduler_port(tracker: ModuleType) -> Iterator[None]:
                         time.monotonic() < deadline:
                     time.sleep(0.05)
 
-    tracker.PSTracker = Claimed
+    # typeshed's ModuleType reads any attribute but writes none: patching dmlc's tracker
+    tracker.PSTracker = Claimed  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        tracker.PSTracker = original
+        tracker.PSTracker = original  # type: ignore[attr-defined]

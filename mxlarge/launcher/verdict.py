@@ -18,11 +18,21 @@ class SupervisedChild(Protocol):
     """What a verdict reads of a supervised child
     (:class:`~mxlarge.launcher.supervisor.Child`)."""
 
-    role: str
-    index: int | None
-    rank: int | None
-    status: int | None
-    tail: Sequence[str]
+    # read-only here: a Child's tail is a deque, which a settable Sequence[str] would refuse
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def index(self) -> int | None: ...
+
+    @property
+    def rank(self) -> int | None: ...
+
+    @property
+    def status(self) -> int | None: ...
+
+    @property
+    def tail(self) -> Sequence[str]: ...
 
     @property
     def pid(self) -> int: ...

@@ -170,9 +170,10 @@ class Watchdog:
 
     def finished_for(self) -> float | None:
         """Seconds since every worker reported :data:`FINISHED` (``None`` while one has not)."""
-        if len(self.seen) < self.workers or any(s.finished is None for s in self.seen.values()):
+        finished = [s.finished for s in self.seen.values() if s.finished is not None]
+        if len(self.seen) < self.workers or len(finished) < len(self.seen):
             return None
-        return self.clock() - max(s.finished for s in self.seen.values())
+        return self.clock() - max(finished)
 
     def progress(self) -> int | None:
         """Updates every worker has completed, ``None`` before any report."""

@@ -33,8 +33,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -190,7 +191,7 @@ def _bn_ends_branch(block: Block, bn: nn.BatchNorm) -> bool:
         for j in inputs(i):
             consumers[j].append(i)
 
-    def reach(starts: list[int], through=lambda i: True) -> set[int]:
+    def reach(starts: list[int], through: Callable[[int], bool] = lambda i: True) -> set[int]:
         seen = set(starts)
         stack = list(starts)
         while stack:
@@ -272,7 +273,7 @@ def _shape_known(param: mx.gluon.Parameter) -> bool:
     return param.shape is not None and all(d > 0 for d in param.shape)
 
 
-def initialize(net: Block, cfg: ModelConfig, *, seed: int, ctx=None,
+def initialize(net: Block, cfg: ModelConfig, *, seed: int, ctx: Any = None,
                input_shape: tuple[int, ...] | None = None) -> InitReport:
     """Initialises every parameter of ``net`` with the Goyal et al. recipe (see module doc).
 
@@ -326,7 +327,7 @@ def initialize(net: Block, cfg: ModelConfig, *, seed: int, ctx=None,
             if cfg.he_init:
                 put(block.weight, he_initializer())
                 he_convs += 1
-        elif isinstance(block, nn.Dense) and block is final:
+        elif isinstance(block, nn.Dense) and final is not None and block is final:
             put(block.weight, mx.init.Normal(sigma=cfg.fc_init_std))
         elif isinstance(block, _NORMS):
             put(block.gamma, mx.init.Zero() if id(block) in zeroed else mx.init.One())

@@ -34,6 +34,8 @@ slower still; ``F.mean(x, axis=(2, 3))`` is the same average (a sum over ``H * L
 """
 from __future__ import annotations
 
+from typing import Any
+
 from mxnet.gluon import HybridBlock, nn
 
 __all__ = ["BasicBlock1D", "ResNet1D"]
@@ -56,7 +58,8 @@ class BasicBlock1D(HybridBlock):
             ``C_in != C_out`` or ``strides != 1``.
     """
 
-    def __init__(self, channels: int, kernel: int, strides: int, in_channels: int, **kwargs):
+    def __init__(self, channels: int, kernel: int, strides: int, in_channels: int,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         with self.name_scope():
             # bn2 before downsample: mxlarge.nets.init takes the branch's last BN in
@@ -73,7 +76,7 @@ class BasicBlock1D(HybridBlock):
             else:
                 self.downsample = None
 
-    def hybrid_forward(self, F, x):
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # F: mx.nd or mx.sym
         out = F.Activation(self.bn1(self.conv1(x)), act_type="relu")
         out = self.bn2(self.conv2(out))
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -91,7 +94,8 @@ class ResNet1D(HybridBlock):
     The stem's input channels are inferred at the first forward pass.
     """
 
-    def __init__(self, num_classes: int, width: int = 16, kernel: int = 5, **kwargs):
+    def __init__(self, num_classes: int, width: int = 16, kernel: int = 5,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if num_classes < 1 or width < 1 or kernel < 1 or kernel % 2 == 0:
             raise ValueError(f"num_classes, width >= 1 and an odd kernel expected, got "
@@ -108,6 +112,6 @@ class ResNet1D(HybridBlock):
             self.stage3 = BasicBlock1D(4 * width, kernel, 2, 2 * width, prefix="stage3_")
             self.output = nn.Dense(num_classes, in_units=4 * width)
 
-    def hybrid_forward(self, F, x):
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # F: mx.nd or mx.sym
         x = self.stage3(self.stage2(self.stage1(self.stem(x))))
         return self.output(F.mean(x, axis=(2, 3)))

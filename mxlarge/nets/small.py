@@ -25,6 +25,8 @@ equivalence between a large batch and accumulated small batches).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from mxnet.gluon import HybridBlock, nn
 
 __all__ = ["BasicBlock", "SmallResNet"]
@@ -48,7 +50,7 @@ class BasicBlock(HybridBlock):
     """
 
     def __init__(self, channels: int, strides: int, in_channels: int, use_bn: bool = True,
-                 **kwargs):
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         bias = not use_bn
         with self.name_scope():
@@ -68,7 +70,7 @@ class BasicBlock(HybridBlock):
             else:
                 self.downsample = None
 
-    def hybrid_forward(self, F, x):
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # F: mx.nd or mx.sym
         out = self.conv1(x)
         if self.bn1 is not None:
             out = self.bn1(out)
@@ -92,7 +94,8 @@ class SmallResNet(HybridBlock):
     initialisation), every other shape is known at construction.
     """
 
-    def __init__(self, num_classes: int, width: int = 16, use_bn: bool = True, **kwargs):
+    def __init__(self, num_classes: int, width: int = 16, use_bn: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if num_classes < 1 or width < 1:
             raise ValueError(f"num_classes and width must be >= 1, got {num_classes}, {width}")
@@ -112,7 +115,7 @@ class SmallResNet(HybridBlock):
             self.flatten = nn.Flatten()
             self.output = nn.Dense(num_classes, in_units=2 * width)
 
-    def hybrid_forward(self, F, x):
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # F: mx.nd or mx.sym
         x = self.stem(x)
         x = self.stage1(x)
         x = self.stage2(x)

@@ -33,7 +33,7 @@ class HeartbeatObserver(StepObserver):
 
     def _refuse_next_step(self) -> None:
         # on the writer's thread; bound only now, so that no step pays for it before
-        self.step_begun = self._refuse  # type: ignore[method-assign]
+        self.step_begun = self._refuse  # type: ignore[method-assign]  # shadows the method
 
     def _refuse(self, step: Step) -> None:
         """The step that begins after the launcher's stop: refused, once; the process then

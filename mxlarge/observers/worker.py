@@ -18,9 +18,14 @@ class StoreFacts(Protocol):
     """What the observers need of the store
     (:class:`mxlarge.kvstore.collectives.Collectives`)."""
 
-    kv: Any
-    distributed: bool
-    rank: int
+    @property
+    def kv(self) -> Any: ...
+
+    @property
+    def distributed(self) -> bool: ...
+
+    @property
+    def rank(self) -> int: ...
 
 
 def worker_observers(store: StoreFacts, heartbeat: Path | None, reports: Path | None,
@@ -50,6 +55,7 @@ def worker_observers(store: StoreFacts, heartbeat: Path | None, reports: Path | 
     if breakdown or (breakdown is None and beats):
         out.append(StepTimer(holders=holders))
     if beats:
+        assert heartbeat is not None  # beats
         out.append(HeartbeatObserver(SESSION.beat(heartbeat, store.rank)))
     if tracked is not None and store.distributed:
         out.extend(_script_run(store.rank, tracked))

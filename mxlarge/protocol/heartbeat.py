@@ -266,7 +266,8 @@ class HeartbeatWriter:
                 self._cv.wait_for(lambda: self._result is not None)
                 item = self._result
                 self._result = None
-            step, result = item  # type: ignore[misc]
+            assert item is not None  # wait_for returned: the predicate holds
+            step, result = item
             if result is None:  # _STOP
                 return
             try:

@@ -24,6 +24,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any, NoReturn
 
 from mxlarge.protocol.heartbeat import INTERVAL, SETTLE, HeartbeatWriter
@@ -87,11 +88,13 @@ class WorkerSession:
             return
         previous = sys.excepthook
 
-        def hook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        def hook(exc_type: type[BaseException], exc: BaseException,
+                 tb: TracebackType | None) -> None:
             with contextlib.suppress(Exception):
                 previous(exc_type, exc, tb)
             self.exit_now(130 if issubclass(exc_type, KeyboardInterrupt) else 1)
 
+        # a marker on the function (idempotence above); functions take attributes at runtime
         hook._mxlarge_fail_fast = True  # type: ignore[attr-defined]
         sys.excepthook = hook
 

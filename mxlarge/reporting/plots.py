@@ -171,8 +171,10 @@ def plot_noise_scale(runs: Sequence[RunData], path: str | Path, title: str = "")
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, group in by_label(runs).items():
         r = next((x for x in group if x.gns), None)
+        if r is None:
+            continue
         # the estimate is negative or infinite while |G|² is still estimated <= 0
-        pts = sorted((s, v) for s, v in (r.gns if r else ()) if 0 < v < NO_ESTIMATE)
+        pts = sorted((s, v) for s, v in r.gns if 0 < v < NO_ESTIMATE)
         if not pts:
             continue
         steps, values = zip(*pts)
@@ -195,7 +197,7 @@ def plot_study(study: Sequence[StudyRow], path: str | Path, title: str = "") -> 
     plt = pyplot()
     fig, (ax_err, ax_steps) = plt.subplots(1, 2, figsize=(13, 4.8), sharex=True)
     recipe = sorted((r for r in study if r.label.endswith("recipe") and r.global_batch),
-                    key=lambda r: r.global_batch)
+                    key=lambda r: r.global_batch or 0)
     for ax in (ax_err, ax_steps):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch")
@@ -263,7 +265,7 @@ def compare_panels(summary: Summary, runs: Sequence[RunData]
             for r in summary.rows}
     return [("final error (%), mean ± std", [[100 * e for e in r.final_errors]
                                              for r in summary.rows]),
-            ("best accuracy (%)", [[] if best[r.label] is None else [100 * best[r.label]]
+            ("best accuracy (%)", [[] if (b := best[r.label]) is None else [100 * b]
                                    for r in summary.rows]),
             ("images/s (median)", [[] if r.images_per_sec is None else [r.images_per_sec]
                                    for r in summary.rows])]

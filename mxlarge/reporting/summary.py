@@ -88,7 +88,7 @@ def all_reached(values: Sequence[float | None]) -> tuple[float, float | None] | 
     """
     if not values or any(v is None for v in values):
         return None
-    return mean_std([float(v) for v in values])  # type: ignore[arg-type]
+    return mean_std([float(v) for v in values if v is not None])  # all are, by now
 
 
 def mean_curve(curves: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
@@ -130,7 +130,8 @@ def noise_scale_stages(points: Sequence[tuple[int, float]]) -> tuple[float, floa
         return None
     third = len(values) // 3
     parts = (values[:third], values[third:2 * third], values[2 * third:])
-    return tuple(float(statistics.median(p)) for p in parts)  # type: ignore[return-value]
+    first, middle, last = (float(statistics.median(p)) for p in parts)
+    return first, middle, last
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def summarize(runs: Sequence[RunData], target_fraction: float,
     names = list(dict.fromkeys([*order, *labels, *(missing or {})]))
     for label in names:
         if label not in stats:
-            if label in (missing or {}):
+            if missing is not None and label in missing:
                 rows.append(LabelRow(
                     label=label, seeds=(), missing_seeds=tuple(sorted(missing[label])),
                     workers=None, global_batch=None, peak_lr=None, final_errors=(),

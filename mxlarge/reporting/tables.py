@@ -260,7 +260,7 @@ def largest_within(study: Sequence[StudyRow], target: Target) -> list[str]:
     a recipe label).
     """
     recipe = sorted((r for r in study if r.label.endswith("recipe") and r.global_batch
-                     and r.final_errors), key=lambda r: r.global_batch)
+                     and r.final_errors), key=lambda r: r.global_batch or 0)
     if target.error is None or not recipe:
         return []
     ref_mean = target.error - target.tolerance

@@ -141,7 +141,8 @@ class Trainer(mx.gluon.Trainer):
         self._pending = {i for i, p in enumerate(self.params) if p._data is None}
         self._broadcast([i for i in range(len(self.params)) if i not in self._pending])
         for i in sorted(self._pending):
-            on_init(self.params[i], lambda i=i: self._parameter_ready(i))
+            # mypy cannot type a lambda with a default argument against Callable[[], None]
+            on_init(self.params[i], lambda i=i: self._parameter_ready(i))  # type: ignore[misc]
         if not self._pending:
             self._ready()
 
@@ -151,7 +152,7 @@ class Trainer(mx.gluon.Trainer):
         self._distributed = self.collectives.distributed
         self._update_on_kvstore = False
         self._kv_initialized = True
-        self._params_to_init = []
+        self._params_to_init: list[mx.gluon.Parameter] = []
 
     def _init_params(self) -> None:
         """Nothing to do: parameters got rank 0's values (``_broadcast``)."""

@@ -23,19 +23,45 @@ from mxlarge.plan import World
 class Spec(Protocol):
     """The fields of a job a backend reads (:class:`~mxlarge.launcher.job.JobSpec`)."""
 
-    launcher: str
-    world: World
-    servers: int
-    env: Mapping[str, str]
-    stall_timeout: float | None
-    tuning: bool
-    firewall: str
-    port: int | None
-    hostfile: str | None
-    host_ip: str | None
-    grace: float
-    shutdown_timeout: float | None
-    server_hosts: tuple[str, ...]
+    # read-only, as JobSpec is frozen
+    @property
+    def launcher(self) -> str: ...
+
+    @property
+    def world(self) -> World: ...
+
+    @property
+    def servers(self) -> int: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+    @property
+    def stall_timeout(self) -> float | None: ...
+
+    @property
+    def tuning(self) -> bool: ...
+
+    @property
+    def firewall(self) -> str: ...
+
+    @property
+    def port(self) -> int | None: ...
+
+    @property
+    def hostfile(self) -> str | None: ...
+
+    @property
+    def host_ip(self) -> str | None: ...
+
+    @property
+    def grace(self) -> float: ...
+
+    @property
+    def shutdown_timeout(self) -> float | None: ...
+
+    @property
+    def server_hosts(self) -> tuple[str, ...]: ...
 
     @property
     def argv(self) -> tuple[str, ...]: ...

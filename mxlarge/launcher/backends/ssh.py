@@ -195,7 +195,7 @@ class SshBackend(DmlcBackend):
             return failed(exit_code_for(child.status), f"{what} {status_words(child.status)}",
                           child.status)
         why = None if host is None else unreachable(host, context.ports.get(host, 22))
-        if why is not None:
+        if host is not None and why is not None:  # why is None without a host
             context.cut[host] = why
             return failed(255, f"{what}: host {host} unreachable ({why}); ssh lost it "
                                f"(status 255)", 255)

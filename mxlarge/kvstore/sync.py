@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
+from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -180,7 +181,9 @@ class SyncStore:
         self.views = BucketViews(self.params, on_grads)
         self._broadcast: set[int] = set()  # parameters whose keys hold rank 0's values
         num_devices = len(self.params[0].list_ctx()) if self.params else 1
-        self.kv = None if isinstance(kvstore, str) else kvstore  # one device in one process: none
+        # an mx.kv.KVStore (untyped: Any), None for one device in one process; typed Any so
+        # the exchange needs no None check of its own: allreduce_grads returns first without one
+        self.kv: Any = None if isinstance(kvstore, str) else kvstore
         if self.kv is None and (kind.startswith("dist") or num_devices > 1):
             self.kv = create(kind)
         elif self.kv is not None and kind.startswith("dist"):
@@ -191,7 +194,6 @@ class SyncStore:
             raise ValueError(f"{len(self.params)} parameters: at most {MAX_PARAMS} supported")
         self.wire: Wire = wire_for(self.distributed, wire_dtype, compression)
         if compression:
-            assert self.kv is not None  # wire_for raised unless distributed
             self.kv.set_gradient_compression(compression)
         self.observers = observers if observers is not None else Observers()
         self._pieces = PieceLinks()
@@ -200,7 +202,6 @@ class SyncStore:
         sixteen = any(np.dtype(p.dtype) != np.float32 for p in self.params)
         if self.distributed and self.rank == 0 and (self.wire.half or sixteen):
             # kSetMultiPrecision: the servers sum 16-bit pushes in float32 (module docstring)
-            assert self.kv is not None  # distributed
             self.kv._send_command_to_servers(1, "")
         self.collectives = Collectives(self.kv, self.distributed, self.gather,
                                        self.wire.compressed)
@@ -403,7 +404,6 @@ class SyncStore:
         """Sum of ``arrays`` over devices and workers, written back into them, through
         the wire's arrays: one pushpull, or a push and a pull where the wire splits them
         or the step is marked (then the observers hear of each)."""
-        assert self.kv is not None  # allreduce_grads returned first without a store
         sent = self.wire.outbound(b, arrays, prescale)
         key = self.wire.key(b)
         if step is not None and step.marked and self.distributed:
@@ -428,7 +428,6 @@ class SyncStore:
         bits as 0/t), every other slot zeros, so the pulled sum holds each rank's vector
         unchanged.
         """
-        assert self.kv is not None  # Collectives gathers only when distributed
         mine = np.ascontiguousarray(mine, np.float32).ravel()
         k = self.kv.num_workers
         n = mine.size

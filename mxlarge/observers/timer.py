@@ -83,8 +83,7 @@ class StepTimer(StepObserver):
         self.sync()  # the previous step's work is not this step's
         self._begun = time.perf_counter()
         if step.data is None:
-            assert script_end is not None  # else not ready, so not timing
-            self._from = script_end[1]
+            self._from = script_end[1]  # type: ignore[index]  # ready, so not None
         else:
             self._from = self._begun
         self._ends = []

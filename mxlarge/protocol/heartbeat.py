@@ -266,8 +266,7 @@ class HeartbeatWriter:
                 self._cv.wait_for(lambda: self._result is not None)
                 item = self._result
                 self._result = None
-            assert item is not None  # wait_for returned: the predicate holds
-            step, result = item
+            step, result = item  # type: ignore[misc]  # wait_for returned: item is not None
             if result is None:  # _STOP
                 return
             try:

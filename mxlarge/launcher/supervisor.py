@@ -374,7 +374,7 @@ def termination_signals(stop: threading.Event, received: list[int]) -> Iterator[
         received.append(signum)  # the first names the end; a second one hurries it
         stop.set()
 
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     try:
         for sig in _TERMINATION_SIGNALS:
             previous[sig] = signal.signal(sig, handler)

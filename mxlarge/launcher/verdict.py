@@ -22,7 +22,9 @@ class SupervisedChild(Protocol):
     index: int | None
     rank: int | None
     status: int | None
-    tail: Sequence[str]
+
+    @property
+    def tail(self) -> Sequence[str]: ...
 
     @property
     def pid(self) -> int: ...

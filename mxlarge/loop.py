@@ -4,25 +4,23 @@
 try/finally, so ``after_train`` always runs and is told whether training failed.
 Tracking, evaluation, timing and progress are hooks; hooks that only rank 0 needs are
 simply not registered elsewhere. The hook contract, the data hooks exchange and their
-order are in :mod:`mxlarge.hooks`.
+order are in :mod:`mxlarge.hooks`; the hooks that keep files (final parameters,
+checkpoints) are in :mod:`mxlarge.persist`.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import mxnet as mx
 from mxnet import autograd
 
 from mxlarge import hooks as H
-from mxlarge.bnstats import save_device_params
-from mxlarge.errors import DivergenceError, StopRequested
+from mxlarge.errors import DivergenceError
 from mxlarge.gns import sum_sq as gns_sum_sq
 from mxlarge.hooks import Hook, StepOutput
 from mxlarge.observers import DataWait
@@ -345,80 +343,6 @@ class ReplicaCheckHook(Hook):
     def after_step(self, loop: TrainLoop, out: StepOutput) -> None:
         if self.every and (out.step + 1) % self.every == 0:
             loop.trainer.check_replicas(out.step)
-
-
-class FinalParamsHook(Hook):
-    """After a successful run, saves the parameters with the ``bn_stats`` statistics;
-    after a stop the launcher asked for (:class:`~mxlarge.errors.StopRequested`),
-    rank 0 saves them as they are, with its own BN statistics.
-
-    Registered on every rank because choosing the statistics is collective. Rank 0
-    writes ``tmpdir/final.params`` and publishes it as
-    ``loop.artifacts['final_params']`` (a hybridized net is also exported,
-    ``net.export``, to ``tmpdir/model/`` as ``loop.artifacts['model']``: symbol +
-    parameters anyone can load without mxlarge's code); with ``template`` every unit
-    also writes ``template.format(rank=unit)`` and, with its own BN statistics, that
-    path + ``.local`` (units: :mod:`mxlarge.bnstats`).
-    """
-
-    stage = H.PERSIST
-
-    def __init__(self, rank: int, template: str | None, tmpdir: str | None):
-        self.rank = rank
-        self.template = template
-        self.tmpdir = tmpdir
-
-    def after_train(self, loop: TrainLoop, error: BaseException | None) -> None:
-        stopped = isinstance(error, StopRequested)
-        if error is not None and not (stopped and self.rank == 0):
-            return
-        bn = loop.trainer.bn
-        # stopped, rank 0 is alone: the shared BN statistics are collective, its own are kept
-        with contextlib.nullcontext() if stopped else bn.evaluation():
-            if self.rank == 0 and self.tmpdir is not None:
-                path = f"{self.tmpdir}/final.params"
-                loop.net.save_parameters(path)
-                loop.artifacts["final_params"] = path
-                if getattr(loop.net, "_active", False):  # hybridized: a symbol to export
-                    if getattr(loop.net, "_cached_graph", ()):
-                        model = Path(self.tmpdir) / "model"
-                        model.mkdir(exist_ok=True)
-                        loop.net.export(str(model / "model"))
-                        loop.artifacts["model"] = str(model)
-                    else:  # resumed after the last step: no forward ran, Gluon has no graph
-                        print("mxlarge: no steps left after the resume: the model symbol is "
-                              "not exported (the final parameters are)", flush=True)
-            if self.template and not stopped:
-                for unit in bn.unit_ids():
-                    loop.net.save_parameters(self.template.format(rank=unit))
-        if self.template and not stopped:
-            for unit, device in bn.each_unit():
-                save_device_params(loop.net, self.template.format(rank=unit) + ".local", device)
-
-
-class CheckpointHook(Hook):
-    """Writes an exact checkpoint every ``every`` epochs and after the last (every rank)."""
-
-    stage = H.PERSIST
-
-    def __init__(self, root: str, every: int, keep_last: int, config: Any, world: Any,
-                 run_id: str | None, rank: int):
-        self.root = root
-        self.every = every
-        self.keep_last = keep_last
-        self.config = config
-        self.world = world
-        self.run_id = run_id
-        self.rank = rank
-
-    def after_epoch(self, loop: TrainLoop, epoch: int, metrics: dict[str, float]) -> None:
-        done = epoch + 1
-        if done % self.every and done != loop.epochs:
-            return
-        from mxlarge import checkpoint
-        checkpoint.save(self.root, epoch=done, step=loop.step, rank=self.rank, net=loop.net,
-                        trainer=loop.trainer, config=self.config, world=self.world,
-                        run_id=self.run_id, keep_last=self.keep_last)
 
 
 def _duration(seconds: float) -> str:

@@ -187,6 +187,7 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
     from mxlarge import checkpoint
     from mxlarge import loop as L
     from mxlarge.config import checkpoint_root, dump_yaml
+    from mxlarge.persist import CheckpointHook, FinalParamsHook
 
     t0 = time.perf_counter()
     if world is None:
@@ -231,14 +232,14 @@ def train(cfg: Config, source: str = "<config>", resume: str | None = None,
         hooks.append(L.ProgressHook(p.steps_per_epoch, cfg.train.epochs, total,
                                     cfg.train.log_every, bar=cfg.train.progress))
     tmpdir = tempfile.TemporaryDirectory(prefix="mxlarge-")
-    hooks.append(L.FinalParamsHook(rank, cfg.train.save_params, tmpdir.name))
+    hooks.append(FinalParamsHook(rank, cfg.train.save_params, tmpdir.name))
     if trainer.collectives.distributed:  # every rank: its heartbeat and a collective
         from mxlarge.breakdown import BreakdownHook
         tag = run.tag if rank == 0 and run is not None else None
         hooks.append(BreakdownHook(socket.gethostname(), tag))
     if cfg.train.checkpoint_every:
-        hooks.append(L.CheckpointHook(ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last,
-                                      cfg, p.world, run.run_id if run else None, rank))
+        hooks.append(CheckpointHook(ckpt_root, cfg.train.checkpoint_every, cfg.train.keep_last,
+                                    cfg, p.world, run.run_id if run else None, rank))
     if run is not None:
         from mxlarge import tracking
         if rank == 0:

@@ -5,20 +5,21 @@ import mxnet as mx
 
 from mxlarge import hooks as H
 from mxlarge import loop as L
-from mxlarge import tracking
+from mxlarge import persist, tracking
 from mxlarge.config import config_from_dict
 from mxlarge.hooks import StepOutput
 from mxlarge.run import build
 
 
 def test_stages_order_producers_before_consumers():
-    order = [L.LossHook, L.TimerHook, L.EvalHook, L.ReplicaCheckHook, L.FinalParamsHook,
-             L.CheckpointHook, L.ProgressHook, tracking.MLflowHook, tracking.RankThroughputHook]
+    order = [L.LossHook, L.TimerHook, L.EvalHook, L.ReplicaCheckHook, persist.FinalParamsHook,
+             persist.CheckpointHook, L.ProgressHook, tracking.MLflowHook,
+             tracking.RankThroughputHook]
     stages = [c.stage for c in order]
     assert stages == sorted(stages)
     # an epoch's metrics are logged once its checkpoint exists; artifacts once written
-    assert L.CheckpointHook.stage < tracking.MLflowHook.stage
-    assert L.FinalParamsHook.stage < tracking.MLflowHook.stage
+    assert persist.CheckpointHook.stage < tracking.MLflowHook.stage
+    assert persist.FinalParamsHook.stage < tracking.MLflowHook.stage
     assert L.LossHook.stage < L.EvalHook.stage < L.ReplicaCheckHook.stage
 
 
@@ -49,7 +50,7 @@ def test_hooks_run_by_stage_whatever_the_registration_order(tmp_path):
         "tracking": {"enabled": False}})
     b = build(cfg)
     seen = Seen()
-    hooks = [seen, L.FinalParamsHook(0, None, str(tmp_path)), L.EvalHook(b.data.val, 64),
+    hooks = [seen, persist.FinalParamsHook(0, None, str(tmp_path)), L.EvalHook(b.data.val, 64),
              L.TimerHook(), L.LossHook(1)]
     loop = L.TrainLoop(net=b.net, trainer=b.trainer, train_source=b.data.train,
                        loss_fn=mx.gluon.loss.SoftmaxCrossEntropyLoss(), epochs=1, ctx=b.ctx,

@@ -86,7 +86,8 @@ def _is_launcher(module: str) -> bool:
 
 # The training code: what runs inside a worker. None of it may reach the launcher.
 TRAINING = ("mxlarge.trainer", "mxlarge.run", "mxlarge.loop", "mxlarge.plan", "mxlarge.hooks",
-            "mxlarge.checkpoint", "mxlarge.bnstats", "mxlarge.gns", "mxlarge.resume")
+            "mxlarge.persist", "mxlarge.checkpoint", "mxlarge.bnstats", "mxlarge.gns",
+            "mxlarge.resume")
 TRAINING_PACKAGES = ("mxlarge.kvstore", "mxlarge.schedulers", "mxlarge.nets", "mxlarge.data",
                      "mxlarge.protocol", "mxlarge.tracking", "mxlarge.config")
 # What may import the launcher: the front ends that turn argv into a job (and the sweep, which

@@ -22,14 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from mxlarge.launcher.child import Child, LineSink, exit_code_for, failure_message
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
-from mxlarge.launcher.supervisor import (
-    Child,
-    LineSink,
-    Supervisor,
-    exit_code_for,
-    failure_message,
-)
+from mxlarge.launcher.supervisor import Supervisor
 from mxlarge.launcher.watchdog import Watchdog
 
 _STRSIGNAL = {signal.strsignal(s): int(s) for s in signal.Signals if signal.strsignal(s)}

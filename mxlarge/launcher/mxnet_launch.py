@@ -20,7 +20,7 @@ workers) runs under the launcher's :class:`~mxlarge.launcher.supervisor.Supervis
 dmlc's ``subprocess`` is a shim for the time of the submission (:class:`_LocalShim`), so
 each line is labelled ``[worker r]``/``[server r]``/``[scheduler]`` (r: the kvstore rank
 once ps-lite assigned it, with dmlc's launch index where it differs:
-:func:`~mxlarge.launcher.supervisor.process_label`), the first process to fail ends the
+:func:`~mxlarge.launcher.child.process_label`), the first process to fail ends the
 job with its exit status (dmlc's local backend retries, logs and returns 0), and nothing
 outlives the command. ``mxlarge launch`` is still the recommended front end (stall
 watchdog, restarts, MLflow).
@@ -40,17 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from mxlarge.launcher.backends.local import LOOPBACK
+from mxlarge.launcher.child import Child, exit_code_for, failure_message
 from mxlarge.launcher.dmlc_compat import patched_subprocess, scheduler_address, tracker_compat
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.scheduler_port import claimed_scheduler_port
-from mxlarge.launcher.supervisor import (
-    Child,
-    Supervisor,
-    exit_code_for,
-    failure_message,
-    supervise,
-)
+from mxlarge.launcher.supervisor import Supervisor, supervise
 
 #: Seconds the processes get between SIGTERM and SIGKILL at teardown.
 GRACE = 5.0

@@ -16,7 +16,7 @@ from mxlarge.protocol.heartbeat import Record
 
 class SupervisedChild(Protocol):
     """What a verdict reads of a supervised child
-    (:class:`~mxlarge.launcher.supervisor.Child`)."""
+    (:class:`~mxlarge.launcher.child.Child`)."""
 
     # read-only here: a Child's tail is a deque, which a settable Sequence[str] would refuse
     @property

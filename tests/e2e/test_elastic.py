@@ -83,7 +83,7 @@ def test_no_world_above_the_floor_ends_the_job_with_the_reason(tmp_path):
            "--min-workers 2: possible worker x simulated-worker factorisations are 1 x 2; 2 x 1 "
            "(lost: worker-1)")
     assert proc.returncode != 0, out[-3000:]
-    # the killed worker launched 1st, named by its kvstore rank (supervisor.process_label)
+    # the killed worker launched 1st, named by its kvstore rank (child.process_label)
     assert re.search(rf"not restarting: {re.escape(why)}; last failure: worker "
                      r"(?:1|0 \(launch 1\)) exited with signal 9", out), out[-3000:]
     assert "restart 1" not in out

@@ -70,7 +70,7 @@ class Output:
 class Ports:
     """Every listening socket of a job's processes: port -> (label, pid), labelled as the
     launcher names them (a worker by its kvstore rank, ``worker 1 (launch 0)`` where its launch
-    index differs: supervisor.process_label)."""
+    index differs: child.process_label)."""
 
     def __init__(self, marker: str, text: str) -> None:
         procs = {pid: env for pid, env in marked_processes(marker).items() if "DMLC_ROLE" in env}

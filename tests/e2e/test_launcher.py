@@ -37,7 +37,7 @@ from mxlarge.launcher import (
     run_local,
     tracker_compat,
 )
-from mxlarge.launcher.supervisor import process_label
+from mxlarge.launcher.child import process_label
 from mxlarge.plan import World
 
 PY = sys.executable
@@ -151,7 +151,7 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
 
 def launch_index_of_rank(out: Collector, rank: int) -> int:
     """The launch index of kvstore rank ``rank``, from its line, which its label names by that
-    rank (``[worker 1]``, ``[worker 1 (launch 0)]``: supervisor.process_label)."""
+    rank (``[worker 1]``, ``[worker 1 (launch 0)]``: child.process_label)."""
     m = re.search(rf"^\[worker {rank}(?: \(launch (\d+)\))?\] kv_worker rank={rank} num_workers",
                   out.text(), re.M)
     assert m, out.text()

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from mxlarge.launcher.supervisor import process_label
+from mxlarge.launcher.child import process_label
 from mxlarge.tracking import SAMPLE_EVERY
 from tests.helpers import cli, mlflow_server
 from tests.ui.browser import PICTURE_LOADED, evaluate

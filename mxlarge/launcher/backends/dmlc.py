@@ -39,6 +39,7 @@ from mxlarge.launcher.backends.dmlc_job import (
     job_env,
     remove_if_empty,
 )
+from mxlarge.launcher.child import Child, LineSink, exit_code_for, failure_message
 from mxlarge.launcher.dmlc_compat import patched_subprocess, scheduler_address, tracker_compat
 from mxlarge.launcher.environment import render_command
 from mxlarge.launcher.explain import FailureContext, ReportSink, blame, terminated
@@ -182,7 +183,7 @@ class DmlcBackend(LaunchBackend):
         allocation), else ``None``."""
         return None
 
-    def explain(self, context: FailureContext, child: supervisor.Child) -> Outcome:
+    def explain(self, context: FailureContext, child: Child) -> Outcome:
         """The outcome naming the server or worker behind the failed ``child``; the
         default: the rank the tool reported (:meth:`FailureContext.explain_reported`).
         """
@@ -206,7 +207,7 @@ class DmlcBackend(LaunchBackend):
         # every process on loopback (the tests' fake clusters): as local, nothing to
         # filter
         loopback = all(is_loopback(h) for h in [host_ip, *hosts])
-        sink = supervisor.LineSink(sys.stdout if output is None else output)
+        sink = LineSink(sys.stdout if output is None else output)
         return job_filter(spec.firewall, self.firewall_refusal(), env["MXLARGE_JOB_ID"],
                           guarded, SCHEDULER_PORTS, lambda line: sink.emit("launcher", line),
                           loopback=loopback, cut=cut, own=own)
@@ -280,7 +281,7 @@ class DmlcRun:
     errors: list[BaseException]
     shutdown_timeout: float
 
-    def explain(self, child: supervisor.Child) -> Outcome:
+    def explain(self, child: Child) -> Outcome:
         """What the backend says first (:meth:`DmlcBackend.before_explain`), the
         scheduler's (or another child's) own exit, or the server or worker behind it
         (:meth:`DmlcBackend.explain`)."""
@@ -290,8 +291,8 @@ class DmlcRun:
             return early
         if child.role not in ("server", "worker"):
             scheduler = child.role == "scheduler"
-            return blame(supervisor.exit_code_for(child.status),
-                         supervisor.failure_message(child), child.role, None, child.index,
+            return blame(exit_code_for(child.status),
+                         failure_message(child), child.role, None, child.index,
                          self.context.host_ip if scheduler else None, child.status, child,
                          pid=child.guard.pid if scheduler else None)
         child.join_pump(timeout=1.0)  # the guard's/tool's last lines name what happened

@@ -28,21 +28,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from mxlarge.launcher.backends.base import LaunchBackend, Spec
+from mxlarge.launcher.child import Child, exit_code_for, failure_message
 from mxlarge.launcher.firewall import LOOPBACK_ONLY
 from mxlarge.launcher.hostfile import HostEntry
 from mxlarge.launcher.outcome import Outcome, ProcessFailure
 from mxlarge.launcher.pslog import verbose_env
 from mxlarge.launcher.reports import Drawn, WorkerReports
 from mxlarge.launcher.restart import Elastic, Probe
-from mxlarge.launcher.supervisor import (
-    Child,
-    Supervisor,
-    check_job,
-    exit_code_for,
-    failure_message,
-    supervise,
-    termination_signals,
-)
+from mxlarge.launcher.supervisor import Supervisor, check_job, supervise, termination_signals
 from mxlarge.launcher.tuning import local_role_env
 from mxlarge.launcher.watchdog import Watchdog
 from mxlarge.plan import World
@@ -203,7 +196,7 @@ class LocalBackend(LaunchBackend):
         Each process gets the ``DMLC_*`` variables of its role, plus ``MXLARGE_ROLE``,
         ``MXLARGE_LOCAL_RANK`` (launch index within the role) and ``MXLARGE_JOB_ID``; its output
         goes to ``output`` (stdout if None) as ``[worker 1] ...`` (its kvstore rank, once
-        known: :func:`~mxlarge.launcher.supervisor.process_label`); ``drawn`` gets every
+        known: :func:`~mxlarge.launcher.child.process_label`); ``drawn`` gets every
         rank's parts while it runs (:class:`~mxlarge.launcher.reports.WorkerReports`). No
         child outlives this call.
 

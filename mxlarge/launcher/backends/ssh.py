@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from mxlarge.launcher.backends.dmlc import DmlcBackend
 from mxlarge.launcher.backends.dmlc_job import Launched, Tool
+from mxlarge.launcher.child import Child, exit_code_for
 from mxlarge.launcher.environment import SHELL_SAFE
 from mxlarge.launcher.explain import FailureContext, status_words, who
 from mxlarge.launcher.hostfile import (
@@ -38,7 +39,6 @@ from mxlarge.launcher.hostfile import (
 from mxlarge.launcher.outcome import Outcome
 from mxlarge.launcher.reach import ssh_silent, unreachable
 from mxlarge.launcher.restart import Elastic, Probe
-from mxlarge.launcher.supervisor import Child, exit_code_for
 from mxlarge.plan import World
 
 _SSH_TARGET = re.compile(r"^ssh .*?StrictHostKeyChecking=no (\S+) -p (\S+)")

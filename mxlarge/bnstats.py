@@ -2,7 +2,7 @@
 
 Goyal et al. compute BN statistics per worker over its own n images and never exchange them.
 In mxlarge every *unit* (a gradient contributor: a device of a worker, or a simulated worker)
-keeps its own running mean/var (``grad_req == 'null'``; never pushed after init). Units are
+keeps its own running mean/var (``grad_req == 'null'``; never pushed or pulled). Units are
 numbered as their one-device real counterparts would be ranked: device d of rank r is unit
 r·devices + d; simulated worker j of rank r is unit r·simulated + j (the same numbers in every
 world of the same units: a checkpoint's ``bn-<u>.nd`` resumes in any of them).

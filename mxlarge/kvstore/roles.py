@@ -2,7 +2,7 @@
 
 * **pushed**: trainable (``grad_req != 'null'``): its gradient goes through push/pull.
 * **local statistic**: ``grad_req == 'null'`` (BatchNorm running mean/var): never pushed or
-  pulled after the initial broadcast; each worker keeps its own (Goyal et al. §5.3: "BN statistics
+  pulled, not even at init; each worker keeps its own (Goyal et al. §5.3: "BN statistics
   should not be computed across all workers").
 * **decay**: weight decay applies. By default only to tensors with ``ndim > 1`` (conv and dense
   weights): BatchNorm γ/β and biases (``ndim <= 1``) are not decayed.

@@ -113,8 +113,7 @@ def test_bn_net_weights_identical_statistics_local_and_reduced(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("bn_stats", ["local", "reduce"])
-def test_bn_statistics_are_pulled_once_at_init_and_never_exchanged_as_parameters(tmp_path,
-                                                                               bn_stats):
+def test_bn_statistics_are_never_exchanged_as_parameters(tmp_path, bn_stats):
     """At init every trained parameter is pulled once (rank 0's initial values) and no BN
     statistic is (each worker keeps its own, loaded ones included); during training no statistic
     is pushed or pulled under its parameter key, and only `reduce` exchanges statistics, on

@@ -223,7 +223,9 @@ class Watchdog:
         if idle >= self.timeout / 2:
             self._probe(now)
         frozen = any(now - s.ticked >= FROZEN_AFTER for s in self.seen.values())
-        busy = [] if frozen or self.unreachable else sorted(
+        # a worker "busy" evaluating may wait in an exchange with a stopped server: the
+        # allowance is for work, not for a process a guard saw stopped
+        busy = [] if frozen or self.unreachable or self._stopped() else sorted(
             {s.record.phase for s in self.seen.values()
              if s.record.phase not in ("train", FINISHED)})
         allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)

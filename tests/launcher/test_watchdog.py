@@ -222,6 +222,27 @@ def test_a_stopped_server_its_guard_reported_is_named_when_every_worker_waits(tm
         "failed_status": "-19"}, outcome.failure
 
 
+def test_a_stopped_server_ends_the_busy_allowance(tmp_path):
+    """The workers say they are evaluating (its metric crosses the store) when a guard says
+    the server on h2 is stopped: the plain timeout, not ten of them, and the server named."""
+    from mxlarge.launcher.guard import Stopped
+
+    clock, stopped = Clock(), []
+    dog = Watchdog(tmp_path, 2, 10, lambda line: None, clock, stopped=lambda: stopped)
+    put(tmp_path, 0, 5, here=1)
+    put(tmp_path, 1, 5, here=1)
+    dog.check()
+    for tick in range(2, 13):
+        for r in (0, 1):
+            put(tmp_path, r, 5, here=1, phase="evaluating/checkpointing", tick=tick)
+        assert advance(clock, dog, 1) is None  # busy, nothing stopped: ten timeouts
+    stopped.append(Stopped("server", 77, "h2"))
+    stall = advance(clock, dog, 0)
+    assert stall is not None and stall.message.startswith(
+        "stalled: no worker advanced for 10 s (stall timeout 10 s); every worker waits at "
+        "step 5: server pid 77 on h2 stopped (SIGSTOP or a debugger)"), stall.message
+
+
 def test_default_timeout_is_20_median_steps_at_least_120_s(tmp_path):
     clock = Clock()
     dog = Watchdog(tmp_path, 1, None, lambda line: None, clock)

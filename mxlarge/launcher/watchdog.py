@@ -224,8 +224,10 @@ class Watchdog:
             self._probe(now)
         frozen = any(now - s.ticked >= FROZEN_AFTER for s in self.seen.values())
         # a worker "busy" evaluating may wait in an exchange with a stopped server: the
-        # allowance is for work, not for a process a guard saw stopped
-        busy = [] if frozen or self.unreachable or self._stopped() else sorted(
+        # allowance is for work, not for a server (or scheduler) a guard saw stopped. A
+        # stopped worker is left to the frozen rule, which names it with its rank.
+        gone = any(s.role != "worker" for s in self._stopped())
+        busy = [] if frozen or self.unreachable or gone else sorted(
             {s.record.phase for s in self.seen.values()
              if s.record.phase not in ("train", FINISHED)})
         allowed = self.timeout * (BUSY_FACTOR if busy else 1.0)

@@ -236,7 +236,11 @@ def test_a_stopped_server_ends_the_busy_allowance(tmp_path):
         for r in (0, 1):
             put(tmp_path, r, 5, here=1, phase="evaluating/checkpointing", tick=tick)
         assert advance(clock, dog, 1) is None  # busy, nothing stopped: ten timeouts
-    stopped.append(Stopped("server", 77, "h2"))
+    stopped.append(Stopped("worker", 101, "hostA"))  # left to the frozen rule: its rank
+    for r in (0, 1):
+        put(tmp_path, r, 5, here=1, phase="evaluating/checkpointing", tick=13)
+    assert advance(clock, dog, 0) is None
+    stopped[:] = [Stopped("server", 77, "h2")]
     stall = advance(clock, dog, 0)
     assert stall is not None and stall.message.startswith(
         "stalled: no worker advanced for 10 s (stall timeout 10 s); every worker waits at "

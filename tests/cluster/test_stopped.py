@@ -4,7 +4,8 @@ once, 2 workers + 2 servers over h1 and h2 each (``--stall-timeout 10``): no wor
 "suspect a server, the scheduler or the network". The guard of the stopped server says it is
 stopped (mxlarge/launcher/guard.py), and the stall names it, its pid and its host; the MLflow
 run blames it (``failed_role=server``, ``failed_host``, ``failed_pid``). Nothing of either job
-is left on any host afterwards.
+is left on any host afterwards. A server stopped while the workers say they are evaluating is
+named within the stall timeout too: the busy allowance is for work, not for a stopped server.
 
 A worker stopped under an ssh, an mpirun and an srun job at once: each run names it as a death
 would (``failed_role=worker``, its kvstore rank, host and pid), and at the teardown
@@ -23,8 +24,12 @@ import pytest
 
 from mxlarge.protocol.heartbeat import read_all
 from mxlarge.testbed import Testbed
+from tests.cluster.observe import Observer, start, wait_until
 from tests.cluster.test_failures import (
+    PY,
+    REPO,
     SSH_HOSTS,
+    _h2_worker,
     anything_of,
     finish,
     launch,
@@ -90,6 +95,44 @@ def test_a_stopped_server_is_named_with_its_host_on_mpi_and_slurm(testbed: Testb
         assert (tags["failure"], tags["failed_role"], tags["failed_host"], tags["failed_pid"],
                 tags["failed_status"]) == ("stalled", "server", "h2", str(pid), "-19"), tags
         assert "None" not in tags.values(), tags
+
+
+@pytest.mark.timeout(300)
+def test_a_server_stopped_while_the_workers_evaluate_is_named_within_the_stall_timeout(
+        testbed: Testbed, work: Path) -> None:
+    """Slurm, a user's own loop (tests/scripts/own_loop.py) whose workers spend 10 minutes in
+    ``trainer.busy("evaluating")`` from step 10; its server on h2 is stopped then. A busy phase
+    gets ten stall timeouts, a server its guard saw stopped none: the job stops within the stall
+    timeout, naming the server and its host."""
+    obs = Observer(testbed, str(work))
+    job = start(testbed, "h0", [
+        "salloc", "-N", "2", "-w", "h1,h2", PY, "-m", "mxlarge.launcher", "-n", "2", "-s", "2",
+        "--launcher", "slurm", "--stall-timeout", str(STALL), "--", PY,
+        str(REPO / "tests" / "scripts" / "own_loop.py"), "--steps", "100000", "--busy-at", "10",
+        "--busy", "600"], work)
+    pid = None
+    try:
+        procs = training(obs)
+        wait_until(lambda: (r := _h2_worker(work)) is not None and r.phase == "evaluating", 120,
+                   "the worker on h2 evaluating")
+        pid = next(p.pid for p in procs if p.role == "server" and p.host == "h2")
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        code = job.wait(STALL + 60)
+        ended = time.monotonic() - t0
+        wait_until(lambda: not anything_of(str(work)), 30,
+                   f"the job to be gone (left: {anything_of(str(work))})")
+    finally:
+        if pid is not None:
+            with_cont(pid)
+        finish(job, obs, work)
+    text = job.text()
+    print(f"server stopped while evaluating: the launcher exited {ended:.1f} s after the SIGSTOP")
+    assert code == 124, text[-3000:]
+    assert re.search(rf"stalled: no worker advanced for \d+ s \(stall timeout {STALL} s\); "
+                     rf"every worker waits at step \d+: server pid {pid} on h2 stopped "
+                     r"\(SIGSTOP or a debugger\)", text), text[-3000:]
+    assert ended < STALL + 15, (ended, text[-3000:])
 
 
 def with_cont(pid: int) -> None:
